@@ -1,0 +1,1 @@
+"""rljax: JAX-native asynchronous RL post-training for LLMs."""
