@@ -1,0 +1,1 @@
+"""fused logprobs kernel."""

@@ -1,0 +1,1 @@
+"""paged attention kernel."""
