@@ -1,0 +1,124 @@
+"""Reallocator policy: direction, benefit vs switch cost, hysteresis and bounds."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rljax.mesh.reallocator import (
+    Direction,
+    PhaseStats,
+    Reallocator,
+    ReallocatorConfig,
+    Split,
+)
+
+
+def stats(s_busy, s_idle, l_busy, l_idle, split=(32, 32), fill=0.5, cost=10.0, unit=8):
+    return PhaseStats(
+        sampler_busy_s=s_busy,
+        sampler_idle_s=s_idle,
+        learner_busy_s=l_busy,
+        learner_idle_s=l_idle,
+        buffer_fill=fill,
+        queued_groups=4,
+        split=Split(*split),
+        switch_cost_s=cost,
+        granularity=unit,
+    )
+
+
+LEARNER_BOUND = stats(40.0, 60.0, 100.0, 0.0, fill=1.0)
+SAMPLER_BOUND = stats(100.0, 0.0, 30.0, 70.0, fill=0.0)
+
+
+def run(policy, phase, n):
+    return [policy.decide(phase) for _ in range(n)]
+
+
+def test_learner_bottleneck_moves_chips_to_learner():
+    policy = Reallocator(ReallocatorConfig(patience=2))
+    decisions = run(policy, LEARNER_BOUND, 2)
+    assert decisions[0] is None  # patience: one phase is not enough
+    # W_s = 40 * 32, W_l = 100 * 32 chip-s: 24 and 16 sampler chips both give an 80 s
+    # phase (vs 100 s); the policy takes the smaller move.
+    assert decisions[1] == Split(24, 40)
+    very_skewed = stats(10.0, 90.0, 100.0, 0.0)
+    assert Reallocator(ReallocatorConfig(patience=1)).decide(very_skewed) == Split(8, 56)
+
+
+def test_starving_buffer_moves_chips_to_sampler():
+    policy = Reallocator(ReallocatorConfig(patience=1))
+    target = policy.decide(SAMPLER_BOUND)
+    assert target is not None and target.sampler_chips > 32
+    assert target.total == 64 and target.sampler_chips % 8 == 0
+
+
+def test_no_move_when_benefit_below_switch_cost():
+    # Saving per phase is ~20 s; over a 2-phase horizon that is 40 s < 1.5 * 1000 s.
+    policy = Reallocator(ReallocatorConfig(patience=1, horizon=2))
+    assert run(policy, stats(40.0, 60.0, 100.0, 0.0, cost=1000.0), 5) == [None] * 5
+    assert Reallocator(ReallocatorConfig(patience=1, horizon=2)).decide(LEARNER_BOUND)
+
+
+def test_alternating_imbalance_never_moves():
+    policy = Reallocator(ReallocatorConfig(patience=2))
+    decisions = [policy.decide(p) for p in [LEARNER_BOUND, SAMPLER_BOUND] * 10]
+    assert decisions == [None] * 20
+
+
+def test_cooldown_suppresses_immediate_second_move():
+    policy = Reallocator(ReallocatorConfig(patience=1, cooldown=3))
+    decisions = run(policy, LEARNER_BOUND, 5)
+    assert decisions[0] == Split(24, 40)
+    assert decisions[1:4] == [None] * 3
+    assert decisions[4] is not None  # stale stats would move again once cooldown expires
+
+
+def test_full_buffer_vetoes_move_to_sampler():
+    policy = Reallocator(ReallocatorConfig(patience=1))
+    assert policy.imbalance(stats(100.0, 0.0, 30.0, 70.0, fill=0.95)) is Direction.NONE
+    assert policy.imbalance(stats(50.0, 50.0, 50.0, 50.0)) is Direction.NONE
+
+
+def test_minimum_chips_respected():
+    cfg = ReallocatorConfig(patience=1, min_sampler_chips=24, min_learner_chips=16)
+    target = Reallocator(cfg).decide(stats(10.0, 90.0, 100.0, 0.0))
+    assert target == Split(24, 40)  # unbounded, it would go to Split(8, 56)
+    target = Reallocator(cfg).decide(SAMPLER_BOUND)
+    assert target.learner_chips >= 16
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    s_busy=st.floats(0.0, 500.0),
+    s_idle=st.floats(0.0, 500.0),
+    l_busy=st.floats(0.0, 500.0),
+    l_idle=st.floats(0.0, 500.0),
+    sampler_units=st.integers(1, 15),
+    unit=st.sampled_from([1, 4, 8]),
+    fill=st.floats(0.0, 1.0),
+)
+def test_decisions_stay_in_bounds(s_busy, s_idle, l_busy, l_idle, sampler_units, unit, fill):
+    cfg = ReallocatorConfig(patience=1, cooldown=0, min_sampler_chips=4, min_learner_chips=4)
+    split = (sampler_units * 4, 64 - sampler_units * 4)
+    phase = stats(s_busy, s_idle, l_busy, l_idle, split=split, fill=fill, cost=1.0, unit=unit)
+    target = Reallocator(cfg).decide(phase)
+    if target is not None:
+        assert target.total == 64
+        assert target.sampler_chips >= 4 and target.learner_chips >= 4
+        assert abs(target.sampler_chips - split[0]) % unit == 0
+
+
+def test_bad_input_messages():
+    with pytest.raises(ValueError, match="at least one chip per role"):
+        Split(0, 8)
+    with pytest.raises(ValueError, match="buffer_fill must be a fraction"):
+        stats(1.0, 1.0, 1.0, 1.0, fill=3.0)
+    with pytest.raises(ValueError, match="granularity must be >= 1 chip"):
+        stats(1.0, 1.0, 1.0, 1.0, unit=0)
+    with pytest.raises(ValueError, match="times must be non-negative"):
+        stats(-1.0, 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="below the configured minimum"):
+        Reallocator(ReallocatorConfig(min_learner_chips=40)).decide(LEARNER_BOUND)
+    with pytest.raises(ValueError, match="margin must be positive"):
+        ReallocatorConfig(margin=0.0)
