@@ -1,0 +1,103 @@
+"""Backend resolution shared by every kernel op: which implementation runs, and how.
+
+Each public op takes ``impl``:
+
+- ``'auto'``: the Pallas kernel on TPU, the XLA (plain jnp) implementation elsewhere. Pallas
+  interpret mode is a correctness tool, far too slow to be a default.
+- ``'pallas'``: always the Pallas kernel; on a non-TPU backend it runs in interpret mode, which
+  is how the CPU tests exercise the kernels.
+- ``'xla'``: always the plain jnp implementation.
+
+It also maps ``jax.Device.device_kind`` strings to the TPU generation keys ('v4', 'v5e',
+'v5p', 'v6e') that every ``block_sizes.py`` tuning table is keyed by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from jax.experimental.pallas import tpu as pltpu
+
+IMPLS = ("auto", "pallas", "xla")
+
+# device_kind strings as TPU runtimes report them, lower-cased, most specific first: "tpu v5"
+# must not swallow "tpu v5 lite", so prefixes are checked in this order.
+_DEVICE_KIND_TO_GENERATION = (
+    ("tpu v6 lite", "v6e"),
+    ("tpu v6e", "v6e"),
+    ("tpu v5 lite", "v5e"),
+    ("tpu v5e", "v5e"),
+    ("tpu v5p", "v5p"),
+    ("tpu v5", "v5p"),
+    ("tpu v4", "v4"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A resolved implementation choice.
+
+    Attributes:
+      use_pallas: run the Pallas kernel (else the XLA implementation).
+      interpret: the value for ``pallas_call(interpret=...)``: ``False`` to compile with Mosaic
+        on TPU, an ``InterpretParams`` to run the TPU interpreter elsewhere.
+    """
+
+    use_pallas: bool
+    interpret: Any = False
+
+
+def on_tpu() -> bool:
+    """Whether JAX's default backend is a TPU."""
+    return jax.default_backend() == "tpu"
+
+
+def resolve_impl(impl: str) -> Backend:
+    """Turns a user-facing ``impl`` string into a :class:`Backend`.
+
+    Raises:
+      ValueError: ``impl`` is not one of 'auto', 'pallas', 'xla'.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}; pass impl='auto'.")
+    tpu = on_tpu()
+    if impl == "xla" or (impl == "auto" and not tpu):
+        return Backend(use_pallas=False)
+    # The TPU interpreter (not the generic one) is needed: the kernels use scalar prefetch, SMEM
+    # and manual DMA with semaphores, which only it models. NaN-filled scratch catches reads of
+    # uninitialised memory in tests.
+    return Backend(use_pallas=True, interpret=False if tpu else pltpu.InterpretParams())
+
+
+def tpu_generation(device_kind: str | None = None) -> str | None:
+    """The tuning-table key for a device kind, e.g. 'TPU v5 lite' -> 'v5e'.
+
+    Args:
+      device_kind: a ``jax.Device.device_kind`` string; defaults to ``jax.devices()[0]``'s.
+
+    Returns:
+      'v4', 'v5e', 'v5p' or 'v6e', or None for anything else (CPU, GPU, unknown TPUs).
+    """
+    if device_kind is None:
+        device_kind = jax.devices()[0].device_kind
+    kind = device_kind.lower().strip()
+    for prefix, generation in _DEVICE_KIND_TO_GENERATION:
+        if kind.startswith(prefix):
+            return generation
+    return None
+
+
+def check_positive_int(owner: str, name: str, value: Any) -> None:
+    """Raises ValueError unless ``value`` is a positive Python int; used by every BlockSizes."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}.")
+
+
+def check_multiple(owner: str, name: str, value: int, multiple: int) -> None:
+    """Raises ValueError unless ``value`` is a multiple of ``multiple`` (TPU tiling)."""
+    if value % multiple:
+        raise ValueError(
+            f"{owner}.{name} must be a multiple of {multiple} for TPU tiling, got {value}."
+        )

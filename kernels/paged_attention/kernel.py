@@ -1,0 +1,174 @@
+"""Pallas TPU kernel: one decode step of GQA attention over a paged KV cache.
+
+Grid: (B, K), one program per (slot, kv head). All G = N // K query heads that share a kv
+head are scored together, so each K/V page is read from HBM once per slot, not G times.
+
+The page table and lengths are scalar-prefetched into SMEM. K/V pages stay in HBM
+(``pl.ANY``); the kernel DMAs ``pages_per_block`` pages at a time into a double-buffered VMEM
+scratch and runs an online softmax over the blocks. The loop runs only over the
+ceil(length / S) valid pages, and each page copy is guarded, so pages at or past that count
+are never read: a decode step's cost follows the slot's length, not the table's width.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from rljax.kernels.paged_attention.block_sizes import BlockSizes
+
+
+def _kernel(
+    # Scalar prefetch (SMEM).
+    lengths_ref,  # [B] int32
+    page_table_ref,  # [B * pages_per_seq] int32, flattened: 2-D SMEM arrays pad badly.
+    # Inputs.
+    q_ref,  # [G, H] block: this slot's queries for this kv head.
+    k_hbm,  # [K, P, S, H] in HBM.
+    v_hbm,  # [K, P, S, H] in HBM.
+    # Output.
+    o_ref,  # [G, H] block.
+    # Scratch.
+    k_buf,  # [2, pages_per_block, S, H] VMEM double buffer.
+    v_buf,  # [2, pages_per_block, S, H] VMEM double buffer.
+    sems,  # DMA semaphores [2 (k/v), 2 (slot), pages_per_block].
+    *,
+    sm_scale: float,
+    pages_per_seq: int,
+    pages_per_block: int,
+    page_size: int,
+):
+    b = pl.program_id(0)
+    kv_head = pl.program_id(1)
+    # Lengths past the table are clamped, matching the reference.
+    length = jnp.minimum(lengths_ref[b], pages_per_seq * page_size)
+    num_pages = pl.cdiv(length, page_size)
+    num_blocks = pl.cdiv(num_pages, pages_per_block)
+    tokens_per_block = pages_per_block * page_size
+
+    def page_copies(block, slot, j):
+        page = page_table_ref[b * pages_per_seq + block * pages_per_block + j]
+        return (
+            pltpu.make_async_copy(k_hbm.at[kv_head, page], k_buf.at[slot, j], sems.at[0, slot, j]),
+            pltpu.make_async_copy(v_hbm.at[kv_head, page], v_buf.at[slot, j], sems.at[1, slot, j]),
+        )
+
+    def for_valid_pages(block, slot, action):
+        for j in range(pages_per_block):
+
+            @pl.when(block * pages_per_block + j < num_pages)
+            def _(j=j):
+                for copy in page_copies(block, slot, j):
+                    action(copy)
+
+    @pl.when(num_blocks > 0)
+    def _():
+        for_valid_pages(0, 0, lambda c: c.start())
+
+    q = q_ref[...].astype(jnp.float32) * sm_scale
+    group, head_dim = q.shape
+
+    def body(block, carry):
+        m_prev, l_prev, acc_prev = carry
+        slot = block % 2
+
+        # Prefetch the next block into the other slot while this one is scored.
+        @pl.when(block + 1 < num_blocks)
+        def _():
+            for_valid_pages(block + 1, 1 - slot, lambda c: c.start())
+
+        for_valid_pages(block, slot, lambda c: c.wait())
+        k = k_buf[slot].reshape(tokens_per_block, head_dim)
+        v = v_buf[slot].reshape(tokens_per_block, head_dim)
+        pos = block * tokens_per_block + jax.lax.broadcasted_iota(
+            jnp.int32, (1, tokens_per_block), 1
+        )
+        valid = pos < length  # [1, T_blk]; pages past num_pages hold stale or garbage data.
+        s = jax.lax.dot_general(
+            q, k.astype(jnp.float32), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        s = jnp.where(valid, s, -jnp.inf)
+        m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_new)
+        p = jnp.exp(s - m_new)
+        l_new = alpha * l_prev + p.sum(axis=-1, keepdims=True)
+        # Zero invalid V rows too: 0 * NaN garbage would poison the accumulator.
+        v = jnp.where(valid.reshape(tokens_per_block, 1), v.astype(jnp.float32), 0.0)
+        pv = jax.lax.dot_general(p, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return m_new, l_new, alpha * acc_prev + pv
+
+    init = (
+        jnp.full((group, 1), -jnp.inf, jnp.float32),
+        jnp.zeros((group, 1), jnp.float32),
+        jnp.zeros((group, head_dim), jnp.float32),
+    )
+    _, l_fin, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+    # l == 0 only when length == 0: the output is then defined as zeros.
+    out = jnp.where(l_fin > 0, acc / jnp.where(l_fin > 0, l_fin, 1.0), 0.0)
+    o_ref[...] = out.astype(o_ref.dtype)
+
+
+def paged_decode_attention_kernel(
+    q, k_pages, v_pages, lengths, page_table, *, sm_scale, block_sizes: BlockSizes, interpret
+):
+    """Runs the Pallas kernel. Shapes as in ``ops.paged_decode_attention``, already validated.
+
+    Args:
+      q: [B, N, H].
+      k_pages, v_pages: [K, P, S, H].
+      lengths: [B] int32.
+      page_table: [B, pages_per_seq] int32.
+      sm_scale: softmax scale.
+      block_sizes: BlockSizes, already clamped to pages_per_seq.
+      interpret: ``pallas_call``'s interpret argument (False on TPU).
+
+    Returns:
+      [B, N, H] in q's dtype.
+    """
+    b, n, h = q.shape
+    kv_heads, _, page_size, _ = k_pages.shape
+    group = n // kv_heads
+    pages_per_seq = page_table.shape[1]
+    ppb = block_sizes.pages_per_block
+    q_bkgh = q.reshape(b, kv_heads, group, h)
+    kernel = functools.partial(
+        _kernel,
+        sm_scale=sm_scale,
+        pages_per_seq=pages_per_seq,
+        pages_per_block=ppb,
+        page_size=page_size,
+    )
+    qo_spec = pl.BlockSpec((None, None, group, h), lambda bi, ki, *_: (bi, ki, 0, 0))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2,
+        grid=(b, kv_heads),
+        in_specs=[
+            qo_spec,
+            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec(memory_space=pl.ANY),
+        ],
+        out_specs=qo_spec,
+        scratch_shapes=[
+            pltpu.VMEM((2, ppb, page_size, h), k_pages.dtype),
+            pltpu.VMEM((2, ppb, page_size, h), v_pages.dtype),
+            pltpu.SemaphoreType.DMA((2, 2, ppb)),
+        ],
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q_bkgh.shape, q.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        interpret=interpret,
+        name="rljax_paged_decode_attention",
+    )(
+        lengths.astype(jnp.int32),
+        page_table.astype(jnp.int32).reshape(-1),
+        q_bkgh,
+        k_pages,
+        v_pages,
+    )
+    return out.reshape(b, n, h)
