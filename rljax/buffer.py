@@ -1,0 +1,438 @@
+"""Staleness-aware replay buffer and admission control (pure policy: no threads, JAX or clocks).
+
+The unit is a GRPO group (the G responses to one prompt). The version is the learner's step
+count: the learner holding params version ``s`` consumes batch ``s``. A group whose oldest token
+was produced by params ``m`` has staleness ``s - m`` when consumed, which must not exceed eta
+(``max_staleness``).
+
+One buffer per consumption version (StaleFlow). Each buffer holds exactly ``batch_groups`` (B)
+groups and is consumed whole, in version order::
+
+    learner version V = 3, eta = 2, B = 4         o = occupied group, r = reserved seat
+                                                  . = free seat
+      buffer 3  [o o o r]   <- consumed next, once all four seats hold groups
+      buffer 4  [o r r .]
+      buffer 5  [r . . .]   <- furthest buffer: V + eta (a sampler at version V reaches it)
+
+    reserve(id, v)       seat in the earliest buffer s >= V with a free seat and s - v <= eta
+    occupy(id, group, m) group lands in the earliest buffer with a free seat at or before its
+                         reserved one; returns surplus request ids when a buffer fills
+    release(id)          seat freed (abort, failure, dynamic-sampling drop)
+    consume(V)           takes the full buffer V; the learner version becomes V + 1
+
+Lifecycle contract: every successful ``reserve`` is closed by exactly one ``occupy`` or
+``release`` with the same request id, including requests returned as surplus. A request id may
+be reused once its previous reservation is closed.
+
+Redundant rollout: with ``overprovision`` k each buffer accepts B + k reservations. The first B
+groups to complete fill it; its still-pending reservations are surplus, returned by the
+``occupy`` that filled it so the sampler can abort them. A surplus request that completes before
+its abort lands is discarded by ``occupy`` (its buffer is already full); counted in
+``discarded``.
+
+Admission (AReaL): ``StalenessController.capacity`` says how many new requests the sampler may
+dispatch; ``StalenessBuffer.reserve`` says where each one goes and may still deny one (see
+``StalenessController``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+RequestId = int | str
+Group = Any
+
+
+def _check_int(name: str, value: Any, minimum: int, fix: str) -> None:
+    """Raises a ValueError naming ``name`` unless ``value`` is an int >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid: {fix}")
+
+
+def _corrupt(problem: str) -> NoReturn:
+    raise ValueError(
+        f"state is not a valid StalenessBuffer.state_dict() ({problem}); restore the dict that "
+        "state_dict() returned, with the same config"
+    )
+
+
+def _check_request_id(request_id: Any) -> None:
+    # Ids go into state_dict, which must survive a JSON round trip unchanged.
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        raise ValueError(
+            f"request_id={request_id!r} is invalid: use an int or a str (it is checkpointed)"
+        )
+
+
+class _Slot:
+    """One buffer: the occupied groups and the pending reservations of one version."""
+
+    __slots__ = ("groups", "reserved")
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[RequestId, int, Group]] = []  # (request id, min_version, group)
+        self.reserved: dict[RequestId, int] = {}  # request id -> sampler_version, in order
+
+    @property
+    def claims(self) -> int:
+        return len(self.groups) + len(self.reserved)
+
+
+class StalenessBuffer:
+    """One buffer of ``batch_groups`` groups per consumption version; see the module docstring.
+
+    Args:
+      batch_groups: B, groups per learner step; every consumed buffer holds exactly B groups.
+      max_staleness: eta >= 0; every consumed group satisfies ``version - min_version <= eta``.
+        eta = 0 is synchronous on-policy training.
+      overprovision: k >= 0 extra reservations per buffer (redundant rollout, B' = B + k).
+    """
+
+    def __init__(self, *, batch_groups: int, max_staleness: int, overprovision: int = 0):
+        _check_int("batch_groups", batch_groups, 1, "use an int >= 1 (groups per learner step)")
+        _check_int("max_staleness", max_staleness, 0, "use an int eta >= 0 (0 is on-policy)")
+        _check_int("overprovision", overprovision, 0, "use an int k >= 0 (0 disables it)")
+        self.batch_groups = batch_groups
+        self.max_staleness = max_staleness
+        self.overprovision = overprovision
+        self._version = 0
+        self._slots: dict[int, _Slot] = {}
+        self._pending: dict[RequestId, int] = {}  # request id -> buffer version it holds a seat in
+        self._surplus: dict[RequestId, None] = {}  # told to abort, not yet closed (ordered set)
+        self._accepted = 0
+        self._discarded = 0
+        self.lost_reservations: list[RequestId] = []  # set by from_state_dict only
+
+    @property
+    def version(self) -> int:
+        """The learner version: the buffer that ``consume`` takes next."""
+        return self._version
+
+    @property
+    def accepted(self) -> int:
+        """Groups accepted over the whole run (consumed plus held): AReaL's ``accepted``."""
+        return self._accepted
+
+    @property
+    def num_pending(self) -> int:
+        """Reservations holding a seat (not yet occupied, released or made surplus)."""
+        return len(self._pending)
+
+    @property
+    def discarded(self) -> int:
+        """Surplus groups that completed before their abort and were dropped by ``occupy``."""
+        return self._discarded
+
+    @property
+    def surplus(self) -> list[RequestId]:
+        """Request ids returned as surplus that are not yet closed by ``occupy``/``release``."""
+        return list(self._surplus)
+
+    def _seat_limit(self) -> int:
+        return self.batch_groups + self.overprovision
+
+    def _has_free_seat(self, version: int) -> bool:
+        slot = self._slots.get(version)
+        if slot is None:
+            return True
+        return len(slot.groups) < self.batch_groups and slot.claims < self._seat_limit()
+
+    def reserve(self, request_id: RequestId, sampler_version: int) -> int | None:
+        """Reserves a seat for a group request; returns its buffer version, or None if denied.
+
+        Args:
+          request_id: int or str, unique among open reservations.
+          sampler_version: the oldest params version any token of the group will carry: the
+            dispatch version for a fresh request, the oldest prefix token's version for a resumed
+            partial rollout. At most the learner version.
+
+        Returns:
+          The earliest buffer version s >= ``version`` with a free seat and
+          ``s - sampler_version <= eta``, or None when there is none: the sampler must wait for
+          a seat or, when ``sampler_version + eta < version``, sync newer params first.
+        """
+        _check_request_id(request_id)
+        if request_id in self._pending or request_id in self._surplus:
+            raise ValueError(
+                f"request_id={request_id!r} already holds an open reservation; close it with "
+                "occupy() or release() before reusing the id"
+            )
+        _check_int("sampler_version", sampler_version, 0, "use the int params version (>= 0)")
+        if sampler_version > self._version:
+            raise ValueError(
+                f"sampler_version={sampler_version} is ahead of the learner version "
+                f"{self._version}; pass the version of the params the sampler actually holds"
+            )
+        for s in range(self._version, sampler_version + self.max_staleness + 1):
+            if self._has_free_seat(s):
+                self._slots.setdefault(s, _Slot()).reserved[request_id] = sampler_version
+                self._pending[request_id] = s
+                return s
+        return None
+
+    def occupy(self, request_id: RequestId, group: Group, min_version: int) -> list[RequestId]:
+        """Stores a completed group; returns the request ids that became surplus (to abort).
+
+        Placement: the earliest buffer with a free seat at or before the reserved one. Moving
+        earlier is always staleness-safe (an earlier buffer means less staleness) and fills the
+        buffer the learner waits on first; the group's reserved seat is freed for a new request.
+
+        Args:
+          request_id: an id returned a seat by ``reserve`` (or returned as surplus, in which case
+            the group is discarded and [] returned).
+          group: opaque payload, returned as-is by ``consume``.
+          min_version: the version of the group's oldest token. It may exceed the reservation's
+            ``sampler_version`` (the request waited for a slot while params were swapped in
+            flight) but not be below it: reserve a resumed partial rollout with the version of
+            its oldest prefix token. It cannot exceed the learner version.
+
+        Returns:
+          The pending request ids of the buffer this group filled (empty unless it filled a
+          buffer that still had pending reservations, which only overprovision allows).
+        """
+        if request_id in self._surplus:
+            del self._surplus[request_id]
+            self._discarded += 1
+            return []
+        if request_id not in self._pending:
+            raise ValueError(
+                f"request_id={request_id!r} holds no reservation; call reserve() first (and "
+                "occupy or release each reservation exactly once)"
+            )
+        reserved_at = self._pending[request_id]
+        sampler_version = self._slots[reserved_at].reserved[request_id]
+        _check_int("min_version", min_version, 0, "use the int version of the oldest token")
+        if min_version < sampler_version:
+            raise ValueError(
+                f"min_version={min_version} is older than the reservation's sampler_version "
+                f"{sampler_version} for request_id={request_id!r}; reserve resumed partial "
+                "rollouts with the version of their oldest prefix token"
+            )
+        if min_version > self._version:
+            raise ValueError(
+                f"min_version={min_version} is ahead of the learner version {self._version}; "
+                "pass the version of the params that produced the oldest token"
+            )
+        del self._slots[reserved_at].reserved[request_id]
+        del self._pending[request_id]
+        target = next(s for s in range(self._version, reserved_at + 1) if self._has_free_seat(s))
+        slot = self._slots.setdefault(target, _Slot())
+        slot.groups.append((request_id, min_version, group))
+        self._accepted += 1
+        if len(slot.groups) < self.batch_groups:
+            return []
+        surplus = list(slot.reserved)
+        slot.reserved.clear()
+        for rid in surplus:
+            del self._pending[rid]
+            self._surplus[rid] = None
+        return surplus
+
+    def release(self, request_id: RequestId) -> None:
+        """Closes a reservation without a group (aborted, failed, surplus or dropped group).
+
+        Dynamic sampling: call ``release`` instead of ``occupy`` for a group without signal
+        (see ``has_signal``); the freed seat goes to the next ``reserve``.
+        """
+        if request_id in self._surplus:
+            del self._surplus[request_id]
+            return
+        if request_id not in self._pending:
+            raise ValueError(
+                f"request_id={request_id!r} holds no open reservation; release only reserved "
+                "requests that were not occupied (an occupied group cannot be released)"
+            )
+        del self._slots[self._pending.pop(request_id)].reserved[request_id]
+
+    def _check_learner_version(self, learner_version: int) -> None:
+        if learner_version != self._version:
+            raise ValueError(
+                f"learner_version={learner_version!r} does not match the buffer version "
+                f"{self._version}; the learner and buffer disagree (resume both from one "
+                "checkpoint)"
+            )
+
+    def ready(self, learner_version: int) -> bool:
+        """Whether buffer ``learner_version`` (the current one) is full and can be consumed."""
+        self._check_learner_version(learner_version)
+        slot = self._slots.get(learner_version)
+        return slot is not None and len(slot.groups) == self.batch_groups
+
+    def consume(self, learner_version: int) -> list[Group]:
+        """Takes the full buffer ``learner_version`` and advances the learner version by one.
+
+        Advancing here, not in a separate call, leaves no window in which a consumed buffer's
+        version is still current. The learner then trains on the batch and publishes params
+        ``learner_version + 1``; reservations for later buffers stay valid meanwhile.
+        """
+        if not self.ready(learner_version):
+            held = len(self._slots[learner_version].groups) if learner_version in self._slots else 0
+            raise ValueError(
+                f"buffer {learner_version} is not full ({held}/{self.batch_groups} groups); "
+                "wait until ready(learner_version) is True"
+            )
+        slot = self._slots.pop(learner_version)
+        self._version += 1
+        return [group for _, _, group in slot.groups]
+
+    def snapshot(self) -> list[dict[str, int]]:
+        """Counts per live buffer, for metrics: ``[{version, reserved, occupied}, ...]``.
+
+        Lists every buffer a sampler at the learner version can reach, ``version`` to
+        ``version + eta``, in order.
+        """
+        rows = []
+        for s in range(self._version, self._version + self.max_staleness + 1):
+            slot = self._slots.get(s, _Slot())
+            rows.append(
+                {"version": s, "reserved": len(slot.reserved), "occupied": len(slot.groups)}
+            )
+        return rows
+
+    def state_dict(self, encode: Callable[[Group], Any] | None = None) -> dict[str, Any]:
+        """Plain-data state for a checkpoint.
+
+        Groups are opaque: the dict holds ``encode(group)`` (the group itself by default), so it
+        is JSON-serialisable when the encoded groups are. Pending reservations are saved so that
+        ``from_state_dict`` can report them as ``lost_reservations``; surplus ids are not saved
+        (their buffers are full, nothing needs re-dispatching).
+        """
+        encode = encode or (lambda group: group)
+        buffers = []
+        for s in sorted(self._slots):
+            slot = self._slots[s]
+            buffers.append(
+                {
+                    "version": s,
+                    "groups": [
+                        {"request_id": rid, "min_version": m, "group": encode(g)}
+                        for rid, m, g in slot.groups
+                    ],
+                    "reservations": [
+                        {"request_id": rid, "sampler_version": v}
+                        for rid, v in slot.reserved.items()
+                    ],
+                }
+            )
+        return {
+            "batch_groups": self.batch_groups,
+            "max_staleness": self.max_staleness,
+            "overprovision": self.overprovision,
+            "version": self._version,
+            "accepted": self._accepted,
+            "discarded": self._discarded,
+            "buffers": buffers,
+        }
+
+    @classmethod
+    def from_state_dict(
+        cls, state: dict[str, Any], decode: Callable[[Any], Group] | None = None
+    ) -> StalenessBuffer:
+        """Rebuilds a buffer from ``state_dict`` output after a restart.
+
+        Occupied groups keep their buffer and ``min_version``, so staleness does not drift.
+        Pending reservations died with the sampler: they are dropped, their seats freed, and
+        their ids listed in ``lost_reservations`` (in buffer order) so the runtime can
+        re-dispatch those prompts.
+        """
+        decode = decode or (lambda group: group)
+        try:
+            buf = cls(
+                batch_groups=state["batch_groups"],
+                max_staleness=state["max_staleness"],
+                overprovision=state["overprovision"],
+            )
+            version = state["version"]
+            _check_int("state['version']", version, 0, "restore a state_dict() output")
+            buf._version = version
+            buf._accepted = state["accepted"]
+            buf._discarded = state["discarded"]
+            for entry in state["buffers"]:
+                s = entry["version"]
+                if not version <= s <= version + buf.max_staleness:
+                    _corrupt(f"buffer {s} lies outside [version, version + eta]")
+                if s in buf._slots:
+                    _corrupt(f"buffer {s} appears twice")
+                groups = entry["groups"]
+                if len(groups) > buf.batch_groups:
+                    _corrupt(f"buffer {s} holds {len(groups)} groups > batch_groups")
+                slot = _Slot()
+                for g in groups:
+                    if s - g["min_version"] > buf.max_staleness:
+                        _corrupt(f"group {g['request_id']!r} in buffer {s} exceeds eta")
+                    slot.groups.append((g["request_id"], g["min_version"], decode(g["group"])))
+                # An empty slot must still mark the version as seen, for the duplicate check.
+                buf._slots[s] = slot
+                buf.lost_reservations.extend(r["request_id"] for r in entry["reservations"])
+        except (KeyError, TypeError) as err:
+            _corrupt(f"{type(err).__name__}: {err}")
+        for s in [s for s, slot in buf._slots.items() if not slot.groups]:
+            del buf._slots[s]
+        return buf
+
+
+class StalenessController:
+    """AReaL admission control: how many new group requests the sampler may dispatch now.
+
+    ``capacity = min(max_concurrent - running, (eta + version + 1) * B - (accepted + running))``
+    clamped at 0, plus ``(eta + 1) * k`` on the staleness term with redundant rollout.
+
+    Relation to ``StalenessBuffer``: pass ``version=buffer.version``,
+    ``accepted=buffer.accepted`` and ``running`` = requests in flight. Since every consumed
+    buffer held exactly B groups, ``accepted = version * B + held``, so the staleness term is
+    ``(eta + 1) * (B + k) - held - running``: the seats left in the buffers ``version`` ..
+    ``version + eta``. With ``running = buffer.num_pending`` and k = 0 it equals the number of
+    ``reserve`` calls at the learner version that succeed. The controller is an upper bound:
+    ``reserve`` can still deny a request whose sampler lags the learner, and surplus requests
+    still running count against concurrency but hold no seat. Ask the controller how many,
+    the buffer where each goes, and stop at the first None.
+
+    Args:
+      max_staleness: eta >= 0.
+      batch_groups: B >= 1, groups per learner step.
+      max_concurrent: most group requests in flight at once (>= 1).
+      overprovision: k >= 0, as in ``StalenessBuffer``.
+    """
+
+    def __init__(
+        self, *, max_staleness: int, batch_groups: int, max_concurrent: int, overprovision: int = 0
+    ):
+        _check_int("max_staleness", max_staleness, 0, "use an int eta >= 0 (0 is on-policy)")
+        _check_int("batch_groups", batch_groups, 1, "use an int >= 1 (groups per learner step)")
+        _check_int("max_concurrent", max_concurrent, 1, "use an int >= 1 (requests in flight)")
+        _check_int("overprovision", overprovision, 0, "use an int k >= 0 (0 disables it)")
+        self.max_staleness = max_staleness
+        self.batch_groups = batch_groups
+        self.max_concurrent = max_concurrent
+        self.overprovision = overprovision
+
+    def capacity(self, learner_version: int, running: int, accepted: int) -> int:
+        """New group requests the sampler may dispatch now (>= 0).
+
+        Args:
+          learner_version: the learner's step count (``StalenessBuffer.version``).
+          running: group requests in flight.
+          accepted: groups accepted so far over the run (``StalenessBuffer.accepted``).
+        """
+        _check_int("learner_version", learner_version, 0, "use the learner step count (>= 0)")
+        _check_int("running", running, 0, "use the count of requests in flight (>= 0)")
+        _check_int("accepted", accepted, 0, "use StalenessBuffer.accepted (>= 0)")
+        eta, batch = self.max_staleness, self.batch_groups
+        stale_room = (eta + learner_version + 1) * batch + (eta + 1) * self.overprovision
+        return max(0, min(self.max_concurrent - running, stale_room - (accepted + running)))
+
+
+def has_signal(rewards: Sequence[float], *, atol: float = 0.0) -> bool:
+    """Whether a group's rewards differ (spread > ``atol``), i.e. GRPO advantages are non-zero.
+
+    Dynamic sampling (DAPO) releases groups without signal instead of occupying a seat.
+    """
+    if len(rewards) == 0:
+        raise ValueError("rewards is empty; pass the G rewards of one group")
+    if any(math.isnan(r) for r in rewards):
+        raise ValueError(f"rewards={list(rewards)!r} contains NaN; fix the reward function")
+    if atol < 0:
+        raise ValueError(f"atol={atol!r} is negative; use a tolerance >= 0")
+    return max(rewards) - min(rewards) > atol
