@@ -1,0 +1,484 @@
+"""Typed, frozen run configuration.
+
+Experiment files under ``configs/`` build a :class:`RunConfig` from these dataclasses and hand
+it to the launcher as an ``ml_collections.ConfigDict`` (:func:`to_config_dict`), so that
+``--config.learner.learning_rate=1e-5`` style overrides work. The launcher turns the overridden
+ConfigDict back into dataclasses (:func:`from_config_dict`), and every dataclass validates itself
+in ``__post_init__``. A bad value raises :class:`ConfigError` with a one-line message that names
+the key, the bad value and what would be valid.
+
+Each module receives only its own section (``ModelConfig`` for the model, ``SamplingConfig`` for
+the engine, ...), never the whole run config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+DTYPES = ("float32", "bfloat16")
+FAMILIES = ("llama", "qwen2", "qwen3")
+LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
+SWAP_MODES = ("inflight", "recompute", "drain")
+TASKS = ("arithmetic", "gsm8k", "math")
+MESH_MODES = ("colocated", "split")
+RUN_MODES = ("sync", "async")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the key and the fix."""
+
+
+def _fail(key: str, value: Any, expected: str) -> None:
+    raise ConfigError(f"config key '{key}' = {value!r} is invalid: expected {expected}")
+
+
+def _positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        _fail(key, value, "an integer >= 0" if allow_zero else "an integer > 0")
+
+
+def _positive_float(key: str, value: Any, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        _fail(key, value, "a finite number >= 0" if allow_zero else "a finite number > 0")
+
+
+def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(key, value, f"one of {', '.join(choices)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2 family).
+
+    Field names follow Hugging Face ``config.json`` where one exists.
+    """
+
+    family: str = "llama"
+    vocab_size: int = 32
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    rope_theta: float = 10000.0
+    # None, or a mapping with rope_type='llama3', factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings (Llama 3.1+ long-context scaling).
+    rope_scaling: Mapping[str, Any] | None = None
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm on each head's q and k before RoPE.
+    qkv_bias: bool = False  # Qwen2: bias on the q/k/v projections.
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"  # activation / compute dtype
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        _one_of("model.family", self.family, FAMILIES)
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            _fail(
+                "model.num_kv_heads",
+                self.num_kv_heads,
+                f"a divisor of model.num_heads={self.num_heads} (grouped-query attention)",
+            )
+        if self.head_dim % 2:
+            _fail("model.head_dim", self.head_dim, "an even number (RoPE rotates pairs)")
+        _positive_float("model.rope_theta", self.rope_theta)
+        _positive_float("model.norm_eps", self.norm_eps)
+        _one_of("model.dtype", self.dtype, DTYPES)
+        _one_of("model.param_dtype", self.param_dtype, DTYPES)
+        if self.rope_scaling is not None:
+            scaling = dict(self.rope_scaling)
+            if scaling.get("rope_type") != "llama3":
+                _fail("model.rope_scaling.rope_type", scaling.get("rope_type"), "'llama3' or None")
+            for k in ("factor", "low_freq_factor", "high_freq_factor"):
+                _positive_float(f"model.rope_scaling.{k}", scaling.get(k))
+            _positive(
+                "model.rope_scaling.original_max_position_embeddings",
+                scaling.get("original_max_position_embeddings"),
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Generation settings for the engine on the sampler mesh.
+
+    The log-prob recorded for each sampled token is that of the distribution actually sampled
+    from: ``log_softmax(logits / temperature)`` after top-k/top-p/min-p filtering. The learner
+    divides its logits by the same temperature so the importance ratio is exact.
+    """
+
+    temperature: float = 1.0  # tau; 0 means greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    min_p: float = 0.0  # in [0, 1)
+    max_new_tokens: int = 8
+    max_prefill_length: int = 32  # the largest prefill bucket
+    prefill_buckets: tuple[int, ...] = ()  # () = powers of two up to max_prefill_length
+    max_concurrent_decodes: int = 64  # decode slots
+    page_size: int = 16
+    num_pages: int = 0  # 0 = enough for every slot at full length
+    swap_mode: str = "inflight"
+
+    def __post_init__(self):
+        _positive_float("sampling.temperature", self.temperature, allow_zero=True)
+        _positive("sampling.top_k", self.top_k, allow_zero=True)
+        if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
+            _fail("sampling.top_p", self.top_p, "a number in (0, 1]")
+        if not (isinstance(self.min_p, int | float) and 0.0 <= self.min_p < 1.0):
+            _fail("sampling.min_p", self.min_p, "a number in [0, 1)")
+        _positive("sampling.max_new_tokens", self.max_new_tokens)
+        _positive("sampling.max_prefill_length", self.max_prefill_length)
+        _positive("sampling.max_concurrent_decodes", self.max_concurrent_decodes)
+        _positive("sampling.page_size", self.page_size)
+        _positive("sampling.num_pages", self.num_pages, allow_zero=True)
+        _one_of("sampling.swap_mode", self.swap_mode, SWAP_MODES)
+        for b in self.prefill_buckets:
+            _positive("sampling.prefill_buckets[]", b)
+        if self.prefill_buckets and max(self.prefill_buckets) != self.max_prefill_length:
+            _fail(
+                "sampling.prefill_buckets",
+                self.prefill_buckets,
+                f"buckets whose largest equals sampling.max_prefill_length={self.max_prefill_length}",
+            )
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """Prefill lengths, ascending; prompts are padded up to the next one."""
+        if self.prefill_buckets:
+            return tuple(sorted(set(self.prefill_buckets)))
+        out, b = [], 8
+        while b < self.max_prefill_length:
+            out.append(b)
+            b *= 2
+        return (*out, self.max_prefill_length)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """The RL algorithm and its optimiser.
+
+    Symbols follow the papers: G (group_size), epsilon_low/epsilon_high (DAPO clip-higher),
+    beta (KL coefficient, k3 estimator), C (truncated importance-sampling cap).
+    """
+
+    loss: str = "grpo"
+    group_size: int = 8  # G: responses per prompt
+    batch_groups: int = 16  # B: groups (prompts) per learner step
+    micro_batches: int = 1  # gradient accumulation steps per learner step
+    pack_length: int = 0  # row length for sequence packing; 0 = model max
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    beta: float = 0.0  # KL(pi || pi_ref) coefficient; 0 disables the reference model
+    truncated_is: float = 0.0  # C: cap on pi_prox / pi_behaviour; 0 disables
+    proximal: str = "recompute"  # decoupled PPO: 'recompute' or 'loglinear'
+    scale_advantages: bool = True  # divide by the group std (GRPO); Dr. GRPO sets False
+    learning_rate: float = 1e-4
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.99
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        _one_of("learner.loss", self.loss, LOSSES)
+        if not (isinstance(self.group_size, int) and self.group_size >= 2):
+            _fail(
+                "learner.group_size",
+                self.group_size,
+                "an integer >= 2 (GRPO normalises rewards within a group)",
+            )
+        _positive("learner.batch_groups", self.batch_groups)
+        _positive("learner.micro_batches", self.micro_batches)
+        _positive("learner.pack_length", self.pack_length, allow_zero=True)
+        if self.micro_batches > self.batch_groups * self.group_size:
+            _fail(
+                "learner.micro_batches",
+                self.micro_batches,
+                f"at most the batch size batch_groups*group_size="
+                f"{self.batch_groups * self.group_size} (a micro-batch cannot exceed the batch)",
+            )
+        _positive_float("learner.epsilon_low", self.epsilon_low)
+        _positive_float("learner.epsilon_high", self.epsilon_high)
+        if self.epsilon_low >= 1.0:
+            _fail("learner.epsilon_low", self.epsilon_low, "a number in (0, 1)")
+        _positive_float("learner.beta", self.beta, allow_zero=True)
+        _positive_float("learner.truncated_is", self.truncated_is, allow_zero=True)
+        _one_of("learner.proximal", self.proximal, ("recompute", "loglinear"))
+        _positive_float("learner.learning_rate", self.learning_rate)
+        _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)
+        _positive_float("learner.weight_decay", self.weight_decay, allow_zero=True)
+        for k in ("b1", "b2"):
+            v = getattr(self, k)
+            if not (isinstance(v, int | float) and 0.0 <= v < 1.0):
+                _fail(f"learner.{k}", v, "a number in [0, 1)")
+        _positive_float("learner.grad_clip", self.grad_clip, allow_zero=True)
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per learner step."""
+        return self.batch_groups * self.group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start before RL (cross-entropy on reference answers)."""
+
+    steps: int = 0  # 0 skips the warm start
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    num_examples: int = 0  # train on the first n training examples; 0 = all
+
+    def __post_init__(self):
+        _positive("sft.steps", self.steps, allow_zero=True)
+        _positive("sft.batch_size", self.batch_size)
+        _positive_float("sft.learning_rate", self.learning_rate)
+        _positive("sft.num_examples", self.num_examples, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferConfig:
+    """The staleness-aware replay buffer between sampler and learner."""
+
+    max_staleness: int = 0  # eta: 0 is synchronous on-policy training
+    overprovision: int = 0  # redundant rollout: launch B + k groups per batch, abort surplus
+    dynamic_sampling: bool = False  # drop groups whose rewards all match (no signal)
+
+    def __post_init__(self):
+        if not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
+            _fail("buffer.max_staleness", self.max_staleness, "an integer eta >= 0")
+        _positive("buffer.overprovision", self.overprovision, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """How devices form the sampler and learner meshes.
+
+    ``colocated`` puts every device in one mesh shared by both roles. ``split`` gives the first
+    ``sampler_devices`` devices to the sampler and the next ``learner_devices`` to the learner.
+    Axis sizes of -1 absorb the remaining devices.
+    """
+
+    mode: str = "colocated"
+    sampler_devices: int = 0
+    learner_devices: int = 0
+    learner_fsdp: int = -1
+    learner_tensor: int = 1
+    sampler_data: int = -1
+    sampler_tensor: int = 1
+
+    def __post_init__(self):
+        _one_of("mesh.mode", self.mode, MESH_MODES)
+        if self.mode == "split":
+            for k in ("sampler_devices", "learner_devices"):
+                v = getattr(self, k)
+                if not (isinstance(v, int) and v > 0):
+                    _fail(f"mesh.{k}", v, "an integer > 0 in split mode (each side needs a device)")
+        for k in ("learner_fsdp", "learner_tensor", "sampler_data", "sampler_tensor"):
+            v = getattr(self, k)
+            if not (isinstance(v, int) and (v == -1 or v > 0)):
+                _fail(f"mesh.{k}", v, "a positive integer, or -1 to use the remaining devices")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The prompt source."""
+
+    task: str = "arithmetic"
+    path: str = ""  # JSONL/parquet for gsm8k/math
+    num_digits: int = 2
+    ops: str = "+"
+    train_size: int = 4096
+    heldout_size: int = 256
+    prompt_format: str = "raw"  # 'raw' or 'chat' (the tokenizer's chat template)
+
+    def __post_init__(self):
+        _one_of("data.task", self.task, TASKS)
+        if self.task != "arithmetic" and not self.path:
+            _fail("data.path", self.path, f"a JSONL or parquet file for task {self.task!r}")
+        _positive("data.num_digits", self.num_digits)
+        if not self.ops or set(self.ops) - set("+-*"):
+            _fail("data.ops", self.ops, "a non-empty string over '+', '-', '*'")
+        _positive("data.train_size", self.train_size)
+        _positive("data.heldout_size", self.heldout_size)
+        _one_of("data.prompt_format", self.prompt_format, ("raw", "chat"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """The verifier and how it runs (isolated, with a timeout)."""
+
+    name: str = "exact_match"
+    timeout_s: float = 5.0
+    num_workers: int = 2
+    mode: str = "thread"  # or 'process' for untrusted or hang-prone verifiers
+
+    def __post_init__(self):
+        if not self.name:
+            _fail("reward.name", self.name, "a reward name from rljax.rewards.REWARDS")
+        _positive_float("reward.timeout_s", self.timeout_s)
+        _positive("reward.num_workers", self.num_workers)
+        _one_of("reward.mode", self.mode, ("thread", "process"))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpointing of the full training state."""
+
+    enabled: bool = False
+    every_steps: int = 50
+    keep: int = 3
+    async_save: bool = True
+
+    def __post_init__(self):
+        _positive("checkpoint.every_steps", self.every_steps)
+        _positive("checkpoint.keep", self.keep)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    """Where metrics go: JSONL in the workdir, a progress bar, an optional timeline."""
+
+    log_every: int = 1
+    progress_bar: bool = True
+    trace: bool = False  # Perfetto / Chrome trace JSON of the run's phases
+
+    def __post_init__(self):
+        _positive("metrics.log_every", self.log_every)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One experiment: every section plus the run-level knobs."""
+
+    model: ModelConfig = ModelConfig()
+    tokenizer: str = "char"  # 'char' or a directory with tokenizer.json
+    init: str = "random"  # 'random', or a Hugging Face checkpoint directory / GGUF file
+    sampling: SamplingConfig = SamplingConfig()
+    learner: LearnerConfig = LearnerConfig()
+    sft: SFTConfig = SFTConfig()
+    buffer: BufferConfig = BufferConfig()
+    mesh: MeshConfig = MeshConfig()
+    data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    mode: str = "sync"
+    seed: int = 0
+    num_steps: int = 100  # learner (RL) steps
+    eval_every: int = 0  # 0: evaluate only after SFT and at the end
+    eval_examples: int = 256
+
+    def __post_init__(self):
+        _one_of("mode", self.mode, RUN_MODES)
+        _positive("seed", self.seed, allow_zero=True)
+        _positive("num_steps", self.num_steps, allow_zero=True)
+        _positive("eval_every", self.eval_every, allow_zero=True)
+        _positive("eval_examples", self.eval_examples)
+        if self.mode == "sync" and self.buffer.max_staleness != 0:
+            _fail(
+                "buffer.max_staleness",
+                self.buffer.max_staleness,
+                "0 in sync mode (set mode='async' to train off-policy)",
+            )
+        if self.sampling.max_concurrent_decodes < self.learner.group_size:
+            _fail(
+                "sampling.max_concurrent_decodes",
+                self.sampling.max_concurrent_decodes,
+                f"at least learner.group_size={self.learner.group_size} (a group shares a prefill)",
+            )
+
+
+def to_config_dict(cfg: RunConfig) -> ml_collections.ConfigDict:
+    """The ConfigDict form that experiment files return and absl overrides edit."""
+
+    def convert(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj):
+            return {f.name: convert(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if isinstance(obj, Mapping):
+            return {k: convert(v) for k, v in obj.items()}
+        return obj
+
+    return ml_collections.ConfigDict(convert(cfg))
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        key = f"{prefix}{unknown[0]}"
+        raise ConfigError(
+            f"unknown config key '{key}': valid keys under '{prefix or '<root>'}' are "
+            f"{', '.join(sorted(names))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, Mapping):
+                _fail(f"{prefix}{name}", value, f"a section of keys for {hint.__name__}")
+            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
+        elif _is_tuple(hint) and isinstance(value, list | tuple):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _is_tuple(hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_tuple(a) for a in typing.get_args(hint))
+    return origin is tuple
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ml_collections.ConfigDict | ml_collections.FrozenConfigDict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def from_config_dict(cd: Mapping[str, Any] | ml_collections.ConfigDict) -> RunConfig:
+    """Validated :class:`RunConfig` from a (possibly overridden) ConfigDict or plain dict."""
+    return _build(RunConfig, _plain(cd), "")
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` with dotted keys: ``replace(cfg, **{'learner.beta': 0.1})``."""
+    nested: dict[str, dict[str, Any]] = {}
+    flat = {}
+    for key, value in changes.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            flat[key] = value
+    for head, sub in nested.items():
+        flat[head] = replace(getattr(cfg, head), **sub)
+    return dataclasses.replace(cfg, **flat)

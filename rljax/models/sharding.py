@@ -1,0 +1,165 @@
+"""Logical axis names -> mesh axes, one rule table per role.
+
+Modules name their axes logically ('embed', 'heads', 'batch', ...). Each role maps those names
+onto its own mesh: the learner shards weights FSDP-style over 'fsdp' and splits heads and the
+MLP over 'tensor'; the sampler replicates weights over 'data' (each data shard serves its own
+slots) and splits heads over 'tensor'. A rule table that would place one mesh axis on two
+dimensions of the same array raises instead of silently replicating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rljax.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """One role's mapping from logical axis names to mesh axis names (or None: replicate)."""
+
+    role: str
+    rules: Mapping[str, str | tuple[str, ...] | None]
+
+    def spec(self, logical: tuple[str | None, ...], *, name: str = "array") -> PartitionSpec:
+        """The PartitionSpec for an array whose dimensions carry ``logical`` names."""
+        out, used = [], {}
+        for dim, axis in enumerate(logical):
+            mesh_axes = self.rules.get(axis) if axis is not None else None
+            if axis is not None and axis not in self.rules:
+                raise ValueError(
+                    f"{self.role} sharding rules have no entry for logical axis {axis!r} of "
+                    f"{name}; add it to the rule table (None to replicate)"
+                )
+            for m in (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ()):
+                if m in used:
+                    raise ValueError(
+                        f"{self.role} sharding rules map both {used[m]!r} and {axis!r} of {name} "
+                        f"to mesh axis {m!r}; an axis can shard one dimension only"
+                    )
+                used[m] = axis
+            out.append(mesh_axes)
+        return PartitionSpec(*out)
+
+    def sharding(self, mesh: Mesh, logical, *, shape=None, name="array") -> NamedSharding:
+        """A NamedSharding on ``mesh``; checks divisibility when ``shape`` is given."""
+        spec = self.spec(logical, name=name)
+        if shape is not None:
+            for dim, mesh_axes in enumerate(spec):
+                axes = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
+                size = math.prod(mesh.shape[a] for a in axes)
+                if shape[dim] % size:
+                    raise ValueError(
+                        f"{name} dimension {dim} ({logical[dim]}) has size {shape[dim]}, not "
+                        f"divisible by mesh axes {axes} of size {size}; change the "
+                        f"{self.role} mesh shape or the model size"
+                    )
+        return NamedSharding(mesh, spec)
+
+
+LEARNER_RULES = ShardingRules(
+    "learner",
+    {
+        "batch": "fsdp",
+        "seq": None,
+        "vocab": "tensor",
+        "embed": "fsdp",
+        "heads": "tensor",
+        "kv_heads": "tensor",
+        "head_dim": None,
+        "mlp": "tensor",
+        "layers": None,
+    },
+)
+
+SAMPLER_RULES = ShardingRules(
+    "sampler",
+    {
+        "batch": "data",
+        "seq": None,
+        "vocab": "tensor",
+        "embed": None,
+        "heads": "tensor",
+        "kv_heads": "tensor",
+        "head_dim": None,
+        "mlp": "tensor",
+        "layers": None,
+        "pages": None,
+        "page_slot": None,
+    },
+)
+
+RULES = {"learner": LEARNER_RULES, "sampler": SAMPLER_RULES}
+
+
+def _degrade(mesh: Mesh, rules: ShardingRules, logical, shape, name) -> NamedSharding:
+    """Like ``rules.sharding`` but replicates a dimension its mesh axes do not divide.
+
+    Small models (a 2-kv-head toy on a 4-way tensor axis) must still run; a real model whose
+    weights would silently replicate is caught by the memory plan, not here.
+    """
+    spec = list(rules.spec(logical, name=name))
+    for dim, mesh_axes in enumerate(spec):
+        axes = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
+        if shape[dim] % math.prod(mesh.shape[a] for a in axes):
+            spec[dim] = None
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def state_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules) -> nnx.State:
+    """NamedShardings for every Variable in ``state``, from its logical ``out_sharding``."""
+
+    def one(path, var):
+        logical = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
+        name = "/".join(str(p) for p in path)
+        return _degrade(mesh, rules, tuple(logical), var.shape, name)
+
+    flat, treedef = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
+    return jax.tree_util.tree_unflatten(treedef, [one(path, var) for path, var in flat])
+
+
+def make_mesh(devices, axes: dict[str, int]) -> Mesh:
+    """A Mesh over ``devices`` with the given axis sizes (-1 absorbs the remainder)."""
+    devices = list(devices)
+    sizes = dict(axes)
+    free = [a for a, s in sizes.items() if s == -1]
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if len(free) > 1:
+        raise ValueError(f"at most one mesh axis may be -1, got {free}")
+    if free:
+        if len(devices) % known:
+            raise ValueError(
+                f"{len(devices)} devices cannot fill mesh axes {axes}: fixed axes need a "
+                f"multiple of {known}"
+            )
+        sizes[free[0]] = len(devices) // known
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(
+            f"mesh axes {sizes} need {math.prod(sizes.values())} devices but {len(devices)} "
+            f"were given; change the mesh.* axis sizes"
+        )
+    arr = np.array(devices, dtype=object).reshape(tuple(sizes.values()))
+    return Mesh(arr, tuple(sizes))
+
+
+def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, seed: int):
+    """Initialise a Decoder directly into its shardings; returns (graphdef, params state)."""
+    from rljax.models.transformer import Decoder
+
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(abstract_state, mesh, rules)
+
+    def create():
+        return nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1]
+
+    return graphdef, jax.jit(create, out_shardings=shardings)()

@@ -1,0 +1,288 @@
+"""A decoder-only transformer in Flax NNX: Llama, Qwen2, Qwen3 and SmolLM2 share it.
+
+Pieces: RMSNorm, rotary embeddings (with Llama-3 frequency scaling), grouped-query attention
+with optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3), a SwiGLU MLP, and optional
+tied input/output embeddings (SmolLM2).
+
+Per-layer weights are stacked along a leading ``layers`` axis and the blocks run under
+``jax.lax.scan``: one block is compiled however deep the model is, and a checkpoint's layer
+tensors map onto one array per kind.
+
+Two call paths share the weights:
+- :meth:`Decoder.__call__` runs packed training sequences (segment ids + positions) and can
+  return each layer's keys and values, which is how the engine prefills;
+- :meth:`Decoder.decode` runs one new token per slot against a paged KV cache.
+
+Einsum legend: B batch, T query positions, S key positions, D model width, N query heads,
+K key/value heads, G query heads per kv head (N = K * G), H head width, F MLP width, V vocab,
+L layers, P pages in the pool, Z page size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.config import ModelConfig
+
+# Each parameter's logical axes; models/sharding.py maps them to mesh axes per role.
+PARAM_AXES: dict[str, tuple[str, ...]] = {
+    "embed": ("vocab", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "final_norm": ("embed",),
+    "attn_norm": ("layers", "embed"),
+    "mlp_norm": ("layers", "embed"),
+    "wq": ("layers", "embed", "heads", "head_dim"),
+    "wk": ("layers", "embed", "kv_heads", "head_dim"),
+    "wv": ("layers", "embed", "kv_heads", "head_dim"),
+    "wo": ("layers", "heads", "head_dim", "embed"),
+    "bq": ("layers", "heads", "head_dim"),
+    "bk": ("layers", "kv_heads", "head_dim"),
+    "bv": ("layers", "kv_heads", "head_dim"),
+    "q_norm": ("layers", "head_dim"),
+    "k_norm": ("layers", "head_dim"),
+    "w_gate": ("layers", "embed", "mlp"),
+    "w_up": ("layers", "embed", "mlp"),
+    "w_down": ("layers", "mlp", "embed"),
+}
+
+LAYER_PARAMS = tuple(k for k, axes in PARAM_AXES.items() if axes[0] == "layers")
+
+# Paged attention signature: (q_bnh, k_pages_kpzh, v_pages_kpzh, lengths_b, page_table_bm) -> o_bnh
+PagedAttentionFn = Callable[..., jax.Array]
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32, cast back to the input dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig) -> jax.Array:
+    """Inverse frequencies [H/2], with Llama-3 long-context scaling when configured."""
+    h = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    if cfg.rope_scaling is None:
+        return inv_freq
+    s = dict(cfg.rope_scaling)
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+    smooth = (old_len / wavelen - low) / (high - low)
+    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    is_mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return jnp.where(is_mid, interpolated, scaled)
+
+
+def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding in the half-split layout Hugging Face checkpoints use."""
+    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+    sin = jnp.sin(angles)[..., None, :]
+    cos = jnp.cos(angles)[..., None, :]
+    x32 = x_bthd.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_bthd.dtype)
+
+
+def packed_attention(
+    q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, segment_ids_bt: jax.Array
+) -> jax.Array:
+    """Causal GQA over packed rows: a query sees earlier keys of its own segment only."""
+    b, t, n, h = q_btnh.shape
+    k = k_bskh.shape[2]
+    q = q_btnh.reshape(b, t, k, n // k, h).astype(jnp.float32)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_bskh.astype(jnp.float32)) / math.sqrt(h)
+    causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+    same = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+    mask = (causal[None] & same)[:, None, None]
+    scores = jnp.where(mask, scores, -1e30)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_bskh.astype(jnp.float32))
+    return out.reshape(b, t, n, h).astype(q_btnh.dtype)
+
+
+def paged_attention_xla(q_bnh, k_pages_kpzh, v_pages_kpzh, lengths_b, page_table_bm):
+    """Decode attention by gathering each slot's pages; the XLA fallback for the kernel."""
+    b, n, h = q_bnh.shape
+    kv, _, z, _ = k_pages_kpzh.shape
+    m = page_table_bm.shape[1]
+    keys = k_pages_kpzh[:, page_table_bm].reshape(kv, b, m * z, h).astype(jnp.float32)
+    vals = v_pages_kpzh[:, page_table_bm].reshape(kv, b, m * z, h).astype(jnp.float32)
+    q = q_bnh.reshape(b, kv, n // kv, h).astype(jnp.float32)
+    scores = jnp.einsum("BKGH,KBSH->BKGS", q, keys) / math.sqrt(h)
+    valid = jnp.arange(m * z)[None, :] < lengths_b[:, None]
+    scores = jnp.where(valid[:, None, None, :], scores, -1e30)
+    probs = jax.nn.softmax(scores, axis=-1) * (lengths_b > 0)[:, None, None, None]
+    out = jnp.einsum("BKGS,KBSH->BKGH", probs, vals)
+    return out.reshape(b, n, h).astype(q_bnh.dtype)
+
+
+class Decoder(nnx.Module):
+    """The decoder. Parameters carry logical axis names in their ``out_sharding`` metadata."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = jnp.dtype(cfg.param_dtype)
+        d, f, n, k, h, l_ = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.num_layers,
+        )
+
+        def param(name, shape, init):
+            value = init(rngs.params(), shape, jnp.float32).astype(dtype)
+            return nnx.Param(value, out_sharding=PARAM_AXES[name], eager_sharding=False)
+
+        def fan_in(scale_dims):
+            def init(key, shape, dt):
+                fan = math.prod(shape[i] for i in scale_dims)
+                return jax.random.normal(key, shape, dt) / math.sqrt(fan)
+
+            return init
+
+        ones = lambda key, shape, dt: jnp.ones(shape, dt)
+        zeros = lambda key, shape, dt: jnp.zeros(shape, dt)
+        embed_std = 1.0 / math.sqrt(d) if cfg.tie_embeddings else 1.0
+        self.embed = param(
+            "embed", (cfg.vocab_size, d), lambda k_, s, dt: embed_std * jax.random.normal(k_, s, dt)
+        )
+        if not cfg.tie_embeddings:
+            self.lm_head = param("lm_head", (d, cfg.vocab_size), fan_in([0]))
+        self.final_norm = param("final_norm", (d,), ones)
+        self.attn_norm = param("attn_norm", (l_, d), ones)
+        self.mlp_norm = param("mlp_norm", (l_, d), ones)
+        self.wq = param("wq", (l_, d, n, h), fan_in([1]))
+        self.wk = param("wk", (l_, d, k, h), fan_in([1]))
+        self.wv = param("wv", (l_, d, k, h), fan_in([1]))
+        self.wo = param("wo", (l_, n, h, d), fan_in([1, 2]))
+        if cfg.qkv_bias:
+            self.bq = param("bq", (l_, n, h), zeros)
+            self.bk = param("bk", (l_, k, h), zeros)
+            self.bv = param("bv", (l_, k, h), zeros)
+        if cfg.qk_norm:
+            self.q_norm = param("q_norm", (l_, h), ones)
+            self.k_norm = param("k_norm", (l_, h), ones)
+        self.w_gate = param("w_gate", (l_, d, f), fan_in([1]))
+        self.w_up = param("w_up", (l_, d, f), fan_in([1]))
+        self.w_down = param("w_down", (l_, f, d), fan_in([1]))
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _layers(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
+
+    @property
+    def unembed_dv(self) -> jax.Array:
+        """The output projection [D, V] (the transposed embedding when tied)."""
+        if self.cfg.tie_embeddings:
+            return self.embed[...].T
+        return self.lm_head[...]
+
+    def _qkv(self, p, x_btd, positions_bt):
+        cfg = self.cfg
+        h_btd = rms_norm(x_btd, p["attn_norm"], cfg.norm_eps)
+        q = jnp.einsum("BTD,DNH->BTNH", h_btd, p["wq"].astype(h_btd.dtype))
+        k = jnp.einsum("BTD,DKH->BTKH", h_btd, p["wk"].astype(h_btd.dtype))
+        v = jnp.einsum("BTD,DKH->BTKH", h_btd, p["wv"].astype(h_btd.dtype))
+        if cfg.qkv_bias:
+            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+        if cfg.qk_norm:
+            q = rms_norm(q, p["q_norm"], cfg.norm_eps)
+            k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+        inv_freq = rope_frequencies(cfg)
+        return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
+
+    def _finish_block(self, p, x_btd, attn_btnh):
+        cfg = self.cfg
+        x_btd = x_btd + jnp.einsum("BTNH,NHD->BTD", attn_btnh, p["wo"].astype(x_btd.dtype))
+        h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
+        gate = jnp.einsum("BTD,DF->BTF", h_btd, p["w_gate"].astype(h_btd.dtype))
+        up = jnp.einsum("BTD,DF->BTF", h_btd, p["w_up"].astype(h_btd.dtype))
+        mlp = jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, p["w_down"].astype(h_btd.dtype))
+        return x_btd + mlp
+
+    def _embed(self, tokens):
+        return self.embed[...][tokens].astype(jnp.dtype(self.cfg.dtype))
+
+    # -- call paths -------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        tokens_bt: jax.Array,
+        positions_bt: jax.Array,
+        segment_ids_bt: jax.Array,
+        *,
+        return_kv: bool = False,
+    ):
+        """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
+
+        ``segment_ids_bt`` separates packed sequences (0 marks padding). With ``return_kv``
+        the result is ``(hidden, (k_lbtkh, v_lbtkh))``, keys already rotated.
+        """
+
+        def block(x_btd, p):
+            q, k, v = self._qkv(p, x_btd, positions_bt)
+            attn = packed_attention(q, k, v, segment_ids_bt)
+            return self._finish_block(p, x_btd, attn), (k, v) if return_kv else None
+
+        x_btd, kv = jax.lax.scan(block, self._embed(tokens_bt), self._layers())
+        hidden = rms_norm(x_btd, self.final_norm[...], self.cfg.norm_eps)
+        return (hidden, kv) if return_kv else hidden
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Vocabulary logits in float32 for hidden states [..., D]."""
+        return jnp.einsum(
+            "...D,DV->...V", hidden.astype(jnp.float32), self.unembed_dv.astype(jnp.float32)
+        )
+
+    def decode(
+        self,
+        tokens_b: jax.Array,
+        positions_b: jax.Array,
+        k_pages: jax.Array,
+        v_pages: jax.Array,
+        page_table_bm: jax.Array,
+        *,
+        attention_fn: PagedAttentionFn = paged_attention_xla,
+    ):
+        """One token per slot against the paged cache; returns (hidden [B, D], k_pages, v_pages).
+
+        The cache is [L, K, P, Z, H]. Each slot's new key/value is written at ``positions_b``
+        through its page table before attending, so the slot sees ``positions_b + 1`` tokens.
+        Free slots point their page table at the reserved page 0, which absorbs their writes.
+        """
+        z = k_pages.shape[3]
+        page_b = jnp.take_along_axis(page_table_bm, (positions_b // z)[:, None], axis=1)[:, 0]
+        offset_b = positions_b % z
+        lengths_b = positions_b + 1
+
+        def block(x_btd, layer):
+            p, kp, vp = layer
+            q, k, v = self._qkv(p, x_btd, positions_b[:, None])
+            kp = kp.at[:, page_b, offset_b].set(k[:, 0].transpose(1, 0, 2).astype(kp.dtype))
+            vp = vp.at[:, page_b, offset_b].set(v[:, 0].transpose(1, 0, 2).astype(vp.dtype))
+            attn = attention_fn(q[:, 0], kp, vp, lengths_b, page_table_bm)
+            return self._finish_block(p, x_btd, attn[:, None]), (kp, vp)
+
+        x_b1d, (k_pages, v_pages) = jax.lax.scan(
+            block, self._embed(tokens_b[:, None]), (self._layers(), k_pages, v_pages)
+        )
+        hidden = rms_norm(x_b1d[:, 0], self.final_norm[...], self.cfg.norm_eps)
+        return hidden, k_pages, v_pages
+
+
+def abstract_decoder(cfg: ModelConfig) -> Decoder:
+    """The model with ShapeDtypeStructs for weights: a restore target, never materialised."""
+    return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
