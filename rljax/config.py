@@ -162,7 +162,8 @@ class SamplingConfig:
             _fail(
                 "sampling.prefill_buckets",
                 self.prefill_buckets,
-                f"buckets whose largest equals sampling.max_prefill_length={self.max_prefill_length}",
+                "buckets whose largest equals sampling.max_prefill_length="
+                f"{self.max_prefill_length}",
             )
 
     @property

@@ -31,7 +31,7 @@ class ShardingRules:
     def spec(self, logical: tuple[str | None, ...], *, name: str = "array") -> PartitionSpec:
         """The PartitionSpec for an array whose dimensions carry ``logical`` names."""
         out, used = [], {}
-        for dim, axis in enumerate(logical):
+        for axis in logical:
             mesh_axes = self.rules.get(axis) if axis is not None else None
             if axis is not None and axis not in self.rules:
                 raise ValueError(
