@@ -1,0 +1,317 @@
+"""Tokenizer: one interface over Hugging Face ``tokenizers`` for tiny and real models.
+
+Three constructors build the same object:
+
+* :meth:`Tokenizer.char_level` - one id per character, for synthetic tasks and tiny models;
+* :meth:`Tokenizer.from_dir` - a Hugging Face model directory (``tokenizer.json`` +
+  ``tokenizer_config.json``);
+* :meth:`Tokenizer.from_gguf` - the tokenizer metadata embedded in a GGUF checkpoint.
+
+Special tokens are never added implicitly: ``encode`` returns exactly the tokens of the text,
+plus BOS only when asked. Chat templates already write their own BOS/turn markers, and a
+second, implicit BOS silently shifts every position of a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+from tokenizers import Regex, decoders, models, pre_tokenizers
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+DEFAULT_ALPHABET = "0123456789+-*= "
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG_FILE = "generation_config.json"
+# The char-level "chat" format is the users' text concatenated: synthetic tasks have no turns.
+CHAR_LEVEL_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ message['content'] }}{% endif %}{% endfor %}"
+)
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value, indent=None):
+    # Jinja's built-in tojson HTML-escapes quotes, which would corrupt prompts.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _token_content(value) -> str | None:
+    """tokenizer_config stores special tokens as strings or as serialised AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"Tokenizer file {path} does not exist.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"Tokenizer file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"Tokenizer file {path} must hold a JSON object.")
+    return data
+
+
+def _select_template(chat_template, source: str) -> str | None:
+    """Picks the template from a string or a list of ``{"name", "template"}`` entries."""
+    if chat_template is None or isinstance(chat_template, str):
+        return chat_template
+    if isinstance(chat_template, list):
+        named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
+        if "default" in named:
+            return named["default"]
+        if named:
+            return next(iter(named.values()))
+    raise ValueError(
+        f"chat_template in {source} must be a string or a list of "
+        "{'name': ..., 'template': ...} entries."
+    )
+
+
+class Tokenizer:
+    """Text <-> ids, special-token ids, and chat templating.
+
+    Attributes:
+      vocab_size: number of ids, added tokens included (largest id + 1).
+      bos_id: beginning-of-sequence id, or None when the tokenizer has none.
+      eos_id: end-of-sequence id.
+      pad_id: padding id. Falls back to ``eos_id`` when the model defines no pad token
+        (common for decoder-only models); padding is masked, so the id only has to be valid.
+      stop_ids: ids that end generation: EOS plus any listed in ``generation_config.json``.
+      chat_template: the Jinja chat template source, or None.
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: tokenizers.Tokenizer,
+        *,
+        eos_token: str,
+        bos_token: str | None = None,
+        pad_token: str | None = None,
+        chat_template: str | None = None,
+        extra_stop_ids: Sequence[int] = (),
+        alphabet: str | None = None,
+    ):
+        self._tok = hf_tokenizer
+        self._alphabet = None if alphabet is None else frozenset(alphabet)
+        self._alphabet_str = alphabet
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.pad_token = pad_token if pad_token is not None else eos_token
+        self.bos_id = None if bos_token is None else self._require_id(bos_token, "bos_token")
+        self.eos_id = self._require_id(eos_token, "eos_token")
+        self.pad_id = self._require_id(self.pad_token, "pad_token")
+        self.vocab_size = max(hf_tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        for token_id in extra_stop_ids:
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(
+                    f"stop id {token_id} is outside the vocabulary [0, {self.vocab_size})."
+                )
+        self.stop_ids = frozenset({self.eos_id, *extra_stop_ids})
+        self.chat_template = chat_template
+        self._template = None
+
+    def _require_id(self, token: str, role: str) -> int:
+        token_id = self._tok.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"{role} {token!r} is not in the tokenizer vocabulary.")
+        return token_id
+
+    @classmethod
+    def char_level(cls, alphabet: str = DEFAULT_ALPHABET) -> Tokenizer:
+        """Builds a tokenizer with one id per character of ``alphabet``.
+
+        Ids 0, 1, 2 are ``<pad>``, ``<bos>``, ``<eos>``; character ``alphabet[i]`` is id
+        ``3 + i``. Encoding a character outside the alphabet raises a ValueError naming it.
+        """
+        if not isinstance(alphabet, str) or not alphabet:
+            raise ValueError("alphabet must be a non-empty string of characters.")
+        if len(set(alphabet)) != len(alphabet):
+            dupes = sorted({c for c in alphabet if alphabet.count(c) > 1})
+            raise ValueError(f"alphabet repeats character(s) {dupes}; list each one once.")
+        vocab = {PAD: 0, BOS: 1, EOS: 2}
+        for char in alphabet:
+            vocab[char] = len(vocab)
+        tok = tokenizers.Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
+        # Every character is its own pre-token, newlines included, so WordLevel maps 1:1.
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.add_special_tokens([PAD, BOS, EOS])
+        return cls(
+            tok,
+            bos_token=BOS,
+            eos_token=EOS,
+            pad_token=PAD,
+            chat_template=CHAR_LEVEL_CHAT_TEMPLATE,
+            alphabet=alphabet,
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> Tokenizer:
+        """Loads a Hugging Face model directory's tokenizer.
+
+        Reads ``tokenizer.json`` and ``tokenizer_config.json`` (bos/eos/pad tokens and
+        ``chat_template``, a string or a list of named templates, ``"default"`` preferred);
+        ``chat_template.jinja`` overrides the config's template when present, and
+        ``generation_config.json``'s ``eos_token_id`` adds stop ids. Without a pad token,
+        ``pad_id`` falls back to ``eos_id``.
+        """
+        path = os.fspath(path)
+        tok_path = os.path.join(path, TOKENIZER_FILE)
+        if not os.path.isfile(tok_path):
+            raise FileNotFoundError(f"Tokenizer file {tok_path} does not exist.")
+        try:
+            tok = tokenizers.Tokenizer.from_file(tok_path)
+        except Exception as exc:
+            raise ValueError(f"Tokenizer file {tok_path} could not be parsed: {exc}") from None
+        config_path = os.path.join(path, CONFIG_FILE)
+        config = _read_json(config_path)
+        eos_token = _token_content(config.get("eos_token"))
+        if eos_token is None:
+            raise ValueError(f"{config_path} has no eos_token; the sampler needs one to stop.")
+        template = _select_template(config.get("chat_template"), config_path)
+        template_path = os.path.join(path, CHAT_TEMPLATE_FILE)
+        if os.path.isfile(template_path):
+            with open(template_path, encoding="utf-8") as f:
+                template = f.read()
+        extra_stop_ids = []
+        gen_path = os.path.join(path, GENERATION_CONFIG_FILE)
+        if os.path.isfile(gen_path):
+            eos_ids = _read_json(gen_path).get("eos_token_id")
+            extra_stop_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
+        return cls(
+            tok,
+            bos_token=_token_content(config.get("bos_token")),
+            eos_token=eos_token,
+            pad_token=_token_content(config.get("pad_token")),
+            chat_template=template,
+            extra_stop_ids=extra_stop_ids,
+            alphabet=config.get("rljax_alphabet"),
+        )
+
+    # ---- encoding ---------------------------------------------------------------------------
+
+    def _check_chars(self, text: str) -> None:
+        if self._alphabet is not None:
+            for char in text:
+                if char not in self._alphabet:
+                    raise ValueError(
+                        f"Character {char!r} is not in the tokenizer alphabet "
+                        f"{self._alphabet_str!r}; remove it or build the tokenizer with it."
+                    )
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Returns the ids of ``text``; special-token strings in it map to their ids."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode expects a str, got {type(text).__name__}.")
+        self._check_chars(text)
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return self._with_bos(ids, add_bos)
+
+    def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False) -> list[list[int]]:
+        """Encodes many texts at once (parallel inside ``tokenizers``)."""
+        if isinstance(texts, str):
+            raise TypeError("encode_batch expects a list of strings, got a single str.")
+        for text in texts:
+            self._check_chars(text)
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [self._with_bos(e.ids, add_bos) for e in encodings]
+
+    def _with_bos(self, ids: list[int], add_bos: bool) -> list[int]:
+        if not add_bos:
+            return ids
+        if self.bos_id is None:
+            raise ValueError("add_bos=True but this tokenizer has no bos_token.")
+        return [self.bos_id, *ids]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Returns the text of ``ids``; special tokens are dropped unless asked for."""
+        ids = [int(i) for i in ids]
+        for token_id in ids:
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"id {token_id} is outside the vocabulary [0, {self.vocab_size}).")
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # ---- chat -------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, **kwargs
+    ) -> str:
+        """Renders ``[{"role", "content"}, ...]`` with the chat template, in a Jinja sandbox.
+
+        The template sees ``messages``, ``add_generation_prompt``, ``bos_token``,
+        ``eos_token``, ``raise_exception`` and any extra keyword arguments.
+        """
+        if self.chat_template is None:
+            raise ValueError(
+                "This tokenizer has no chat_template; add one to tokenizer_config.json."
+            )
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+        ):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts.")
+        if self._template is None:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token,
+            **kwargs,
+        )
+
+    # ---- persistence and checks -------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes ``tokenizer.json`` and ``tokenizer_config.json`` so that ``from_dir``
+        rebuilds an identical tokenizer."""
+        path = os.fspath(path)
+        os.makedirs(path, exist_ok=True)
+        self._tok.save(os.path.join(path, TOKENIZER_FILE))
+        config = {
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "chat_template": self.chat_template,
+        }
+        if self._alphabet_str is not None:
+            config["rljax_alphabet"] = self._alphabet_str
+        with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(config, f, ensure_ascii=False, indent=2)
+        extra = sorted(self.stop_ids - {self.eos_id})
+        if extra:
+            with open(os.path.join(path, GENERATION_CONFIG_FILE), "w", encoding="utf-8") as f:
+                json.dump({"eos_token_id": [self.eos_id, *extra]}, f)
+
+    def check_fits(self, model_vocab_size: int) -> None:
+        """Raises if some token id would index past the model's embedding table."""
+        if self.vocab_size > model_vocab_size:
+            raise ValueError(
+                f"Tokenizer has {self.vocab_size} ids but the model embedding has only "
+                f"{model_vocab_size} rows; use a model config with vocab_size >= "
+                f"{self.vocab_size}."
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
+            f"eos_id={self.eos_id}, pad_id={self.pad_id})"
+        )
