@@ -1,1 +1,12 @@
-"""flash attention kernel."""
+"""Flash attention: blockwise GQA attention with causal and segment masks, fwd + bwd."""
+
+from rljax.kernels.flash_attention.block_sizes import BlockSizes
+from rljax.kernels.flash_attention.ops import flash_attention, sharded_flash_attention
+from rljax.kernels.flash_attention.reference import flash_attention_reference
+
+__all__ = [
+    "BlockSizes",
+    "flash_attention",
+    "flash_attention_reference",
+    "sharded_flash_attention",
+]

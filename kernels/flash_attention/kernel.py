@@ -1,0 +1,181 @@
+"""Pallas TPU kernel: flash attention forward with GQA, causal and segment masks.
+
+Layout: heads-major, q [B, N, T, H] and k, v [B, K, T, H], so every tile's last two dims are
+(sequence, head_dim) as TPU tiling wants. Grid (B, N, T/block_q, T/block_kv); the last axis
+is the reduction, carried in VMEM scratch (running max m, running sum l, accumulator acc).
+Query head n reads kv head n // G straight from the index map: K/V are never repeated.
+
+Causal tiles wholly above the diagonal are skipped twice over: compute is guarded by
+``pl.when``, and the K/V index map clamps to the last needed tile, so the pipeline sees an
+unchanged block index and issues no DMA for them.
+
+Segment ids arrive pre-broadcast as [B, T, 128] (queries, lane-broadcast) and [B, 8, T] (keys,
+sublane-broadcast), the layouts TPU tiling accepts for a per-row and a per-column vector.
+
+Besides the output, the kernel writes the row log-sum-exp [B, N, T, 1] that the backward
+needs to recompute probabilities without a second softmax pass.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from rljax.kernels.flash_attention.block_sizes import BlockSizes
+
+# Finite, so a row whose tiles so far are all masked gets exp(0) garbage that the first
+# unmasked tile wipes (alpha = 0), instead of NaN from -inf - -inf.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+_LANES = 128
+_SUBLANES = 8
+
+
+def _last_kv_block(q_block, block_q, block_kv):
+    """Index of the last kv tile a causal query tile needs."""
+    return ((q_block + 1) * block_q - 1) // block_kv
+
+
+def _kernel(*refs, sm_scale, causal, has_segments, kv_len, padded_len, block_q, block_kv):
+    if has_segments:
+        q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
+    else:
+        q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
+    qi = pl.program_id(2)
+    kj = pl.program_id(3)
+    num_kv_blocks = pl.num_programs(3)
+
+    @pl.when(kj == 0)
+    def _():
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    run = kj <= _last_kv_block(qi, block_q, block_kv) if causal else True
+
+    @pl.when(run)
+    def _():
+        q = q_ref[...]
+        k = k_ref[...]
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        s = s * sm_scale
+        mask = None
+        col = kj * block_kv + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+        if causal:
+            row = qi * block_q + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+            mask = col <= row
+        if kv_len < padded_len:
+            in_range = col < kv_len
+            mask = in_range if mask is None else mask & in_range
+        if has_segments:
+            same = qseg_ref[:, :1] == kvseg_ref[:1, :]
+            mask = same if mask is None else mask & same
+        if mask is not None:
+            s = jnp.where(mask, s, MASK_VALUE)
+        m_prev = m_sc[...]
+        m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_new)
+        p = jnp.exp(s - m_new)
+        l_sc[...] = alpha * l_sc[...] + p.sum(axis=-1, keepdims=True)
+        v = v_ref[...]
+        pv = jax.lax.dot_general(
+            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        acc_sc[...] = alpha * acc_sc[...] + pv
+        m_sc[...] = m_new
+
+    @pl.when(kj == num_kv_blocks - 1)
+    def _():
+        l = l_sc[...]
+        o_ref[...] = (acc_sc[...] / l).astype(o_ref.dtype)
+        lse_ref[...] = m_sc[...] + jnp.log(l)
+
+
+def flash_attention_fwd_kernel(
+    q_bnth,
+    k_bkth,
+    v_bkth,
+    segment_ids,
+    *,
+    causal: bool,
+    sm_scale: float,
+    kv_len: int,
+    block_sizes: BlockSizes,
+    interpret,
+):
+    """Runs the forward kernel on heads-major, padded inputs.
+
+    Args:
+      q_bnth: [B, N, Tp, H], Tp a multiple of both block sizes.
+      k_bkth, v_bkth: [B, K, Tp, H].
+      segment_ids: [B, Tp] int32 or None.
+      causal: causal mask.
+      sm_scale: softmax scale.
+      kv_len: the unpadded length T; keys at or past it are masked out.
+      block_sizes: tile sizes dividing Tp.
+      interpret: ``pallas_call``'s interpret argument.
+
+    Returns:
+      (out [B, N, Tp, H] in q's dtype, lse [B, N, Tp, 1] f32).
+    """
+    b, n, tp, h = q_bnth.shape
+    kv_heads = k_bkth.shape[1]
+    group = n // kv_heads
+    bq, bk = block_sizes.block_q, block_sizes.block_kv
+
+    def kv_index(bi, ni, qi, kj):
+        if causal:
+            kj = jnp.minimum(kj, _last_kv_block(qi, bq, bk))
+        return (bi, ni // group, kj, 0)
+
+    q_spec = pl.BlockSpec((None, None, bq, h), lambda bi, ni, qi, kj: (bi, ni, qi, 0))
+    kv_spec = pl.BlockSpec((None, None, bk, h), kv_index)
+    in_specs = [q_spec, kv_spec, kv_spec]
+    args = [q_bnth, k_bkth, v_bkth]
+    has_segments = segment_ids is not None
+    if has_segments:
+        seg = segment_ids.astype(jnp.int32)
+        args.append(jnp.broadcast_to(seg[:, :, None], (b, tp, _LANES)))
+        args.append(jnp.broadcast_to(seg[:, None, :], (b, _SUBLANES, tp)))
+        in_specs.append(pl.BlockSpec((None, bq, _LANES), lambda bi, ni, qi, kj: (bi, qi, 0)))
+        in_specs.append(
+            pl.BlockSpec(
+                (None, _SUBLANES, bk), lambda bi, ni, qi, kj: (bi, 0, kv_index(bi, ni, qi, kj)[2])
+            )
+        )
+    kernel = functools.partial(
+        _kernel,
+        sm_scale=sm_scale,
+        causal=causal,
+        has_segments=has_segments,
+        kv_len=kv_len,
+        padded_len=tp,
+        block_q=bq,
+        block_kv=bk,
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=(b, n, tp // bq, tp // bk),
+        in_specs=in_specs,
+        out_specs=[
+            q_spec,
+            pl.BlockSpec((None, None, bq, 1), lambda bi, ni, qi, kj: (bi, ni, qi, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(q_bnth.shape, q_bnth.dtype),
+            jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((bq, 1), jnp.float32),
+            pltpu.VMEM((bq, 1), jnp.float32),
+            pltpu.VMEM((bq, h), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=interpret,
+        name="rljax_flash_attention_fwd",
+    )(*args)

@@ -1,0 +1,220 @@
+"""Public flash attention: argument checks, backend dispatch, custom_vjp, shard_map wrapper."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from rljax.kernels import dispatch, validation
+from rljax.kernels.flash_attention import block_sizes as block_sizes_lib
+from rljax.kernels.flash_attention.backward import flash_attention_bwd_blockwise
+from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
+from rljax.kernels.flash_attention.reference import flash_attention_reference
+
+_Q = "[B, T, N, H]"
+_KV = "[B, T, K, H]"
+_SEG = "[B, T]"
+
+
+def _validate(q, k, v, segment_ids):
+    b, t, n, h = validation.check_array("q", q, _Q, 4)
+    k_shape = validation.check_array("k", k, _KV, 4)
+    for axis, want in ((0, b), (1, t), (3, h)):
+        validation.check_dim("k", k_shape, _KV, axis, want)
+    v_shape = validation.check_array("v", v, _KV, 4)
+    if v_shape != k_shape:
+        raise ValueError(f"v must have shape {_KV} = {k_shape} like k, got {v_shape}.")
+    kv_heads = k_shape[2]
+    if kv_heads == 0 or n % kv_heads:
+        raise ValueError(
+            f"q has N={n} heads, which must be a multiple of k's K={kv_heads} kv heads (GQA); "
+            f"check k's shape {_KV}."
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        validation.check_floating(name, x, _Q if name == "q" else _KV)
+    if segment_ids is not None:
+        seg_shape = validation.check_array("segment_ids", segment_ids, _SEG, 2)
+        validation.check_dim("segment_ids", seg_shape, _SEG, 0, b)
+        validation.check_dim("segment_ids", seg_shape, _SEG, 1, t)
+        validation.check_integer("segment_ids", segment_ids, _SEG)
+
+
+@functools.partial(
+    jax.custom_vjp, nondiff_argnames=("causal", "sm_scale", "kv_len", "block_sizes", "interpret")
+)
+def _flash_pallas(q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret):
+    out, _ = flash_attention_fwd_kernel(
+        q,
+        k,
+        v,
+        segment_ids,
+        causal=causal,
+        sm_scale=sm_scale,
+        kv_len=kv_len,
+        block_sizes=block_sizes,
+        interpret=interpret,
+    )
+    return out
+
+
+def _flash_pallas_fwd(q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret):
+    out, lse = flash_attention_fwd_kernel(
+        q,
+        k,
+        v,
+        segment_ids,
+        causal=causal,
+        sm_scale=sm_scale,
+        kv_len=kv_len,
+        block_sizes=block_sizes,
+        interpret=interpret,
+    )
+    return out, (q, k, v, segment_ids, out, lse)
+
+
+def _flash_pallas_bwd(causal, sm_scale, kv_len, block_sizes, interpret, residuals, dout):
+    del interpret  # The backward is jnp; see backward.py and docs/kernels.md for why.
+    q, k, v, segment_ids, out, lse = residuals
+    dq, dk, dv = flash_attention_bwd_blockwise(
+        q,
+        k,
+        v,
+        segment_ids,
+        out,
+        lse,
+        dout,
+        causal=causal,
+        sm_scale=sm_scale,
+        kv_len=kv_len,
+        block_kv=block_sizes.block_kv_bwd,
+    )
+    return dq, dk, dv, None
+
+
+_flash_pallas.defvjp(_flash_pallas_fwd, _flash_pallas_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("causal", "sm_scale", "use_pallas", "interpret", "block_sizes")
+)
+def _flash_attention(q, k, v, segment_ids, *, causal, sm_scale, use_pallas, interpret, block_sizes):
+    if not use_pallas:
+        return flash_attention_reference(q, k, v, segment_ids, causal=causal, sm_scale=sm_scale)
+    t = q.shape[1]
+    sizes = block_sizes.for_seq_len(t)
+    multiple = math.lcm(sizes.block_q, sizes.block_kv, sizes.block_kv_bwd)
+    tp = -(-t // multiple) * multiple
+
+    def to_kernel_layout(x):  # [B, T, heads, H] -> [B, heads, Tp, H]
+        return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+
+    seg = None
+    if segment_ids is not None:
+        seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tp - t)))
+    out = _flash_pallas(
+        to_kernel_layout(q),
+        to_kernel_layout(k),
+        to_kernel_layout(v),
+        seg,
+        causal=causal,
+        sm_scale=sm_scale,
+        kv_len=t,
+        block_sizes=sizes,
+        interpret=interpret,
+    )
+    return out.transpose(0, 2, 1, 3)[:, :t]
+
+
+def flash_attention(
+    q,
+    k,
+    v,
+    segment_ids=None,
+    *,
+    causal: bool = True,
+    sm_scale: float | None = None,
+    impl: str = "auto",
+    block_sizes: block_sizes_lib.BlockSizes | None = None,
+):
+    """Memory-efficient (grouped-query) attention over packed sequences; differentiable.
+
+    Args:
+      q: [B, T, N, H] float queries.
+      k: [B, T, K, H] keys; N % K == 0 and query head n uses kv head n // (N // K).
+      v: [B, T, K, H] values.
+      segment_ids: [B, T] int32 or None. With ids, a query attends only to keys with the same
+        id (packed sequences); every query must share an id with some allowed key, which
+        holds whenever causal is on since a query always sees itself.
+      causal: additionally require key index <= query index.
+      sm_scale: softmax scale; defaults to 1 / sqrt(H).
+      impl: 'auto' (Pallas on TPU, XLA elsewhere), 'pallas' (interpret mode off TPU) or 'xla'.
+      block_sizes: override the tuned ``BlockSizes`` for this chip.
+
+    Returns:
+      [B, T, N, H] in q's dtype. Gradients flow to q, k and v: on the Pallas path through a
+      blockwise-recompute backward (see ``backward.py``), on the XLA path by autodiff.
+
+    Raises:
+      ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
+        before anything is traced.
+    """
+    _validate(q, k, v, segment_ids)
+    backend = dispatch.resolve_impl(impl)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    validation.check_positive_scalar("sm_scale", sm_scale)
+    if block_sizes is None:
+        block_sizes = block_sizes_lib.for_device()
+    if not isinstance(block_sizes, block_sizes_lib.BlockSizes):
+        raise ValueError(
+            f"block_sizes must be a flash_attention BlockSizes or None, got {block_sizes!r}."
+        )
+    return _flash_attention(
+        q,
+        k,
+        v,
+        segment_ids,
+        causal=bool(causal),
+        sm_scale=float(sm_scale),
+        use_pallas=backend.use_pallas,
+        interpret=backend.interpret,
+        block_sizes=block_sizes,
+    )
+
+
+def sharded_flash_attention(mesh, batch_axes, head_axis, q, k, v, segment_ids=None, **kwargs):
+    """``flash_attention`` under ``shard_map``: B over ``batch_axes``, heads over ``head_axis``.
+
+    Attention is independent per sequence and per head, so no collectives are needed. Query
+    and kv heads are split in contiguous blocks, which keeps each GQA group with its kv head.
+
+    Args:
+      mesh: the ``jax.sharding.Mesh``.
+      batch_axes: mesh axis name (or tuple of names, or None) sharding B.
+      head_axis: mesh axis name (or None) sharding N and K; both must divide by its size.
+      q, k, v, segment_ids: as in ``flash_attention``.
+      **kwargs: ``causal``, ``sm_scale``, ``impl``, ``block_sizes``.
+
+    Returns:
+      [B, T, N, H] outputs, sharded like q; differentiable.
+    """
+    _validate(q, k, v, segment_ids)
+    if head_axis is not None:
+        heads = mesh.shape[head_axis]
+        if q.shape[2] % heads or k.shape[2] % heads:
+            raise ValueError(
+                f"q's N={q.shape[2]} and k's K={k.shape[2]} heads must both divide by mesh "
+                f"axis {head_axis!r} of size {heads}; pick another head_axis."
+            )
+    kwargs.setdefault("sm_scale", 1.0 / math.sqrt(q.shape[-1]))
+    spec = P(batch_axes, None, head_axis, None)
+    if segment_ids is None:
+        fn = lambda q_, k_, v_: flash_attention(q_, k_, v_, None, **kwargs)
+        in_specs, args = (spec, spec, spec), (q, k, v)
+    else:
+        fn = functools.partial(flash_attention, **kwargs)
+        in_specs, args = (spec, spec, spec, P(batch_axes, None)), (q, k, v, segment_ids)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=spec, check_vma=False)(*args)
