@@ -89,9 +89,9 @@ def _kernel(*refs, sm_scale, causal, has_segments, kv_len, padded_len, block_q, 
 
     @pl.when(kj == num_kv_blocks - 1)
     def _():
-        l = l_sc[...]
-        o_ref[...] = (acc_sc[...] / l).astype(o_ref.dtype)
-        lse_ref[...] = m_sc[...] + jnp.log(l)
+        row_sum = l_sc[...]
+        o_ref[...] = (acc_sc[...] / row_sum).astype(o_ref.dtype)
+        lse_ref[...] = m_sc[...] + jnp.log(row_sum)
 
 
 def flash_attention_fwd_kernel(
