@@ -88,6 +88,13 @@ class StalenessBuffer:
       max_staleness: eta >= 0; every consumed group satisfies ``version - min_version <= eta``.
         eta = 0 is synchronous on-policy training.
       overprovision: k >= 0 extra reservations per buffer (redundant rollout, B' = B + k).
+
+    Attributes:
+      lost_reservations: request ids whose reservations ``from_state_dict`` dropped (empty on a
+        fresh buffer); the runtime re-dispatches their prompts.
+
+    Not thread-safe by design: the runtime serialises calls under its own lock, and the
+    simulator calls it from one thread.
     """
 
     def __init__(self, *, batch_groups: int, max_staleness: int, overprovision: int = 0):
@@ -346,6 +353,8 @@ class StalenessBuffer:
             )
             version = state["version"]
             _check_int("state['version']", version, 0, "restore a state_dict() output")
+            _check_int("state['accepted']", state["accepted"], 0, "restore a state_dict() output")
+            _check_int("state['discarded']", state["discarded"], 0, "restore a state_dict() output")
             buf._version = version
             buf._accepted = state["accepted"]
             buf._discarded = state["discarded"]
@@ -368,6 +377,10 @@ class StalenessBuffer:
                 buf.lost_reservations.extend(r["request_id"] for r in entry["reservations"])
         except (KeyError, TypeError) as err:
             _corrupt(f"{type(err).__name__}: {err}")
+        held = sum(len(slot.groups) for slot in buf._slots.values())
+        if buf._accepted != buf._version * buf.batch_groups + held:
+            # Every consumed buffer held exactly B groups, so the counts must agree.
+            _corrupt(f"accepted={buf._accepted} != version * batch_groups + {held} held groups")
         for s in [s for s, slot in buf._slots.items() if not slot.groups]:
             del buf._slots[s]
         return buf

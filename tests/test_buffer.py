@@ -384,6 +384,10 @@ def _used_buffer():
             "buffer 0 holds 2 groups > batch_groups",
         ),
         (
+            lambda: StalenessBuffer.from_state_dict(_bad_state(lambda s: s.update(accepted=5))),
+            r"accepted=5 != version \* batch_groups \+ 1 held groups",
+        ),
+        (
             lambda: StalenessController(max_staleness=-1, batch_groups=1, max_concurrent=1),
             "max_staleness=-1 is invalid",
         ),
