@@ -1,0 +1,167 @@
+"""One sampler replica as a continuous-batching server, advanced analytically between events.
+
+Stepping every decode step would cost millions of Python iterations per simulated hour, so a
+replica keeps a real-valued decode-step counter ``P``. Between events (an admission, a
+completion, a pause) the live set is fixed, every live sequence gains one token per step, and
+the step time is the roofline ``max(C(n), a + c * (base + n * P))``: constant compute side,
+memory side growing linearly as the KV cache grows. The time to advance ``x`` steps is then a
+closed-form integral, and so is its inverse; each event costs O(log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from rljax.sim.costs import CostModel
+
+_TIEBREAK = itertools.count()  # heap entries never compare requests
+
+
+class Replica:
+    """A decode engine of ``cost.tp`` chips with ``slots`` concurrent sequences.
+
+    Live sequences sit in a heap keyed by the step count at which they finish. A request's
+    sequences are admitted together and share ``start`` and ``prompt``; aborting a request
+    removes its live sequences from the speed model and leaves dead heap entries behind,
+    skipped when they surface.
+    """
+
+    def __init__(self, index: int, cost: CostModel, slots: int, now: float, record: bool = False):
+        self.index = index
+        self.cost = cost
+        self.slots = slots
+        self.t0 = now
+        self.p0 = 0.0
+        self.pause_until = now
+        self.n = 0
+        self.base = 0.0  # sum over live sequences of (prompt - start); KV tokens = base + n * P
+        self.heap: list[tuple[float, int, object]] = []
+        self.epoch = 0
+        self.busy_acc = 0.0
+        self.busy_since: float | None = None
+        self._record = record
+        self._spans: list[tuple[float, float]] = []
+        self._mem0 = cost.decode_memory_s(0.0)
+        self._kv_slope = cost.kv_seconds_per_token()
+        self._compute = [cost.decode_compute_s(b) for b in range(slots + 1)]
+
+    @property
+    def free(self) -> int:
+        return self.slots - self.n
+
+    def _shape(self) -> tuple[float, float, float]:
+        """(memory-side step time now, its slope per step, compute-side step time)."""
+        m0 = self._mem0 + self._kv_slope * (self.base + self.n * self.p0)
+        return m0, self._kv_slope * self.n, self._compute[self.n]
+
+    def _time_for(self, x: float) -> float:
+        """Seconds to advance ``x`` decode steps from ``p0``."""
+        if x <= 0 or self.n == 0:
+            return 0.0
+        m0, slope, comp = self._shape()
+        if m0 >= comp:
+            return m0 * x + 0.5 * slope * x * x
+        if slope == 0:
+            return comp * x
+        xc = (comp - m0) / slope
+        if x <= xc:
+            return comp * x
+        y = x - xc
+        return comp * x + 0.5 * slope * y * y
+
+    def _steps_for(self, e: float) -> float:
+        """Decode steps completed in ``e`` seconds from ``p0`` (inverse of ``_time_for``)."""
+        if e <= 0 or self.n == 0:
+            return 0.0
+        m0, slope, comp = self._shape()
+        if m0 >= comp:
+            # Root of slope/2 x^2 + m0 x - e = 0, in the cancellation-free form.
+            return 2.0 * e / (m0 + math.sqrt(m0 * m0 + 2.0 * slope * e))
+        if slope == 0:
+            return e / comp
+        xc = (comp - m0) / slope
+        if e <= comp * xc:
+            return e / comp
+        rest = e - comp * xc
+        return xc + 2.0 * rest / (comp + math.sqrt(comp * comp + 2.0 * slope * rest))
+
+    def advance(self, now: float) -> None:
+        """Brings ``p0`` and the busy clock up to time ``now``."""
+        start = max(self.t0, self.pause_until)
+        if now > start:
+            self.p0 += self._steps_for(now - start)
+        self.t0 = max(self.t0, now)
+
+    def pause(self, now: float, seconds: float) -> None:
+        """Stalls decoding for ``seconds`` (prefill, weight load); progress resumes after."""
+        self.advance(now)
+        self.pause_until = max(self.pause_until, now) + seconds
+        self.epoch += 1
+
+    def admit(self, now: float, request, lengths: list[int], prompt: int, prefill_s: float):
+        """Adds a request's sequences (all decoding from step ``p0``) after a prefill stall."""
+        self.advance(now)
+        if self.n == 0:
+            self.busy_since = now
+        request.start = self.p0
+        for length in lengths:
+            heapq.heappush(self.heap, (self.p0 + length, next(_TIEBREAK), request))
+        self.n += len(lengths)
+        self.base += len(lengths) * (prompt - self.p0)
+        request.live = len(lengths)
+        self.pause(now, prefill_s)
+
+    def remove(self, now: float, request, prompt: int) -> None:
+        """Drops the live sequences of an aborted request (their heap entries go dead)."""
+        self.advance(now)
+        self.n -= request.live
+        self.base -= request.live * (prompt - request.start)
+        request.live = 0
+        self.epoch += 1
+        self._maybe_idle(now)
+
+    def _maybe_idle(self, now: float) -> None:
+        if self.n == 0 and self.busy_since is not None:
+            self.busy_acc += now - self.busy_since
+            if self._record:
+                self._spans.append((self.busy_since, now))
+            self.busy_since = None
+            self.base = 0.0  # drop float drift once the replica empties
+
+    def next_finish_time(self) -> float | None:
+        """Time at which the next live sequence finishes, or None if nothing is live."""
+        while self.heap and self.heap[0][2].live == 0:
+            heapq.heappop(self.heap)
+        if not self.heap:
+            return None
+        start = max(self.t0, self.pause_until)
+        return start + self._time_for(self.heap[0][0] - self.p0)
+
+    def pop_finished(self, now: float, prompt: int) -> list:
+        """Retires every sequence done by ``now``; returns one request per retired sequence."""
+        self.advance(now)
+        done = []
+        while self.heap and (self.heap[0][2].live == 0 or self.heap[0][0] <= self.p0 + 1e-6):
+            finish, _, request = heapq.heappop(self.heap)
+            if request.live == 0:
+                continue
+            self.p0 = max(self.p0, finish)
+            request.live -= 1
+            self.n -= 1
+            self.base -= prompt - request.start
+            done.append(request)
+        self.epoch += 1
+        self._maybe_idle(now)
+        return done
+
+    def busy_spans(self, now: float) -> list[tuple[float, float]]:
+        """(start, end) of each period with live sequences, the open one cut at ``now``."""
+        tail = [(self.busy_since, now)] if self.busy_since is not None else []
+        return self._spans + tail
+
+    def busy_seconds(self, now: float) -> float:
+        """Seconds this replica has had live sequences, up to ``now``."""
+        open_span = now - self.busy_since if self.busy_since is not None else 0.0
+        return self.busy_acc + open_span

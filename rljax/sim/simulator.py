@@ -1,0 +1,408 @@
+"""Discrete-event simulator of the sampler/learner pipeline, driving the real policy objects.
+
+The event loop (``heapq``, no threads, no jax) replaces the engines with cost models but asks
+the same ``StalenessController`` how many groups to dispatch, the same ``StalenessBuffer``
+where each goes and when a batch is ready, and the same ``Reallocator`` whether to move chips.
+
+Modes:
+  sync:     colocated, eta = 0. All chips generate, then all chips train, then reshard.
+  async:    disjoint sampler and learner meshes on a static split; the sampler runs up to eta
+            versions ahead; weights are broadcast after every step.
+  realloc:  async, plus the Reallocator is consulted every ``phase_steps`` learner steps and a
+            move pays ``switch_cost_s`` of stall on the learner and on the added replicas.
+
+A group is dispatched to one replica (its G samples share a prefill), its lengths are drawn
+at dispatch from the ``LengthModel`` at the sampler's version, and the group is complete when
+its last sample finishes. In-flight groups keep decoding across a weight swap (PipelineRL-style
+in-flight update), so a group's staleness is ``learner version - dispatch version``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+
+from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.mesh.reallocator import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.sim.costs import CostModel
+from rljax.sim.replica import Replica
+from rljax.sim.results import SimResult, Span
+from rljax.sim.workload import LengthModel
+
+MODES = ("sync", "async", "realloc")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """One simulated run.
+
+    Attributes:
+      mode: "sync" | "async" | "realloc" (see the module docstring).
+      total_chips: chips in the job.
+      sampler_chips: chips on the sampler mesh at the start (ignored by "sync").
+      steps: learner steps to simulate.
+      batch_groups: B, groups per learner step.
+      group_size: G, samples per group.
+      prompt_tokens: prompt length of every group.
+      max_staleness: eta; "sync" requires 0.
+      overprovision: k extra reservations per buffer (redundant rollout).
+      max_slots: cap on concurrent sequences per replica (the engine's batch size).
+      train_flops_per_param: overrides the cost model's per-token training FLOPs / N (e.g. 8
+        when the stack recomputes old log-probs), or None to keep the cost model's.
+      sync_pauses_sampler: whether sampler replicas stall while a weight broadcast lands.
+      phase_steps: learner steps per reallocation phase.
+      switch_cost_s: stall of one reallocation; None estimates it from the cost model.
+      granularity: chips move in units of this many; None = the chip's chips_per_host.
+      reallocator: policy knobs (minimum chips default to what holds the model).
+      seed: seeds the length draws.
+      timeline: record spans for plotting.
+    """
+
+    mode: str = "async"
+    total_chips: int = 64
+    sampler_chips: int = 32
+    steps: int = 100
+    batch_groups: int = 32
+    group_size: int = 16
+    prompt_tokens: int = 256
+    max_staleness: int = 1
+    overprovision: int = 0
+    max_slots: int = 256
+    train_flops_per_param: float | None = None
+    sync_pauses_sampler: bool = True
+    phase_steps: int = 5
+    switch_cost_s: float | None = None
+    granularity: int | None = None
+    reallocator: ReallocatorConfig | None = None
+    seed: int = 0
+    timeline: bool = True
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} is unknown; choose one of {MODES}")
+        if self.mode == "sync" and self.max_staleness != 0:
+            raise ValueError("mode='sync' is on-policy: set max_staleness=0 (or use mode='async')")
+        if self.mode != "sync" and not 0 < self.sampler_chips < self.total_chips:
+            raise ValueError(
+                f"sampler_chips={self.sampler_chips} must leave chips for both meshes of "
+                f"total_chips={self.total_chips}; pick 0 < sampler_chips < total_chips"
+            )
+        if min(self.steps, self.batch_groups, self.group_size, self.prompt_tokens) < 1:
+            raise ValueError("steps, batch_groups, group_size and prompt_tokens must be >= 1")
+        if self.max_slots < self.group_size:
+            raise ValueError(
+                f"max_slots={self.max_slots} < group_size={self.group_size}: a replica must "
+                "hold one whole group; raise max_slots"
+            )
+
+
+class _Request:
+    __slots__ = ("rid", "prompt_id", "version", "replica", "start", "live", "tokens")
+
+    def __init__(self, rid, prompt_id, version, replica, tokens):
+        self.rid, self.prompt_id, self.version = rid, prompt_id, version
+        self.replica, self.tokens = replica, tokens
+        self.start, self.live = 0.0, 0
+
+
+class Simulator:
+    """Runs one ``SimConfig`` against a ``CostModel`` and a ``LengthModel``."""
+
+    def __init__(self, config: SimConfig, cost: CostModel, lengths: LengthModel):
+        self.cfg, self.cost, self.lengths = config, cost, lengths
+        if config.train_flops_per_param is not None:
+            self.cost = dataclasses.replace(cost, train_flops_per_param=config.train_flops_per_param)
+        self.colocated = config.mode == "sync"
+        self.unit = config.granularity or cost.chip.chips_per_host
+        if not self.colocated and config.sampler_chips % cost.tp:
+            raise ValueError(
+                f"sampler_chips={config.sampler_chips} is not a multiple of tp={cost.tp}; "
+                "each replica needs tp chips"
+            )
+        mean_tokens = config.prompt_tokens + lengths.mean(config.steps)
+        self.slots = self.cost.kv_slots(mean_tokens, config.max_slots)
+        if self.slots < config.group_size:
+            raise ValueError(
+                f"a {cost.tp}-chip replica holds only {self.slots} sequences of ~{mean_tokens:.0f}"
+                f" tokens, fewer than group_size={config.group_size}; raise tp"
+            )
+        self.draw = lengths.sampler(config.seed)
+
+    # ----- setup -----------------------------------------------------------------------------
+
+    def _min_learner_chips(self) -> int:
+        # Params + grads in bf16 and Adam moments + master weights in fp32: ~16 bytes/param.
+        state = 16 * self.cost.n_params
+        need = -(-int(state) // int(self.cost.chip.hbm_bytes * 0.8))
+        return max(self.unit, -(-need // self.unit) * self.unit)
+
+    def estimated_switch_cost_s(self) -> float:
+        """Reshard the learner state over the network, then rebuild and warm an engine."""
+        if self.cfg.switch_cost_s is not None:
+            return self.cfg.switch_cost_s
+        state = 16 * self.cost.n_params
+        link = self.cost.chip.network_bytes_per_s * self.cost.efficiencies.sync
+        reshard = state / (self._min_learner_chips() * link)
+        engine_rebuild = 30.0  # compile + KV allocation, a typical JetStream/vLLM warm start
+        return reshard + engine_rebuild
+
+    def _split(self) -> Split:
+        return Split(self.sampler_chips, self.learner_chips)
+
+    def _make_controller(self) -> StalenessController:
+        concurrent = max(1, len(self.replicas) * (self.slots // self.cfg.group_size))
+        return StalenessController(
+            max_staleness=self.cfg.max_staleness,
+            batch_groups=self.cfg.batch_groups,
+            max_concurrent=concurrent,
+            overprovision=self.cfg.overprovision,
+        )
+
+    def _new_replicas(self, count: int, now: float, ready_at: float) -> list[Replica]:
+        made = []
+        for _ in range(count):
+            rep = Replica(next(self._replica_ids), self.cost, self.slots, now, self.cfg.timeline)
+            rep.pause_until = ready_at
+            made.append(rep)
+        return made
+
+    # ----- events ----------------------------------------------------------------------------
+
+    def _push(self, time: float, kind: str, payload=None) -> None:
+        heapq.heappush(self.events, (time, next(self._seq), kind, payload))
+
+    def _schedule_replica(self, rep: Replica) -> None:
+        t = rep.next_finish_time()
+        if t is not None:
+            self._push(t, "finish", (rep, rep.epoch))
+
+    def _span(self, role: str, lane: int, kind: str, start: float, end: float) -> None:
+        if self.cfg.timeline and end > start:
+            self.spans.append(Span(role, lane, kind, start, end))
+
+    def _dispatch(self, now: float) -> None:
+        cfg = self.cfg
+        if self.colocated and self.learner_busy:
+            return
+        g = cfg.group_size
+        while True:
+            # Prefer a replica that is decoding now over one still rebuilding after a resize.
+            rep = max(self.replicas, key=lambda r: (r.pause_until <= now, r.free), default=None)
+            if rep is None or rep.free < g:
+                rep = max(self.replicas, key=lambda r: r.free, default=None)
+            if rep is None or rep.free < g:
+                return
+            cap = self.controller.capacity(self.buffer.version, len(self.running), self.buffer.accepted)
+            if cap <= 0:
+                return
+            rid = next(self._rid)
+            if self.buffer.reserve(rid, self.sampler_version) is None:
+                return
+            prompt_id = self.requeue.pop() if self.requeue else next(self._prompt_ids)
+            lengths = [self.draw(self.sampler_version) for _ in range(g)]
+            req = _Request(rid, prompt_id, self.sampler_version, rep, sum(lengths))
+            self.running[rid] = req
+            self.dispatched += 1
+            prefill = self.cost.prefill_s(cfg.prompt_tokens)  # shared prefix: prefill once
+            rep.admit(now, req, lengths, cfg.prompt_tokens, prefill)
+            self._schedule_replica(rep)
+
+    def _abort(self, now: float, rid, requeue: bool) -> None:
+        req = self.running.pop(rid)
+        req.replica.remove(now, req, self.cfg.prompt_tokens)
+        self.buffer.release(rid)
+        self.aborted += 1
+        if requeue:
+            self.requeue.append(req.prompt_id)
+        self._schedule_replica(req.replica)
+
+    def _on_finish(self, now: float, rep: Replica, epoch: int) -> None:
+        if epoch != rep.epoch:
+            return
+        for req in rep.pop_finished(now, self.cfg.prompt_tokens):
+            if req.live > 0 or req.rid not in self.running:
+                continue
+            del self.running[req.rid]
+            group = (req.prompt_id, req.version, self.cfg.group_size * self.cfg.prompt_tokens + req.tokens)
+            for surplus in self.buffer.occupy(req.rid, group, req.version):
+                self._abort(now, surplus, requeue=False)
+        self._schedule_replica(rep)
+
+    def _try_train(self, now: float) -> None:
+        if self.learner_busy:
+            return
+        v = self.buffer.version
+        if not self.buffer.ready(v):
+            return
+        if self.colocated:
+            for rid in list(self.running):  # surplus of an on-policy batch is dropped
+                self._abort(now, rid, requeue=False)
+        groups = self.buffer.consume(v)
+        tokens = 0
+        for prompt_id, version, group_tokens in groups:
+            self.staleness.append(v - version)
+            self.consumed_prompts.append(prompt_id)
+            tokens += group_tokens
+        train_s = self.cost.train_step_s(tokens, self.learner_chips)
+        self.learner_busy = True
+        self.learner_train += train_s
+        self._span("learner", 0, "train", now, now + train_s)
+        self._push(now + train_s, "trained", v + 1)
+
+    def _on_trained(self, now: float, version: int) -> None:
+        self.steps_done += 1
+        split = None
+        if self.cfg.mode == "realloc" and self.steps_done % self.cfg.phase_steps == 0:
+            split = self.reallocator.decide(self._phase_stats(now))
+        switch = 0.0
+        if split is not None:
+            switch = self._resize(now, split)
+        if self.colocated:
+            sync = self.cost.reshard_local_s()
+        else:
+            sync = self.cost.sync_s(self.sampler_chips, self.learner_chips)
+        self.learner_sync += sync + switch
+        self._span("learner", 0, "switch" if switch else "sync", now, now + sync + switch)
+        if self.cfg.sync_pauses_sampler or self.colocated:
+            for rep in self.replicas:
+                rep.pause(now + switch, sync)
+                self._schedule_replica(rep)
+        self._push(now + switch + sync, "synced", version)
+
+    def _on_synced(self, now: float, version: int) -> None:
+        self.sampler_version = version
+        self.learner_busy = False
+
+    # ----- reallocation ----------------------------------------------------------------------
+
+    def _phase_stats(self, now: float) -> PhaseStats:
+        length = now - self.phase_start
+        busy = sum(r.busy_seconds(now) for r in self.replicas) + self.retired_busy
+        sampler_busy = (busy - self.phase_busy0) * self.cost.tp / self.sampler_chips
+        learner_busy = self.learner_train + self.learner_sync - self.phase_learner0
+        self.phase_start, self.phase_busy0 = now, busy
+        self.phase_learner0 = self.learner_train + self.learner_sync
+        rows = self.buffer.snapshot()
+        held = sum(row["occupied"] for row in rows)
+        seats = self.cfg.batch_groups * len(rows)
+        return PhaseStats(
+            sampler_busy_s=min(sampler_busy, length),
+            sampler_idle_s=max(0.0, length - sampler_busy),
+            learner_busy_s=min(learner_busy, length),
+            learner_idle_s=max(0.0, length - learner_busy),
+            buffer_fill=min(1.0, held / seats),
+            queued_groups=held,
+            split=self._split(),
+            switch_cost_s=self.switch_cost_s,
+            granularity=self.unit,
+        )
+
+    def _account_replicas(self, now: float) -> None:
+        # Replica-seconds available, so utilisation stays right while the split changes.
+        self.replica_seconds += len(self.replicas) * (now - self._replicas_since)
+        self._replicas_since = now
+
+    def _retire(self, now: float, rep: Replica) -> None:
+        self._account_replicas(now)
+        self.retired_busy += rep.busy_seconds(now)
+        rep.epoch = -1  # its pending finish events are now stale
+        self.retired.append(rep)
+        self.replicas.remove(rep)
+
+    def _resize(self, now: float, split: Split) -> float:
+        """Moves chips at a safe point (between learner steps); returns the learner stall."""
+        switch = self.switch_cost_s
+        want = split.sampler_chips // self.cost.tp
+        if want < len(self.replicas):
+            # Drop the least-loaded replicas; their groups restart elsewhere from the prompt.
+            victims = sorted(self.replicas, key=lambda r: (r.n, r.index))[: len(self.replicas) - want]
+            for rep in victims:
+                for rid in [rid for rid, q in self.running.items() if q.replica is rep]:
+                    self._abort(now, rid, requeue=True)
+                self._retire(now, rep)
+        else:
+            self._account_replicas(now)
+            self.replicas += self._new_replicas(want - len(self.replicas), now, now + switch)
+        self.sampler_chips = split.sampler_chips
+        self.learner_chips = split.learner_chips
+        self.controller = self._make_controller()
+        self.moves.append((now, split.sampler_chips, split.learner_chips))
+        return switch
+
+    # ----- run -------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        """Simulates ``cfg.steps`` learner steps and returns the measurements."""
+        cfg = self.cfg
+        self.events, self._seq = [], itertools.count()
+        self._rid, self._prompt_ids, self._replica_ids = (itertools.count() for _ in range(3))
+        if self.colocated:
+            self.sampler_chips = self.learner_chips = cfg.total_chips
+        else:
+            self.sampler_chips = cfg.sampler_chips
+            self.learner_chips = cfg.total_chips - cfg.sampler_chips
+        self.replicas = self._new_replicas(self.sampler_chips // self.cost.tp, 0.0, 0.0)
+        self.buffer = StalenessBuffer(
+            batch_groups=cfg.batch_groups,
+            max_staleness=cfg.max_staleness,
+            overprovision=cfg.overprovision,
+        )
+        self.controller = self._make_controller()
+        rcfg = cfg.reallocator or ReallocatorConfig()
+        rcfg = dataclasses.replace(
+            rcfg,
+            min_sampler_chips=max(rcfg.min_sampler_chips, self.cost.tp, self.unit),
+            min_learner_chips=max(rcfg.min_learner_chips, self._min_learner_chips()),
+        )
+        self.reallocator = Reallocator(rcfg)
+        self.switch_cost_s = self.estimated_switch_cost_s()
+        self.running: dict[int, _Request] = {}
+        self.requeue: list[int] = []
+        self.sampler_version = 0
+        self.learner_busy = False
+        self.replica_seconds = self._replicas_since = 0.0
+        self.retired: list[Replica] = []
+        self.learner_train = self.learner_sync = 0.0
+        self.phase_start = self.phase_busy0 = self.phase_learner0 = self.retired_busy = 0.0
+        self.steps_done = self.dispatched = self.aborted = 0
+        self.staleness, self.consumed_prompts, self.moves, self.spans = [], [], [], []
+        now = 0.0
+        self._dispatch(now)
+        while self.events and self.steps_done < cfg.steps:
+            now, _, kind, payload = heapq.heappop(self.events)
+            if kind == "finish":
+                self._on_finish(now, *payload)
+            elif kind == "trained":
+                self._on_trained(now, payload)
+            elif kind == "synced":
+                self._on_synced(now, payload)
+            self._try_train(now)
+            self._dispatch(now)
+        if self.steps_done < cfg.steps:
+            raise RuntimeError(
+                f"simulation stalled after {self.steps_done}/{cfg.steps} steps: no event left; "
+                "check that the sampler can fill a batch (slots, eta, overprovision)"
+            )
+        sampler_busy = sum(r.busy_seconds(now) for r in self.replicas) + self.retired_busy
+        self._account_replicas(now)
+        for rep in self.replicas + self.retired:
+            for start, end in rep.busy_spans(now):
+                self._span("sampler", rep.index, "decode", start, end)
+        return SimResult(
+            mode=cfg.mode,
+            wall_s=now,
+            steps=self.steps_done,
+            samples=len(self.consumed_prompts) * cfg.group_size,
+            sampler_util=sampler_busy / max(self.replica_seconds, 1e-9),
+            learner_util=self.learner_train / max(now, 1e-9),
+            staleness=tuple(self.staleness),
+            consumed_prompts=tuple(self.consumed_prompts),
+            dispatched=self.dispatched,
+            aborted=self.aborted,
+            in_flight=len(self.running),
+            held=self.buffer.accepted - len(self.consumed_prompts),
+            moves=tuple(self.moves),
+            final_split=(self.sampler_chips, self.learner_chips),
+            spans=tuple(self.spans),
+        )
