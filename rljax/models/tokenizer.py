@@ -202,6 +202,16 @@ class Tokenizer:
             alphabet=config.get("rljax_alphabet"),
         )
 
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
+        """Rebuilds the tokenizer stored in a GGUF file's metadata (needs the ``gguf`` package).
+
+        Supports byte-level BPE (``tokenizer.ggml.model == "gpt2"``) with the GPT-2 or SmolLM
+        pre-tokenizer, which is what SmolLM2 GGUF files carry. Control tokens become special
+        tokens (skipped by ``decode``); the chat template comes from ``tokenizer.chat_template``.
+        """
+        return _load_gguf(cls, os.fspath(path))
+
     # ---- encoding ---------------------------------------------------------------------------
 
     def _check_chars(self, text: str) -> None:
@@ -315,3 +325,92 @@ class Tokenizer:
             f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
             f"eos_id={self.eos_id}, pad_id={self.pad_id})"
         )
+
+
+# ---- GGUF ------------------------------------------------------------------------------------
+
+# llama.cpp token types (gguf.TokenType): 3 = CONTROL, 4 = USER_DEFINED.
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _gguf_pre_tokenizer(pre: str, path: str):
+    """Maps llama.cpp's ``tokenizer.ggml.pre`` name to the equivalent HF pre-tokenizer."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("default", "gpt-2"):
+        return byte_level
+    if pre == "smollm":
+        # SmolLM splits every digit into its own token before the GPT-2 byte-level regex.
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    raise ValueError(
+        f"GGUF file {path} uses pre-tokenizer {pre!r}; from_gguf supports 'gpt-2' and 'smollm'. "
+        "Use the model's tokenizer.json with Tokenizer.from_dir instead."
+    )
+
+
+def _load_gguf(cls, path: str) -> Tokenizer:
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError(
+            "Tokenizer.from_gguf needs the gguf package; run `pip install gguf`."
+        ) from None
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF file {path} does not exist.")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:
+        raise ValueError(f"GGUF file {path} could not be read: {exc}") from None
+
+    def field(key: str, default=None):
+        value = reader.fields.get(key)
+        return default if value is None else value.contents()
+
+    model = field("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(
+            f"GGUF file {path} has tokenizer model {model!r}; from_gguf supports only 'gpt2' "
+            "(byte-level BPE). Use the model's tokenizer.json with Tokenizer.from_dir instead."
+        )
+    tokens = field("tokenizer.ggml.tokens")
+    merges = field("tokenizer.ggml.merges")
+    if not tokens or not merges:
+        raise ValueError(f"GGUF file {path} has no tokenizer.ggml.tokens/merges metadata.")
+    token_types = field("tokenizer.ggml.token_type", [1] * len(tokens))
+    vocab = {token: index for index, token in enumerate(tokens)}
+    merge_pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merge_pairs, fuse_unk=False))
+    tok.pre_tokenizer = _gguf_pre_tokenizer(field("tokenizer.ggml.pre", "default"), path)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens(
+        [
+            tokenizers.AddedToken(token, special=False, normalized=False)
+            for token, kind in zip(tokens, token_types)
+            if kind == _GGUF_USER_DEFINED
+        ]
+    )
+    tok.add_special_tokens(
+        [
+            tokenizers.AddedToken(token, special=True, normalized=False)
+            for token, kind in zip(tokens, token_types)
+            if kind == _GGUF_CONTROL
+        ]
+    )
+
+    def token_at(key: str) -> str | None:
+        index = field(key)
+        return None if index is None else tokens[int(index)]
+
+    eos_token = token_at("tokenizer.ggml.eos_token_id")
+    if eos_token is None:
+        raise ValueError(f"GGUF file {path} has no tokenizer.ggml.eos_token_id.")
+    extra_stop = [
+        field(key) for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    ]
+    return cls(
+        tok,
+        bos_token=token_at("tokenizer.ggml.bos_token_id"),
+        eos_token=eos_token,
+        pad_token=token_at("tokenizer.ggml.padding_token_id"),
+        chat_template=field("tokenizer.chat_template"),
+        extra_stop_ids=[int(i) for i in extra_stop if i is not None],
+    )
