@@ -8,7 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from rljax.kernels import dispatch, validation
+from rljax.kernels import dispatch, sharding, validation
 from rljax.kernels.flash_attention import block_sizes as block_sizes_lib
 from rljax.kernels.flash_attention.backward import flash_attention_bwd_blockwise
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
@@ -203,7 +203,7 @@ def sharded_flash_attention(mesh, batch_axes, head_axis, q, k, v, segment_ids=No
     """
     _validate(q, k, v, segment_ids)
     if head_axis is not None:
-        heads = mesh.shape[head_axis]
+        heads = sharding.axis_size(mesh, head_axis)
         if q.shape[2] % heads or k.shape[2] % heads:
             raise ValueError(
                 f"q's N={q.shape[2]} and k's K={k.shape[2]} heads must both divide by mesh "

@@ -7,7 +7,7 @@ import math
 
 import jax
 from jax.sharding import PartitionSpec as P
-from rljax.kernels import dispatch, validation
+from rljax.kernels import dispatch, sharding, validation
 from rljax.kernels.paged_attention import block_sizes as block_sizes_lib
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
 from rljax.kernels.paged_attention.reference import paged_decode_attention_reference
@@ -153,7 +153,7 @@ def sharded_paged_decode_attention(
     """
     _validate(q, k_pages, v_pages, lengths, page_table)
     if head_axis is not None:
-        heads = mesh.shape[head_axis]
+        heads = sharding.axis_size(mesh, head_axis)
         if q.shape[1] % heads or k_pages.shape[0] % heads:
             raise ValueError(
                 f"q's N={q.shape[1]} and k_pages' K={k_pages.shape[0]} heads must both divide "
@@ -161,16 +161,13 @@ def sharded_paged_decode_attention(
             )
     kwargs.setdefault("sm_scale", 1.0 / math.sqrt(q.shape[-1]))
     fn = functools.partial(paged_decode_attention, **kwargs)
-    return jax.shard_map(
-        fn,
-        mesh=mesh,
-        in_specs=(
-            P(batch_axes, head_axis, None),
-            P(head_axis, None, None, None),
-            P(head_axis, None, None, None),
-            P(batch_axes),
-            P(batch_axes, None),
-        ),
-        out_specs=P(batch_axes, head_axis, None),
-        check_vma=False,
-    )(q, k_pages, v_pages, lengths, page_table)
+    pages_spec = P(head_axis, None, None, None)
+    in_specs = (
+        P(batch_axes, head_axis, None),
+        pages_spec,
+        pages_spec,
+        P(batch_axes),
+        P(batch_axes, None),
+    )
+    args = (q, k_pages, v_pages, lengths, page_table)
+    return sharding.run_sharded(fn, mesh, in_specs, P(batch_axes, head_axis, None), args)

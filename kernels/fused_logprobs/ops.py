@@ -1,0 +1,183 @@
+"""Public fused token log-probs and entropy: checks, dispatch, custom_vjp, shard_map wrapper."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from rljax.kernels import dispatch, sharding, validation
+from rljax.kernels.fused_logprobs import block_sizes as block_sizes_lib
+from rljax.kernels.fused_logprobs.chunked import logprob_grads_chunked, logprob_stats_chunked
+from rljax.kernels.fused_logprobs.kernel import token_logprobs_kernel
+
+_HIDDEN = "[T, D]"
+_UNEMBED = "[D, V]"
+_TARGETS = "[T]"
+
+
+def _validate(hidden, unembed, targets):
+    t, d = validation.check_array("hidden", hidden, _HIDDEN, 2)
+    w_shape = validation.check_array("unembed", unembed, _UNEMBED, 2)
+    validation.check_dim("unembed", w_shape, _UNEMBED, 0, d)
+    if w_shape[1] == 0:
+        raise ValueError(f"unembed must have shape {_UNEMBED} with V >= 1, got {w_shape}.")
+    validation.check_floating("hidden", hidden, _HIDDEN)
+    validation.check_floating("unembed", unembed, _UNEMBED)
+    t_shape = validation.check_array("targets", targets, _TARGETS, 1)
+    validation.check_dim("targets", t_shape, _TARGETS, 0, t)
+    validation.check_integer("targets", targets, _TARGETS)
+
+
+def _forward_stats(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
+    if not use_pallas:
+        return logprob_stats_chunked(
+            hidden, unembed, targets, temperature=temperature, block_v=block_sizes.block_v
+        )
+    tokens = hidden.shape[0]
+    pad = -tokens % block_sizes.block_t
+    logp, ent, lse = token_logprobs_kernel(
+        jnp.pad(hidden, ((0, pad), (0, 0))),
+        unembed,
+        jnp.pad(targets.astype(jnp.int32), (0, pad)),
+        temperature=temperature,
+        block_sizes=block_sizes,
+        interpret=interpret,
+    )
+    return logp[:tokens], ent[:tokens], lse[:tokens]
+
+
+@functools.partial(
+    jax.custom_vjp,
+    nondiff_argnames=("temperature", "block_sizes", "use_pallas", "interpret"),
+)
+def _fused(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
+    logp, ent, _ = _forward_stats(
+        hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret
+    )
+    return logp, ent
+
+
+def _fused_fwd(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
+    logp, ent, lse = _forward_stats(
+        hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret
+    )
+    return (logp, ent), (hidden, unembed, targets, lse, ent)
+
+
+def _fused_bwd(temperature, block_sizes, use_pallas, interpret, residuals, cotangents):
+    del use_pallas, interpret  # One chunked backward serves both forwards; see docs/kernels.md.
+    hidden, unembed, targets, lse, ent = residuals
+    g_logp, g_ent = cotangents
+    d_hidden, d_unembed = logprob_grads_chunked(
+        hidden,
+        unembed,
+        targets,
+        lse,
+        ent,
+        g_logp,
+        g_ent,
+        temperature=temperature,
+        block_v=block_sizes.block_v,
+    )
+    return d_hidden, d_unembed, None
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("temperature", "block_sizes", "use_pallas", "interpret")
+)
+def _token_logprobs_and_entropy(
+    hidden, unembed, targets, *, temperature, block_sizes, use_pallas, interpret
+):
+    return _fused(
+        hidden,
+        unembed,
+        targets,
+        temperature=temperature,
+        block_sizes=block_sizes,
+        use_pallas=use_pallas,
+        interpret=interpret,
+    )
+
+
+def token_logprobs_and_entropy(
+    hidden,
+    unembed,
+    targets,
+    *,
+    temperature: float = 1.0,
+    impl: str = "auto",
+    block_sizes: block_sizes_lib.BlockSizes | None = None,
+):
+    """Per-token log p(target) and softmax entropy, without materialising [T, V] logits.
+
+    logits = hidden @ unembed / temperature, accumulated in f32, processed block_v vocabulary
+    columns at a time with an online logsumexp, forward and backward alike.
+
+    Args:
+      hidden: [T, D] float final hidden states.
+      unembed: [D, V] float output projection.
+      targets: [T] int32 token ids in [0, V).
+      temperature: positive logits divisor (a static Python float).
+      impl: 'auto' (Pallas on TPU, chunked XLA elsewhere), 'pallas' (interpret mode off TPU)
+        or 'xla'.
+      block_sizes: override the tuned ``BlockSizes`` for this chip.
+
+    Returns:
+      (logprobs [T] f32, entropy [T] f32). Both are differentiable wrt hidden and unembed.
+
+    Raises:
+      ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
+        before anything is traced.
+    """
+    _validate(hidden, unembed, targets)
+    backend = dispatch.resolve_impl(impl)
+    validation.check_positive_scalar("temperature", temperature)
+    if block_sizes is None:
+        block_sizes = block_sizes_lib.for_device()
+    if not isinstance(block_sizes, block_sizes_lib.BlockSizes):
+        raise ValueError(
+            f"block_sizes must be a fused_logprobs BlockSizes or None, got {block_sizes!r}."
+        )
+    return _token_logprobs_and_entropy(
+        hidden,
+        unembed,
+        targets,
+        temperature=float(temperature),
+        block_sizes=block_sizes.for_shape(hidden.shape[0], unembed.shape[1]),
+        use_pallas=backend.use_pallas,
+        interpret=backend.interpret,
+    )
+
+
+def sharded_token_logprobs_and_entropy(mesh, batch_axes, hidden, unembed, targets, **kwargs):
+    """``token_logprobs_and_entropy`` under ``shard_map``, tokens split over ``batch_axes``.
+
+    The unembedding is replicated: each device handles its own tokens against the whole
+    vocabulary, so the forward needs no collectives; the unembedding's gradient is summed
+    across ``batch_axes`` by shard_map's transpose.
+
+    Args:
+      mesh: the ``jax.sharding.Mesh``.
+      batch_axes: mesh axis name (or tuple of names) sharding T; T must divide by its size.
+      hidden, unembed, targets: as in ``token_logprobs_and_entropy``.
+      **kwargs: ``temperature``, ``impl``, ``block_sizes``.
+
+    Returns:
+      (logprobs [T], entropy [T]), sharded over ``batch_axes``; differentiable.
+    """
+    _validate(hidden, unembed, targets)
+    shards = sharding.axis_size(mesh, batch_axes)
+    if hidden.shape[0] % shards:
+        raise ValueError(
+            f"hidden's T={hidden.shape[0]} tokens must divide by the {shards} shards of mesh "
+            f"axes {batch_axes!r}; pad the token batch."
+        )
+    fn = functools.partial(token_logprobs_and_entropy, **kwargs)
+    row = P(batch_axes)
+    in_specs = (P(batch_axes, None), P(None, None), row)
+    return sharding.run_sharded(fn, mesh, in_specs, (row, row), (hidden, unembed, targets))
