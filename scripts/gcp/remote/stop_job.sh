@@ -14,13 +14,14 @@ pid="$(cat "${pid_file}")"
 # The launcher saves a checkpoint on SIGTERM and exits 0; give it time to finish writing.
 kill -TERM "${pid}"
 echo "${host}: sent SIGTERM to rljax (pid ${pid}); waiting up to ${GRACE_SECONDS}s"
-for ((waited = 0; waited < GRACE_SECONDS; waited++)); do
+start="${SECONDS}"
+while ((SECONDS - start < GRACE_SECONDS)); do
   if ! kill -0 "${pid}" 2>/dev/null; then
-    echo "${host}: rljax stopped after ${waited}s"
+    echo "${host}: rljax stopped after $((SECONDS - start))s"
     rm -f "${pid_file}"
     exit 0
   fi
-  sleep 1
+  sleep 0.2
 done
 if kill -0 "${pid}" 2>/dev/null; then
   if [[ -n "${FORCE}" ]]; then
