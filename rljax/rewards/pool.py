@@ -298,14 +298,22 @@ class RewardPool:
         return _ProcessRunner(self._fn, on_restart=lambda: self._bump(restarts=1))
 
     def _dispatch(self) -> None:
-        runner = self._make_runner()
+        runner = None
         try:
             while (task := self._tasks.get()) is not None:
                 batch, index, completion, example = task
-                status, value = runner.run(completion, example, self._timeout_s)
+                try:
+                    if runner is None:
+                        runner = self._make_runner()
+                    status, value = runner.run(completion, example, self._timeout_s)
+                except Exception as exc:  # noqa: BLE001 - a broken worker must not hang callers.
+                    # Drop the runner; the next task builds a fresh one.
+                    runner = None
+                    status, value = "error", f"reward worker failed: {type(exc).__name__}: {exc}"
                 batch.set(index, self._to_reward(status, value))
         finally:
-            runner.close()
+            if runner is not None:
+                runner.close()
 
     def _to_reward(self, status: str, value: object) -> float:
         """Validates one result; every failure becomes 0.0 and bumps one counter."""
