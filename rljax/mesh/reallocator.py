@@ -5,9 +5,10 @@ last phase; the policy answers with a new split or ``None``. It holds only plain
 (no jax, threads or clocks), so the threaded runtime and ``rljax.sim`` drive the same object.
 
 The model behind a decision: in the last phase the sampler did ``sampler_busy_s`` seconds of
-work on ``sampler_chips`` chips, i.e. ``W_s = busy * chips`` chip-seconds, and likewise the
-learner. Both sides scale about linearly in chips (decode replicas are data parallel; the
-learner is compute bound), so with ``n`` sampler chips the next phase takes about
+work on ``sampler_chips`` chips at ``sampler_occupancy`` of its slots, i.e.
+``W_s = busy * occupancy * chips`` chip-seconds, and the learner ``W_l = busy * chips``.
+Both sides scale about linearly in chips (decode replicas are data parallel; the learner is
+compute bound), so with ``n`` sampler chips the next phase takes about
 ``max(W_s / n, W_l / (total - n))``. A move pays off when ``horizon`` phases of that saving
 beat the measured switch cost. Hysteresis (``patience`` consecutive phases of the same
 imbalance, then ``cooldown`` phases of silence after a move) stops a noisy phase from
@@ -52,6 +53,9 @@ class PhaseStats:
       split: the split the phase ran on.
       switch_cost_s: measured (or estimated) seconds one reallocation stalls the pipeline.
       granularity: chips move in units of this many (a host of 4 or 8 chips).
+      sampler_occupancy: mean fraction of decode slots filled while the sampler was busy. A
+        sampler busy with a few long stragglers is latency bound, and more chips would not
+        finish it sooner, so only ``busy * occupancy`` counts as chip-scalable work.
     """
 
     sampler_busy_s: float
@@ -63,6 +67,7 @@ class PhaseStats:
     split: Split
     switch_cost_s: float
     granularity: int
+    sampler_occupancy: float = 1.0
 
     def __post_init__(self):
         times = (self.sampler_busy_s, self.sampler_idle_s, self.learner_busy_s)
@@ -72,6 +77,10 @@ class PhaseStats:
             raise ValueError(
                 f"buffer_fill must be a fraction in [0, 1], got {self.buffer_fill}; "
                 "divide filled seats by total seats"
+            )
+        if not 0.0 <= self.sampler_occupancy <= 1.0:
+            raise ValueError(
+                f"sampler_occupancy must be a fraction in [0, 1], got {self.sampler_occupancy}"
             )
         if self.granularity < 1:
             raise ValueError(f"granularity must be >= 1 chip, got {self.granularity}")
@@ -159,7 +168,7 @@ class Reallocator:
         cfg = self.config
         split, unit = stats.split, stats.granularity
         total = split.total
-        w_s = stats.sampler_busy_s * split.sampler_chips
+        w_s = stats.sampler_busy_s * stats.sampler_occupancy * split.sampler_chips
         w_l = stats.learner_busy_s * split.learner_chips
         now = predicted_phase_s(w_s, w_l, split.sampler_chips, total)
         step = unit if direction is Direction.TO_SAMPLER else -unit

@@ -40,6 +40,7 @@ class Replica:
         self.heap: list[tuple[float, int, object]] = []
         self.epoch = 0
         self.busy_acc = 0.0
+        self.slot_seconds = 0.0  # integral of live sequences over time, up to t0
         self.busy_since: float | None = None
         self._record = record
         self._spans: list[tuple[float, float]] = []
@@ -92,7 +93,9 @@ class Replica:
         start = max(self.t0, self.pause_until)
         if now > start:
             self.p0 += self._steps_for(now - start)
-        self.t0 = max(self.t0, now)
+        if now > self.t0:
+            self.slot_seconds += self.n * (now - self.t0)
+            self.t0 = now
 
     def pause(self, now: float, seconds: float) -> None:
         """Stalls decoding for ``seconds`` (prefill, weight load); progress resumes after."""
