@@ -44,6 +44,8 @@ validate_common
 validate_accelerator_type
 validate_positive_int wait-timeout
 validate_positive_int poll-seconds
+[[ -z "${SERVICE_ACCOUNT}" || "${SERVICE_ACCOUNT}" =~ ^[a-z0-9-]+@[a-z0-9.-]+\.gserviceaccount\.com$ ]] ||
+  die "--service-account='${SERVICE_ACCOUNT}' is not a service account email, e.g. rljax-tpu@my-project.iam.gserviceaccount.com"
 RUNTIME_VERSION="${RUNTIME_VERSION:-$(default_runtime_version)}"
 [[ "${RUNTIME_VERSION}" =~ ^[a-z0-9.-]+$ ]] ||
   die "--runtime-version='${RUNTIME_VERSION}' is not a runtime name, e.g. v2-alpha-tpuv6e"
@@ -81,7 +83,10 @@ fi
 spot_flags=()
 [[ -n "${SPOT}" ]] && spot_flags=(--spot)
 account_flags=()
-[[ -n "${SERVICE_ACCOUNT}" ]] && account_flags=(--service-account="${SERVICE_ACCOUNT}")
+# The full cloud-platform scope leaves access control to the account's IAM roles, so a bucket
+# grant is all the job needs for gs:// workdirs.
+[[ -n "${SERVICE_ACCOUNT}" ]] && account_flags=(--service-account="${SERVICE_ACCOUNT}"
+  --scopes=https://www.googleapis.com/auth/cloud-platform)
 
 if [[ -n "${QUEUED}" ]]; then
   if describe_resource queued-resources "${TPU_NAME}"; then

@@ -218,6 +218,7 @@ def test_help_lists_flags_and_exits_zero(fake, script):
         ([*BASE, "--accelerator-type=v6e-8", "--colour=red"], "unknown flag --colour"),
         ([*BASE, "--accelerator-type=v6e-8", "stray"], "unexpected argument 'stray'"),
         ([*BASE, "--accelerator-type=v6e-8", "--wait-timeout=soon"], "must be a whole number"),
+        ([*BASE, "--accelerator-type=v6e-8", "--service-account=me"], "not a service account"),
     ],
 )
 def test_create_rejects_bad_input_with_one_line(fake, args, message):
@@ -326,6 +327,7 @@ def test_create_tpu_vm_with_spot_when_missing(fake):
             "--version=v2-alpha-tpuv5-lite",
             "--spot",
             "--service-account=sa@my-project.iam.gserviceaccount.com",
+            "--scopes=https://www.googleapis.com/auth/cloud-platform",
         ],
     ]
 
