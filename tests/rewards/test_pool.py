@@ -56,12 +56,12 @@ def test_thread_mode_hang_times_out_and_capacity_is_replaced():
             release.wait(30)
         return 1.0
 
-    pool = RewardPool(blocking, num_workers=1, timeout_s=0.2)
+    pool = RewardPool(blocking, num_workers=1, timeout_s=0.5)
     try:
         rewards = pool.score(["hang", "a", "hang", "b"], EXAMPLES[:4])
         np.testing.assert_array_equal(rewards, [0.0, 1.0, 0.0, 1.0])
         assert pool.stats.timeouts == 2 and pool.stats.abandoned == 2
-        assert "timeout_s=0.2" in pool.stats.last_error
+        assert "timeout_s=0.5" in pool.stats.last_error
     finally:
         release.set()
         pool.close()
