@@ -1,0 +1,209 @@
+"""Compares sync colocated, async static split and async with reallocation in the simulator.
+
+  python scripts/simulate.py --config=configs/sim/pod_compare.py[:runlocal]
+  python scripts/simulate.py --config=configs/sim/verl_async_h20.py
+
+Prints throughput ratios against the sync colocated baseline measured in the same run, the
+gain of reallocation over the best static split, the validation figure when the config has
+one, and ends with one line holding a JSON object of all figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from absl import app
+from ml_collections import config_flags
+
+from rljax.models.presets import get_preset
+from rljax.sim.chips import get_chip
+from rljax.sim.costs import CostModel, Efficiencies
+from rljax.sim.simulator import SimConfig, Simulator
+from rljax.sim.workload import LengthModel
+
+_CONFIG = config_flags.DEFINE_config_file("config", lock_config=True)
+
+
+def _cost(c) -> CostModel:
+    eff = Efficiencies(**c.efficiencies.to_dict())
+    return CostModel(get_preset(c.model), get_chip(c.chip), tp=c.tp, efficiencies=eff)
+
+
+def _lengths(c, tail: float, **overrides) -> LengthModel:
+    fields = dict(c.lengths.to_dict(), tail_prob=tail)
+    fields.update(overrides)
+    return LengthModel(**fields)
+
+
+def _sim_config(c, mode: str, eta: int, sampler_chips: int, steps: int | None = None):
+    flops = c.train_flops_per_param.sync if mode == "sync" else c.train_flops_per_param.async_
+    return SimConfig(
+        mode=mode,
+        total_chips=c.total_chips,
+        sampler_chips=sampler_chips,
+        steps=steps or c.steps,
+        batch_groups=c.batch_groups,
+        group_size=c.group_size,
+        prompt_tokens=c.prompt_tokens,
+        max_staleness=0 if mode == "sync" else eta,
+        max_slots=c.max_slots,
+        train_flops_per_param=flops,
+        phase_steps=c.phase_steps,
+        switch_cost_s=None if c.switch_cost_s < 0 else c.switch_cost_s,
+        seed=c.seed,
+        timeline=bool(c.plot),
+    )
+
+
+def _splits(c, cost: CostModel) -> list[int]:
+    unit = max(cost.tp, cost.chip.chips_per_host)
+    chips = {max(unit, round(f * c.total_chips / unit) * unit) for f in c.sampler_fractions}
+    return sorted(n for n in chips if n < c.total_chips)
+
+
+def _run(cfg: SimConfig, cost: CostModel, lengths: LengthModel):
+    return Simulator(cfg, cost, lengths).run()
+
+
+def sweep(c, cost: CostModel) -> tuple[list[dict], dict]:
+    """Runs the eta x tail matrix; returns rows and the results used for plotting."""
+    rows, for_plot = [], {}
+    splits = _splits(c, cost)
+    for tail in c.tails:
+        lengths = _lengths(c, tail)
+        sync = _run(_sim_config(c, "sync", 0, c.total_chips), cost, lengths)
+        for eta in c.etas:
+            static = {n: _run(_sim_config(c, "async", eta, n), cost, lengths) for n in splits}
+            best_n = max(static, key=lambda n: static[n].samples_per_s)
+            start = splits[len(splits) // 2]
+            realloc = _run(_sim_config(c, "realloc", eta, start), cost, lengths)
+            rows.append(
+                {
+                    "tail": tail,
+                    "eta": eta,
+                    "sync_step_s": round(sync.step_s, 2),
+                    "best_static_split": best_n,
+                    "best_static_vs_sync": round(
+                        static[best_n].samples_per_s / sync.samples_per_s, 3
+                    ),
+                    "realloc_vs_sync": round(realloc.samples_per_s / sync.samples_per_s, 3),
+                    "realloc_vs_best_static": round(
+                        realloc.samples_per_s / static[best_n].samples_per_s, 3
+                    ),
+                    "realloc_moves": len(realloc.moves),
+                    "realloc_final_split": list(realloc.final_split),
+                    "mean_staleness": realloc.summary()["mean_staleness"],
+                }
+            )
+            for_plot = {"sync": sync, f"async {best_n}": static[best_n], "realloc": realloc}
+    return rows, for_plot
+
+
+def growth_gain(c, cost: CostModel) -> dict:
+    """Reallocation vs the best static split when response lengths grow over training."""
+    g = c.growth
+    lengths = _lengths(c, g.tail, median=g.median, growth=g.growth, growth_steps=c.steps)
+    static = {n: _run(_sim_config(c, "async", g.eta, n), cost, lengths) for n in _splits(c, cost)}
+    best_n = max(static, key=lambda n: static[n].samples_per_s)
+    start = min(static)  # tuned for the short early responses
+    realloc = _run(_sim_config(c, "realloc", g.eta, start), cost, lengths)
+    return {
+        "best_static_split": best_n,
+        "best_static_samples_per_s": round(static[best_n].samples_per_s, 3),
+        "realloc_start_split": start,
+        "realloc_samples_per_s": round(realloc.samples_per_s, 3),
+        "realloc_vs_best_static": round(realloc.samples_per_s / static[best_n].samples_per_s, 3),
+        "realloc_moves": [list(m[1:]) for m in realloc.moves],
+    }
+
+
+def validate(c, cost: CostModel) -> dict:
+    """Predicted sync / async step-time ratio against the published one."""
+    v = c.validation
+    lengths = _lengths(c, v.tail)
+    sync = _run(_sim_config(c, "sync", 0, c.total_chips), cost, lengths)
+    fast = _run(_sim_config(c, "async", v.eta, v.sampler_chips), cost, lengths)
+    predicted = sync.step_s / fast.step_s
+    gen_s = sync.step_s * (1.0 - sync.learner_util)  # colocated step minus training
+    return {
+        "sync_step_s": round(sync.step_s, 2),
+        "sync_generation_and_sync_s": round(gen_s, 2),
+        "async_step_s": round(fast.step_s, 2),
+        "predicted_ratio": round(predicted, 3),
+        "published_ratio": round(v.published_ratio, 3),
+        "relative_error": round(predicted / v.published_ratio - 1.0, 3),
+    }
+
+
+def plot(results: dict, path: str) -> None:
+    """Draws one timeline panel per mode (first 15% of the run) to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"decode": "tab:blue", "train": "tab:orange", "sync": "tab:green", "switch": "red"}
+    fig, axes = plt.subplots(len(results), 1, figsize=(12, 3 * len(results)), squeeze=False)
+    for ax, (label, res) in zip(axes[:, 0], results.items()):
+        horizon = res.wall_s * 0.15
+        lanes = sorted({s.lane for s in res.spans if s.role == "sampler"})
+        row = {lane: i + 1 for i, lane in enumerate(lanes)}
+        for span in res.spans:
+            if span.start > horizon:
+                continue
+            y = 0 if span.role == "learner" else row[span.lane]
+            width = min(span.end, horizon) - span.start
+            ax.broken_barh([(span.start, width)], (y, 0.8), color=colors[span.kind])
+        ax.set_title(f"{label}: {res.samples_per_s:.1f} samples/s")
+        ax.set_xlabel("simulated seconds")
+        ax.set_ylabel("learner (0) / sampler replicas")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main(argv) -> None:
+    del argv
+    c = _CONFIG.value
+    cost = _cost(c)
+    figures: dict = {"config": c.name}
+    if c.validation.enabled:
+        figures["validation"] = validate(c, cost)
+        print("validation:", figures["validation"])
+    if c.tails and c.etas:
+        rows, for_plot = sweep(c, cost)
+        for row in rows:
+            print(row)
+        figures["sweep"] = rows
+        if c.plot:
+            try:
+                plot(for_plot, c.plot)
+                figures["plot"] = c.plot
+            except ImportError:
+                print("matplotlib is not installed; skipping the timeline plot")
+    if c.growth.median > 0:
+        figures["growing_lengths"] = growth_gain(c, cost)
+        print("growing lengths:", figures["growing_lengths"])
+    if c.perf_steps:
+        # Simulator speed: one pod-scale realloc run, timed against the simulated wall clock.
+        cfg = dataclasses.replace(
+            _sim_config(c, "realloc", max(c.etas), _splits(c, cost)[0], c.perf_steps),
+            timeline=False,
+        )
+        start = time.perf_counter()
+        res = _run(cfg, cost, _lengths(c, max(c.tails)))
+        elapsed = time.perf_counter() - start
+        figures["perf"] = {
+            "steps": c.perf_steps,
+            "chips": c.total_chips,
+            "samples": res.samples,
+            "cpu_s": round(elapsed, 2),
+            "simulated_s_per_cpu_s": round(res.wall_s / elapsed, 1),
+        }
+        print("perf:", figures["perf"])
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    app.run(main)
