@@ -109,6 +109,8 @@ class ReallocatorConfig:
       margin: required benefit / switch-cost ratio (1.0 = break even).
       full_fill: buffer fill at or above which the learner already has work queued, so
         learner idleness is not blamed on the sampler.
+      max_move_fraction: most chips one decision moves, as a fraction of all chips; the
+        linear model is only trusted near the measured split.
     """
 
     min_sampler_chips: int = 1
@@ -119,6 +121,7 @@ class ReallocatorConfig:
     horizon: int = 8
     margin: float = 1.5
     full_fill: float = 0.9
+    max_move_fraction: float = 0.25
 
     def __post_init__(self):
         if self.min_sampler_chips < 1 or self.min_learner_chips < 1:
@@ -174,7 +177,10 @@ class Reallocator:
         step = unit if direction is Direction.TO_SAMPLER else -unit
         best, best_t = split.sampler_chips, now
         n = split.sampler_chips + step
+        reach = max(unit, int(cfg.max_move_fraction * total))
         while cfg.min_sampler_chips <= n <= total - cfg.min_learner_chips:
+            if abs(n - split.sampler_chips) > reach:
+                break
             t = predicted_phase_s(w_s, w_l, n, total)
             if t < best_t:
                 best, best_t = n, t

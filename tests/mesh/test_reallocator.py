@@ -43,7 +43,10 @@ def test_learner_bottleneck_moves_chips_to_learner():
     # phase (vs 100 s); the policy takes the smaller move.
     assert decisions[1] == Split(24, 40)
     very_skewed = stats(10.0, 90.0, 100.0, 0.0)
-    assert Reallocator(ReallocatorConfig(patience=1)).decide(very_skewed) == Split(8, 56)
+    uncapped = ReallocatorConfig(patience=1, max_move_fraction=1.0)
+    assert Reallocator(uncapped).decide(very_skewed) == Split(8, 56)
+    # By default one decision moves at most a quarter of the chips (16 of 64).
+    assert Reallocator(ReallocatorConfig(patience=1)).decide(very_skewed) == Split(16, 48)
 
 
 def test_starving_buffer_moves_chips_to_sampler():
