@@ -22,12 +22,12 @@ def _validate(q, k_pages, v_pages, lengths, page_table):
     b, n, h = validation.check_array("q", q, _Q, 3)
     kv_heads, _, _, _ = validation.check_array("k_pages", k_pages, _PAGES, 4)
     k_shape = tuple(k_pages.shape)
+    validation.check_dim("k_pages", k_shape, _PAGES, 3, h)
     v_shape = validation.check_array("v_pages", v_pages, _PAGES, 4)
     if v_shape != k_shape:
         raise ValueError(
             f"v_pages must have shape {_PAGES} = {k_shape} like k_pages, got {v_shape}."
         )
-    validation.check_dim("k_pages", k_shape, _PAGES, 3, h)
     if kv_heads == 0 or n % kv_heads:
         raise ValueError(
             f"q has N={n} heads, which must be a multiple of k_pages' K={kv_heads} kv heads "
