@@ -257,3 +257,17 @@ def test_smollm2_matches_transformers(smollm2, tmp_path):
         for add in (True, False):
             expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add)
             assert tok.apply_chat_template(messages, add_generation_prompt=add) == expected
+
+
+def test_saved_smollm2_dir_loads_in_transformers(smollm2, tmp_path):
+    _, tok = smollm2
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    tok.save(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (1, 2, 2)
+    for text in SAMPLES:
+        assert hf.encode(text, add_special_tokens=False) == tok.encode(text)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    for add in (True, False):
+        expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add)
+        assert tok.apply_chat_template(messages, add_generation_prompt=add) == expected
