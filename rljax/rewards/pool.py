@@ -16,6 +16,8 @@ How a hang is handled depends on ``mode``:
 * ``"process"``: each worker is a spawned child process. An overrunning child is killed and
   replaced, so nothing leaks. ``fn`` must be picklable (a module-level function). Each child
   reports ready before it takes work, so its start-up time never counts against ``timeout_s``.
+  Children are spawned (forking a process that holds a JAX runtime is unsafe), so a script
+  that builds a process-mode pool needs the ``if __name__ == "__main__":`` guard.
 
 Timeouts run from the moment a worker starts a completion, not from submission, so a long
 queue never turns into spurious timeouts.
