@@ -1,0 +1,463 @@
+"""A JetStream-shaped generation engine over a paged KV cache.
+
+The method names and shapes mirror JetStream's ``Engine`` (prefill / insert / generate /
+init_decode_state / load_params / get_prefix_destination_sharding), so a JetStream-style
+orchestrator can drive it, but rljax does not depend on JetStream.
+
+Decode state lives on the sampler mesh. Keys and values sit in a page pool [L, K, P, Z, H];
+each slot owns a row of the page table. A host-side :class:`PageAllocator` hands out pages as
+sequences grow and takes them back when a slot is freed, so memory follows the tokens actually
+held rather than slots x maximum length. Page 0 is never handed out: free slots point at it and
+their (discarded) writes land there.
+
+One deliberate difference from JetStream: ``prefill`` caches the prompt up to, but not
+including, its last token, and samples nothing. The first ``generate`` after ``insert`` feeds
+that last token. So G samples that share one prefill draw their first tokens independently,
+and every sampled token's log-prob and version come from the ``generate`` call that made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rljax.config import ModelConfig, SamplingConfig
+from rljax.engine import sampling
+from rljax.models.sharding import SAMPLER_RULES, ShardingRules, state_shardings
+from rljax.models.transformer import Decoder, paged_attention_xla
+
+
+class OutOfPages(RuntimeError):
+    """The page pool cannot grow these slots; the caller should preempt a request."""
+
+    def __init__(self, slots: list[int]):
+        super().__init__(f"KV page pool exhausted while growing slots {slots}")
+        self.slots = slots
+
+
+class PageAllocator:
+    """Host-side free list of KV pages. Page 0 is reserved as the null page."""
+
+    def __init__(self, num_pages: int):
+        if num_pages < 2:
+            raise ValueError(f"num_pages={num_pages}: need at least 2 (page 0 is reserved)")
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, 0, -1))
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfPages([])
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+@struct.dataclass
+class Prefix:
+    """A prefilled prompt: keys/values of all but its last token, and that last token."""
+
+    k: jax.Array  # [L, T, K, H]
+    v: jax.Array
+    length: int = struct.field(pytree_node=False)  # tokens cached (prompt length - 1)
+    next_token: int = struct.field(pytree_node=False)
+
+
+@struct.dataclass
+class DecodeState:
+    """Everything ``generate`` reads and writes, one row per slot."""
+
+    k_pages: jax.Array  # [L, K, P, Z, H]
+    v_pages: jax.Array
+    tokens: jax.Array  # [B] the token each slot feeds next
+    positions: jax.Array  # [B] where that token goes = tokens cached so far
+    page_table: jax.Array  # [B, M]
+    active: jax.Array  # [B] bool
+    keys: jax.Array  # [B, 2] uint32 per-request PRNG key data
+    steps: jax.Array  # [B] tokens generated so far (folded into the key)
+    temperature: jax.Array  # [B]
+    top_k: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultTokens:
+    """What one prefill/generate produced for every slot (host numpy arrays).
+
+    ``tokens[b]`` was sampled for slot b with log-prob ``logprobs[b]`` when ``valid[b]``.
+    """
+
+    tokens: np.ndarray
+    valid: np.ndarray
+    lengths: np.ndarray  # generated tokens per slot so far
+    logprobs: np.ndarray
+
+    def get_result_at_slot(self, slot: int) -> tuple[int, bool, int, float]:
+        return (
+            int(self.tokens[slot]),
+            bool(self.valid[slot]),
+            int(self.lengths[slot]),
+            float(self.logprobs[slot]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSampling:
+    """Per-request sampling settings written into a slot at insert time."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: SamplingConfig) -> SlotSampling:
+        return cls(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p)
+
+
+class Engine:
+    """Prefill / insert / generate over a paged KV cache on the sampler mesh."""
+
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        sampling_cfg: SamplingConfig,
+        mesh: Mesh,
+        graphdef: nnx.GraphDef,
+        *,
+        rules: ShardingRules = SAMPLER_RULES,
+        attention_fn=paged_attention_xla,
+    ):
+        self.model_cfg = model_cfg
+        self.sampling_cfg = sampling_cfg
+        self._mesh = mesh
+        self._graphdef = graphdef
+        self._rules = rules
+        self._attention_fn = attention_fn
+        z = sampling_cfg.page_size
+        self.max_seq_len = sampling_cfg.max_prefill_length + sampling_cfg.max_new_tokens
+        self.pages_per_slot = math.ceil(self.max_seq_len / z)
+        b = sampling_cfg.max_concurrent_decodes
+        self.num_pages = sampling_cfg.num_pages or b * self.pages_per_slot + 1
+        self.allocator = PageAllocator(self.num_pages)
+        self._slot_pages: list[list[int]] = [[] for _ in range(b)]
+        self._host_positions = np.zeros(b, np.int64)
+        self._host_active = np.zeros(b, bool)
+        self._table_dirty = False
+        # Buckets beyond max_prefill_length exist only to re-prefill resumed sequences.
+        buckets = list(sampling_cfg.buckets)
+        while buckets[-1] < self.max_seq_len:
+            buckets.append(min(buckets[-1] * 2, self.pages_per_slot * z))
+        self.buckets = tuple(buckets)
+        self._use_filters = (
+            sampling_cfg.top_k > 0 or sampling_cfg.top_p < 1.0 or sampling_cfg.min_p > 0.0
+        )
+        self._build_jits()
+
+    # -- JetStream properties ---------------------------------------------------------------
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.sampling_cfg.max_concurrent_decodes
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self.sampling_cfg.max_prefill_length
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    # -- shardings --------------------------------------------------------------------------
+
+    def _sharding(self, *logical) -> NamedSharding:
+        return NamedSharding(self._mesh, self._rules.spec(logical))
+
+    def _replicated(self) -> NamedSharding:
+        return NamedSharding(self._mesh, PartitionSpec())
+
+    def param_shardings(self, params: nnx.State):
+        """The sampler's shardings for a params state of this model."""
+        return state_shardings(params, self._mesh, self._rules)
+
+    def get_prefix_destination_sharding(self):
+        """Where a Prefix must live before ``insert`` (JetStream API)."""
+        kv = self._sharding(None, None, "kv_heads", None)
+        kv = _divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
+        return Prefix(k=kv, v=kv, length=0, next_token=0)
+
+    def _decode_state_shardings(self) -> DecodeState:
+        pages = self._sharding(None, "kv_heads", None, None, None)
+        pages = _divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
+        rep = self._replicated()
+        return DecodeState(pages, pages, *([rep] * 10))
+
+    # -- API --------------------------------------------------------------------------------
+
+    def load_params(self, params: nnx.State) -> nnx.State:
+        """Place params on the sampler mesh (a cross-mesh ``device_put``, never a jit)."""
+        return jax.device_put(params, self.param_shardings(params))
+
+    def init_decode_state(self) -> DecodeState:
+        cfg, b = self.model_cfg, self.max_concurrent_decodes
+        self.allocator = PageAllocator(self.num_pages)
+        self._slot_pages = [[] for _ in range(b)]
+        self._host_positions[:] = 0
+        self._host_active[:] = False
+        shape = (
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            self.num_pages,
+            self.sampling_cfg.page_size,
+            cfg.head_dim,
+        )
+        dtype = jnp.dtype(cfg.dtype)
+        s = SlotSampling.from_config(self.sampling_cfg)
+
+        def make():
+            zeros_i = jnp.zeros(b, jnp.int32)
+            return DecodeState(
+                k_pages=jnp.zeros(shape, dtype),
+                v_pages=jnp.zeros(shape, dtype),
+                tokens=zeros_i,
+                positions=zeros_i,
+                page_table=jnp.zeros((b, self.pages_per_slot), jnp.int32),
+                active=jnp.zeros(b, bool),
+                keys=jnp.zeros((b, 2), jnp.uint32),
+                steps=zeros_i,
+                temperature=jnp.full(b, s.temperature, jnp.float32),
+                top_k=jnp.full(b, s.top_k, jnp.int32),
+                top_p=jnp.full(b, s.top_p, jnp.float32),
+                min_p=jnp.full(b, s.min_p, jnp.float32),
+            )
+
+        return jax.jit(make, out_shardings=self._decode_state_shardings())()
+
+    def bucket_for(self, length: int) -> int:
+        """The padded length a prompt of ``length`` tokens is prefilled at."""
+        for b in self.buckets:
+            if length <= b:
+                return b
+        raise ValueError(
+            f"sequence of {length} tokens exceeds the largest prefill bucket {self.buckets[-1]}; "
+            "raise sampling.max_prefill_length or shorten the prompt"
+        )
+
+    def prefill(
+        self, *, params: nnx.State, padded_tokens: np.ndarray, true_length: int
+    ) -> tuple[Prefix, ResultTokens]:
+        """Cache the first ``true_length - 1`` tokens; the last is fed by ``generate``."""
+        padded_tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
+        if not 1 <= true_length <= padded_tokens.shape[0]:
+            raise ValueError(
+                f"true_length={true_length} must be in [1, {padded_tokens.shape[0]}] "
+                "(the padded prompt's length)"
+            )
+        bucket = self.bucket_for(padded_tokens.shape[0])
+        tokens = np.zeros(bucket, np.int32)
+        tokens[: padded_tokens.shape[0]] = padded_tokens
+        k, v = self._prefill(params, jnp.asarray(tokens[None]), jnp.int32(true_length - 1))
+        prefix = Prefix(k, v, length=true_length - 1, next_token=int(tokens[true_length - 1]))
+        b = self.max_concurrent_decodes
+        empty = ResultTokens(
+            np.zeros(b, np.int32), np.zeros(b, bool), np.zeros(b, np.int32), np.zeros(b)
+        )
+        return prefix, empty
+
+    def insert(
+        self,
+        prefix: Prefix,
+        decode_state: DecodeState,
+        slot: int,
+        *,
+        seed: int = 0,
+        sampling: SlotSampling | None = None,
+    ) -> DecodeState:
+        """Copy ``prefix`` into ``slot``'s pages and arm the slot (raises OutOfPages)."""
+        if self._host_active[slot]:
+            raise ValueError(f"slot {slot} is busy; free_slot() it before insert")
+        z = self.sampling_cfg.page_size
+        pages = self.allocator.allocate(prefix.length // z + 1)
+        self._slot_pages[slot] = pages
+        row = np.zeros(self.pages_per_slot, np.int32)
+        row[: len(pages)] = pages
+        s = sampling or SlotSampling.from_config(self.sampling_cfg)
+        key = jax.random.key_data(jax.random.key(seed)).astype(jnp.uint32)
+        self._host_positions[slot] = prefix.length
+        self._host_active[slot] = True
+        return self._insert(
+            decode_state,
+            prefix.k,
+            prefix.v,
+            jnp.asarray(row),
+            jnp.int32(slot),
+            jnp.int32(prefix.length),
+            jnp.int32(prefix.next_token),
+            key,
+            jnp.asarray([s.temperature, s.top_p, s.min_p], jnp.float32),
+            jnp.int32(s.top_k),
+        )
+
+    def bulk_insert(
+        self, prefix: Prefix, decode_state: DecodeState, slots, *, seeds, sampling=None
+    ):
+        """Insert one prefix into several slots (the G samples of a group)."""
+        for slot, seed in zip(slots, seeds, strict=True):
+            decode_state = self.insert(prefix, decode_state, slot, seed=seed, sampling=sampling)
+        return decode_state
+
+    def free_slot(self, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Return ``slot``'s pages to the pool and park the slot on the null page."""
+        self.allocator.release(self._slot_pages[slot])
+        self._slot_pages[slot] = []
+        self._host_active[slot] = False
+        return self._free(decode_state, jnp.int32(slot))
+
+    def slot_length(self, slot: int) -> int:
+        """Tokens cached for ``slot`` (prompt and generated)."""
+        return int(self._host_positions[slot])
+
+    def generate(self, params: nnx.State, decode_state: DecodeState):
+        """One token for every active slot. Grows page tables first (raises OutOfPages)."""
+        z = self.sampling_cfg.page_size
+        need = [
+            s
+            for s in np.flatnonzero(self._host_active)
+            if self._host_positions[s] // z >= len(self._slot_pages[s])
+        ]
+        if len(need) > self.allocator.free_count:
+            raise OutOfPages([int(s) for s in need])
+        rows, cols, vals = [], [], []
+        for s in need:
+            (page,) = self.allocator.allocate(1)
+            rows.append(s)
+            cols.append(len(self._slot_pages[s]))
+            vals.append(page)
+            self._slot_pages[s].append(page)
+        if need:
+            decode_state = self._grow(
+                decode_state,
+                jnp.asarray(rows, jnp.int32),
+                jnp.asarray(cols, jnp.int32),
+                jnp.asarray(vals, jnp.int32),
+            )
+        decode_state, tokens, logprobs = self._generate(params, decode_state)
+        self._host_positions[self._host_active] += 1
+        tokens, logprobs, steps = jax.device_get((tokens, logprobs, decode_state.steps))
+        result = ResultTokens(tokens, self._host_active.copy(), steps, logprobs)
+        return decode_state, result
+
+    # -- compiled pieces --------------------------------------------------------------------
+
+    def _model(self, params) -> Decoder:
+        return nnx.merge(self._graphdef, params)
+
+    def _build_jits(self):
+        state_sh = self._decode_state_shardings()
+        prefix_sh = self.get_prefix_destination_sharding()
+
+        @functools.partial(jax.jit, out_shardings=(prefix_sh.k, prefix_sh.v))
+        def prefill(params, tokens_1t, length):
+            t = tokens_1t.shape[1]
+            positions = jnp.arange(t)[None]
+            segments = (positions < length).astype(jnp.int32)
+            _, (k, v) = self._model(params)(tokens_1t, positions, segments, return_kv=True)
+            return k[:, 0], v[:, 0]
+
+        @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
+        def insert(state, k, v, row, slot, length, token, key, floats, top_k):
+            z = state.k_pages.shape[3]
+            pos = jnp.arange(k.shape[1])
+            page = jnp.where(pos < length, row[jnp.minimum(pos // z, row.shape[0] - 1)], 0)
+            off = pos % z
+            kp = state.k_pages.at[:, :, page, off].set(k.transpose(0, 2, 1, 3))
+            vp = state.v_pages.at[:, :, page, off].set(v.transpose(0, 2, 1, 3))
+            return state.replace(
+                k_pages=kp,
+                v_pages=vp,
+                tokens=state.tokens.at[slot].set(token),
+                positions=state.positions.at[slot].set(length),
+                page_table=state.page_table.at[slot].set(row),
+                active=state.active.at[slot].set(True),
+                keys=state.keys.at[slot].set(key),
+                steps=state.steps.at[slot].set(0),
+                temperature=state.temperature.at[slot].set(floats[0]),
+                top_p=state.top_p.at[slot].set(floats[1]),
+                min_p=state.min_p.at[slot].set(floats[2]),
+                top_k=state.top_k.at[slot].set(top_k),
+            )
+
+        @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
+        def free(state, slot):
+            return state.replace(
+                page_table=state.page_table.at[slot].set(0),
+                active=state.active.at[slot].set(False),
+            )
+
+        @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
+        def grow(state, rows, cols, vals):
+            return state.replace(page_table=state.page_table.at[rows, cols].set(vals))
+
+        @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, None, None))
+        def generate(params, state):
+            model = self._model(params)
+            hidden, kp, vp = model.decode(
+                state.tokens,
+                state.positions,
+                state.k_pages,
+                state.v_pages,
+                state.page_table,
+                attention_fn=self._attention_fn,
+            )
+            logits = model.logits(hidden)
+            keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(
+                state.keys, state.steps
+            )
+            tokens, logprobs = sampling.sample(
+                logits,
+                keys,
+                state.temperature,
+                state.top_k,
+                state.top_p,
+                state.min_p,
+                use_filters=self._use_filters,
+            )
+            live = state.active
+            new = state.replace(
+                k_pages=kp,
+                v_pages=vp,
+                tokens=jnp.where(live, tokens, state.tokens),
+                positions=state.positions + live,
+                steps=state.steps + live,
+            )
+            return new, tokens, logprobs
+
+        self._prefill, self._insert, self._free = prefill, insert, free
+        self._grow, self._generate = grow, generate
+
+
+def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
+    """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
+    axes = sharding.spec[dim]
+    axes = (axes,) if isinstance(axes, str) else (axes or ())
+    if size % math.prod(sharding.mesh.shape[a] for a in axes) == 0:
+        return sharding
+    spec = list(sharding.spec)
+    spec[dim] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))

@@ -1,0 +1,336 @@
+"""The continuous-batching driver: keeps every engine slot busy from a request stream.
+
+A request asks for ``num_samples`` responses to one prompt (a GRPO group). Its prompt is
+prefilled once; each sample takes the next free slot and draws its tokens independently. Slots
+are refilled as soon as a sequence finishes, so a long-tailed response length distribution
+does not idle the batch the way static batching does.
+
+Every sampled token is tagged with the params version that produced it. Params can be swapped
+between ``generate`` calls (:meth:`Sampler.set_params`):
+- ``inflight``: keep the KV cache and continue (PipelineRL-style in-flight update);
+- ``recompute``: re-prefill every running sequence under the new params;
+- ``drain``: admit nothing new until running sequences finish, then swap.
+
+A running sample can be interrupted (partial rollout); it is kept with the tokens it has and
+resumes later from its prefix (prompt + tokens so far), re-prefilled under the current params.
+When the page pool runs out, the youngest running sample is preempted the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rljax.engine.engine import DecodeState, Engine, OutOfPages, Prefix, SlotSampling
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclasses.dataclass
+class Request:
+    """One prompt and how to sample it."""
+
+    prompt_tokens: Sequence[int]
+    num_samples: int = 1
+    max_new_tokens: int | None = None  # None: the engine's sampling.max_new_tokens
+    seed: int = 0
+    sampling: SlotSampling | None = None
+    payload: Any = None  # carried to the Trajectory (e.g. the task example)
+    request_id: int = -1  # assigned by submit()
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """A finished response with everything the learner needs."""
+
+    prompt_tokens: list[int]
+    response_tokens: list[int]
+    logprobs: list[float]  # behaviour log-prob of each response token
+    versions: list[int]  # params version that produced each response token
+    finish_reason: str
+    group_id: int  # the request id: samples of one prompt share it
+    sample_index: int
+    payload: Any = None
+    reward: float | None = None
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions) if self.versions else -1
+
+
+@dataclasses.dataclass
+class _Sample:
+    request: Request
+    index: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    order: int = 0  # admission order: the highest is the youngest
+
+    @property
+    def budget(self) -> int:
+        return self.request.max_new_tokens
+
+    def to_trajectory(self, reason: str) -> Trajectory:
+        r = self.request
+        return Trajectory(
+            list(r.prompt_tokens),
+            self.tokens,
+            self.logprobs,
+            self.versions,
+            reason,
+            r.request_id,
+            self.index,
+            r.payload,
+        )
+
+
+class Sampler:
+    """Drives an :class:`Engine` with continuous batching on the sampler mesh."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        params,
+        *,
+        version: int = 0,
+        stop_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        detokenize: Callable[[list[int]], str] | None = None,
+        swap_mode: str | None = None,
+    ):
+        if stop_strings and detokenize is None:
+            raise ValueError("stop_strings need a detokenize function to read the text")
+        self.engine = engine
+        self.params = params
+        self.version = version
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.stop_strings = tuple(stop_strings)
+        self.detokenize = detokenize
+        self.swap_mode = swap_mode or engine.sampling_cfg.swap_mode
+        self.state: DecodeState = engine.init_decode_state()
+        self._slots: list[_Sample | None] = [None] * engine.max_concurrent_decodes
+        self._queue: collections.deque[_Sample] = collections.deque()  # resumable samples
+        self._pending: collections.deque[tuple[Prefix, list[_Sample]]] = collections.deque()
+        self._requests: collections.deque[Request] = collections.deque()
+        self._held: dict[int, list[_Sample]] = {}  # interrupted, by request id
+        self._next_id = itertools.count()
+        self._order = itertools.count()
+        self._staged: tuple[Any, int] | None = None
+        self.stats = collections.Counter()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, requests: Sequence[Request]) -> list[int]:
+        """Queue requests; checks each before any is queued. Returns their request ids."""
+        budget = self.engine.sampling_cfg.max_new_tokens
+        for r in requests:
+            n = len(r.prompt_tokens)
+            if n == 0:
+                raise ValueError("a request's prompt_tokens is empty; give at least one token")
+            if n > self.engine.max_prefill_length:
+                raise ValueError(
+                    f"prompt of {n} tokens is longer than sampling.max_prefill_length="
+                    f"{self.engine.max_prefill_length}; raise it or truncate the prompt"
+                )
+            if r.max_new_tokens is not None and not 0 < r.max_new_tokens <= budget:
+                raise ValueError(
+                    f"max_new_tokens={r.max_new_tokens} must be in [1, {budget}] "
+                    "(sampling.max_new_tokens bounds the KV cache)"
+                )
+            if r.num_samples < 1:
+                raise ValueError(f"num_samples={r.num_samples} must be >= 1")
+        ids = []
+        for r in requests:
+            r.request_id = next(self._next_id)
+            if r.max_new_tokens is None:
+                r.max_new_tokens = budget
+            self._requests.append(r)
+            ids.append(r.request_id)
+        return ids
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    def has_work(self) -> bool:
+        return bool(self.busy_slots or self._queue or self._pending or self._requests)
+
+    # -- params -----------------------------------------------------------------------------
+
+    def set_params(self, params, version: int) -> None:
+        """Stage new params; they take effect at the next generate boundary per swap mode."""
+        self._staged = (params, version)
+
+    def _apply_staged(self) -> None:
+        if self._staged is None:
+            return
+        if self.swap_mode == "drain" and self.busy_slots:
+            return
+        self.params, self.version = self._staged
+        self._staged = None
+        self.stats["swaps"] += 1
+        if self.swap_mode == "recompute":
+            for slot, s in enumerate(self._slots):
+                if s is not None:
+                    self._evict(slot, front=True)
+
+    # -- interruption -----------------------------------------------------------------------
+
+    def interrupt(self, request_id: int) -> int:
+        """Hold every running or queued sample of a request; returns how many were held."""
+        held = self._held.setdefault(request_id, [])
+        for slot, s in enumerate(self._slots):
+            if s is not None and s.request.request_id == request_id:
+                self.state = self.engine.free_slot(self.state, slot)
+                self._slots[slot] = None
+                held.append(s)
+        for q in (self._queue,):
+            keep = [s for s in q if s.request.request_id != request_id]
+            held.extend(s for s in q if s.request.request_id == request_id)
+            q.clear()
+            q.extend(keep)
+        for i, (prefix, samples) in enumerate(list(self._pending)):
+            mine = [s for s in samples if s.request.request_id == request_id]
+            held.extend(mine)
+            self._pending[i] = (prefix, [s for s in samples if s not in mine])
+        for r in list(self._requests):
+            if r.request_id == request_id:
+                self._requests.remove(r)
+                held.extend(_Sample(r, i) for i in range(r.num_samples))
+        self.stats["interrupted"] += len(held)
+        return len(held)
+
+    def resume(self, request_id: int) -> None:
+        """Queue a held request's samples again; they continue from their prefixes."""
+        self._queue.extend(self._held.pop(request_id, []))
+
+    def abort(self, request_id: int) -> None:
+        """Drop a request entirely (e.g. surplus of a redundant rollout)."""
+        self.interrupt(request_id)
+        self._held.pop(request_id, None)
+
+    def _evict(self, slot: int, *, front: bool) -> None:
+        s = self._slots[slot]
+        self.state = self.engine.free_slot(self.state, slot)
+        self._slots[slot] = None
+        (self._queue.appendleft if front else self._queue.append)(s)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _prefill(self, tokens: list[int]) -> Prefix:
+        prefix, _ = self.engine.prefill(
+            params=self.params, padded_tokens=np.asarray(tokens), true_length=len(tokens)
+        )
+        self.stats["prefills"] += 1
+        return prefix
+
+    def _next_sample(self) -> tuple[Prefix, _Sample] | None:
+        while self._pending and not self._pending[0][1]:
+            self._pending.popleft()
+        if self._pending:
+            prefix, samples = self._pending[0]
+            return prefix, samples.pop(0)
+        if self._queue:  # resumed: prefill its own prompt + tokens so far
+            s = self._queue.popleft()
+            return self._prefill(list(s.request.prompt_tokens) + s.tokens), s
+        if self._requests:
+            r = self._requests.popleft()
+            samples = [_Sample(r, i) for i in range(r.num_samples)]
+            self._pending.append((self._prefill(list(r.prompt_tokens)), samples))
+            return self._next_sample()
+        return None
+
+    def _fill_slots(self) -> None:
+        if self._staged is not None and self.swap_mode == "drain":
+            return
+        for slot in range(len(self._slots)):
+            if self._slots[slot] is not None:
+                continue
+            nxt = self._next_sample()
+            if nxt is None:
+                return
+            prefix, s = nxt
+            r = s.request
+            try:
+                self.state = self.engine.insert(
+                    prefix,
+                    self.state,
+                    slot,
+                    seed=_sample_seed(r.seed, s.index, len(s.tokens)),
+                    sampling=r.sampling,
+                )
+            except OutOfPages:
+                self._queue.appendleft(s)
+                return
+            s.order = next(self._order)
+            self._slots[slot] = s
+
+    def _preempt_youngest(self) -> None:
+        busy = [(s.order, slot) for slot, s in enumerate(self._slots) if s is not None]
+        _, slot = max(busy)
+        self._evict(slot, front=True)
+        self.stats["preempted"] += 1
+
+    def step(self) -> list[Trajectory]:
+        """Fill free slots, run one generate, and return the sequences that finished."""
+        self._apply_staged()
+        self._fill_slots()
+        if not self.busy_slots:
+            return []
+        while True:
+            try:
+                self.state, result = self.engine.generate(self.params, self.state)
+                break
+            except OutOfPages:
+                if self.busy_slots == 1:
+                    raise RuntimeError(
+                        "the KV page pool cannot hold even one sequence; raise sampling.num_pages"
+                    ) from None
+                self._preempt_youngest()
+        self.stats["generate_steps"] += 1
+        finished = []
+        for slot, s in enumerate(self._slots):
+            if s is None or not result.valid[slot]:
+                continue
+            token = int(result.tokens[slot])
+            s.tokens.append(token)
+            s.logprobs.append(float(result.logprobs[slot]))
+            s.versions.append(self.version)
+            self.stats["tokens"] += 1
+            reason = self._finish_reason(s, token)
+            if reason:
+                self.state = self.engine.free_slot(self.state, slot)
+                self._slots[slot] = None
+                finished.append(s.to_trajectory(reason))
+        return finished
+
+    def _finish_reason(self, s: _Sample, token: int) -> str | None:
+        if token in self.stop_ids:
+            return FINISH_STOP
+        if self.stop_strings:
+            text = self.detokenize(s.tokens)
+            if any(stop in text for stop in self.stop_strings):
+                return FINISH_STOP
+        if len(s.tokens) >= s.budget:
+            return FINISH_LENGTH
+        return None
+
+    def run(self, requests: Sequence[Request] = ()) -> list[Trajectory]:
+        """Submit ``requests`` and step until everything queued has finished."""
+        self.submit(requests)
+        out = []
+        while self.has_work():
+            out.extend(self.step())
+        return out
+
+
+def _sample_seed(seed: int, index: int, resumed_at: int) -> int:
+    """A per-sample seed, independent of which slot or batch the sample lands in."""
+    return (seed * 1_000_003 + index * 7919 + resumed_at * 104_729) % (2**31 - 1)
