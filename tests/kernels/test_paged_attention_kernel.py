@@ -1,5 +1,7 @@
 """Paged decode attention: Pallas (interpret mode) and XLA paths against the reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,14 @@ POOL = 32
 HEAD_DIM = 16
 # Covers empty, one token, mid-page (not a multiple of the page or the block) and full slots.
 LENGTHS = (0, 1, PAGE + 3, PAGES_PER_SEQ * PAGE)
+# Interpret-mode kernels are big XLA programs; optimising them costs more than running them.
+fast_jit = functools.partial(
+    jax.jit,
+    compiler_options={
+        "xla_backend_optimization_level": 0,
+        "xla_llvm_disable_expensive_passes": True,
+    },
+)
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 
 
@@ -58,9 +68,11 @@ def dense_reference(q, k, v, lengths, table):
 )
 def test_pallas_matches_reference(n_heads, kv_heads, dtype):
     q, k, v, lengths, table = make_inputs(n_heads, kv_heads, dtype)
-    out = paged_decode_attention(
-        q, k, v, lengths, table, impl="pallas", block_sizes=BlockSizes(pages_per_block=2)
-    )
+    out = fast_jit(
+        lambda *a: paged_decode_attention(
+            *a, impl="pallas", block_sizes=BlockSizes(pages_per_block=2)
+        )
+    )(q, k, v, lengths, table)
     want = dense_reference(q, k, v, lengths, table)
     assert out.shape == q.shape and out.dtype == q.dtype
     np.testing.assert_allclose(
@@ -73,16 +85,14 @@ def test_pallas_matches_reference(n_heads, kv_heads, dtype):
 def test_tpu_interpreter_and_other_block_sizes(pages_per_block):
     """The kernel under the TPU interpreter, which NaN-fills scratch and models DMAs."""
     q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, seed=1)
-    out = paged_decode_attention_kernel(
-        q,
-        k,
-        v,
-        lengths,
-        table,
-        sm_scale=1 / np.sqrt(HEAD_DIM),
-        block_sizes=BlockSizes(pages_per_block),
-        interpret=pltpu.InterpretParams(),
-    )
+    out = fast_jit(
+        lambda *a: paged_decode_attention_kernel(
+            *a,
+            sm_scale=1 / np.sqrt(HEAD_DIM),
+            block_sizes=BlockSizes(pages_per_block),
+            interpret=pltpu.InterpretParams(),
+        )
+    )(q, k, v, lengths, table)
     want = dense_reference(q, k, v, lengths, table)
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
 
@@ -109,9 +119,9 @@ def test_xla_path_and_reference_agree_with_numpy():
 def test_sharded_over_batch_and_heads():
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, seed=3, batch=8)
-    out = sharded_paged_decode_attention(
-        mesh, "data", "model", q, k, v, lengths, table, impl="pallas"
-    )
+    out = fast_jit(
+        lambda *a: sharded_paged_decode_attention(mesh, "data", "model", *a, impl="pallas")
+    )(q, k, v, lengths, table)
     np.testing.assert_allclose(out, dense_reference(q, k, v, lengths, table), atol=2e-5)
 
 
