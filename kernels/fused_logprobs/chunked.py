@@ -28,8 +28,10 @@ def _logits(hidden, unembed_chunk, temperature):
 
 
 def _chunks(vocab: int, block_v: int):
-    """(number of full chunks, width of the ragged tail chunk or 0)."""
-    return vocab // block_v, vocab % block_v
+    """(chunk width, number of full chunks, width of the ragged tail chunk or 0)."""
+    # A chunk wider than the vocabulary would not even trace inside the loop body.
+    block_v = min(block_v, vocab)
+    return block_v, vocab // block_v, vocab % block_v
 
 
 def logprob_stats_chunked(hidden, unembed, targets, *, temperature: float, block_v: int):
@@ -45,7 +47,7 @@ def logprob_stats_chunked(hidden, unembed, targets, *, temperature: float, block
     """
     tokens = hidden.shape[0]
     vocab = unembed.shape[1]
-    num_full, tail = _chunks(vocab, block_v)
+    block_v, num_full, tail = _chunks(vocab, block_v)
     targets = targets.astype(jnp.int32)
 
     def update(state, z, col0):
@@ -68,7 +70,8 @@ def logprob_stats_chunked(hidden, unembed, targets, *, temperature: float, block
 
     zeros = jnp.zeros((tokens,), _F32)
     state = (jnp.full((tokens,), -jnp.inf, _F32), zeros, zeros, zeros)
-    state = jax.lax.fori_loop(0, num_full, body, state)
+    if num_full:  # a vocabulary narrower than one chunk is all tail
+        state = jax.lax.fori_loop(0, num_full, body, state)
     if tail:
         col0 = num_full * block_v
         state = update(state, _logits(hidden, unembed[:, col0:], temperature), col0)
@@ -93,7 +96,7 @@ def logprob_grads_chunked(
       (d_hidden [T, D] in hidden's dtype, d_unembed [D, V] in unembed's dtype).
     """
     vocab = unembed.shape[1]
-    num_full, tail = _chunks(vocab, block_v)
+    block_v, num_full, tail = _chunks(vocab, block_v)
     targets = targets.astype(jnp.int32)
     g_logp = g_logp.astype(_F32)[:, None]
     g_ent = g_ent.astype(_F32)[:, None]
@@ -125,7 +128,7 @@ def logprob_grads_chunked(
         return d_hidden + dh, d_unembed
 
     carry = (jnp.zeros(hidden.shape, _F32), jnp.zeros(unembed.shape, unembed.dtype))
-    d_hidden, d_unembed = jax.lax.fori_loop(0, num_full, body, carry)
+    d_hidden, d_unembed = jax.lax.fori_loop(0, num_full, body, carry) if num_full else carry
     if tail:
         col0 = num_full * block_v
         dh, dw = grads(unembed[:, col0:], col0)
