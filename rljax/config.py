@@ -205,7 +205,8 @@ class LearnerConfig:
     grad_clip: float = 1.0
 
     def __post_init__(self):
-        _one_of("learner.loss", self.loss, LOSSES)
+        if not isinstance(self.loss, str) or not self.loss:
+            _fail("learner.loss", self.loss, f"a registered loss name such as {', '.join(LOSSES)}")
         if not (isinstance(self.group_size, int) and self.group_size >= 2):
             _fail(
                 "learner.group_size",

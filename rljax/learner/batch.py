@@ -1,0 +1,160 @@
+"""Turn trajectories into packed, micro-batched training arrays.
+
+Sequences (prompt + response) are packed into rows of ``row_len`` tokens, told apart by segment
+ids, rather than padded to the longest one (:mod:`rljax.packing` decides the placement). At row
+position t the arrays hold the input token and everything about the *next* token, the one that
+position predicts: its id (``targets``), whether it is a trained response token (``mask``), its
+behaviour log-prob, advantage and policy version, and its weight in the loss.
+
+The weight encodes the loss aggregation, so micro-batches simply add up:
+- ``token_mean``: every response token of the batch weighs 1 / (response tokens in the batch);
+- ``seq_mean_token_mean``: a sequence's tokens weigh 1 / (sequences * its length);
+- ``constant``: 1 / (sequences * max_new_tokens), Dr. GRPO's length-unbiased sum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from rljax.packing import balance_microbatches, pack_sequences
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
+FIELDS = (
+    "tokens",
+    "positions",
+    "segment_ids",
+    "targets",
+    "mask",
+    "weights",
+    "old_logprobs",
+    "advantages",
+    "versions",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSequence:
+    """One sequence to train on: the response tokens follow ``prompt_len`` prompt tokens."""
+
+    tokens: Sequence[int]
+    prompt_len: int
+    logprobs: Sequence[float] = ()  # behaviour log-prob per response token
+    advantage: float = 0.0
+    versions: Sequence[int] = ()  # policy version per response token
+
+    @property
+    def response_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """Arrays shaped [micro_batches, rows, row_len], plus host-side counts."""
+
+    arrays: dict[str, np.ndarray]
+    num_sequences: int
+    num_tokens: int  # real (non-padding) tokens
+    num_response_tokens: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.arrays["tokens"].shape
+
+
+def _round_rows(n: int, multiple: int) -> int:
+    """Rows padded up to ``multiple * 2^k`` so batch shapes (and compiles) stay few."""
+    units = -(-n // multiple)
+    power = 1
+    while power < units:
+        power *= 2
+    return power * multiple
+
+
+def pack_batch(
+    seqs: Sequence[TrainSequence],
+    *,
+    row_len: int,
+    micro_batches: int = 1,
+    row_multiple: int = 1,
+    aggregation: str = "token_mean",
+    max_new_tokens: int = 0,
+) -> TrainBatch:
+    """Pack ``seqs`` into ``micro_batches`` equal micro-batches of rows.
+
+    ``row_multiple`` is the learner's data-parallel size: every micro-batch gets a multiple of
+    it rows, so each device holds whole rows.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r}; expected one of {AGGREGATIONS}")
+    if not seqs:
+        raise ValueError("pack_batch got no sequences")
+    if aggregation == "constant" and max_new_tokens <= 0:
+        raise ValueError("aggregation='constant' needs max_new_tokens > 0")
+    for i, s in enumerate(seqs):
+        if not 1 <= s.prompt_len < len(s.tokens) + 1:
+            raise ValueError(
+                f"sequence {i}: prompt_len={s.prompt_len} outside [1, {len(s.tokens)}]"
+            )
+        if s.logprobs and len(s.logprobs) != s.response_len:
+            raise ValueError(
+                f"sequence {i}: {len(s.logprobs)} log-probs for {s.response_len} response tokens"
+            )
+    rows = pack_sequences([len(s.tokens) for s in seqs], row_len=row_len)
+    n_rows = _round_rows(len(rows), micro_batches * row_multiple)
+    rows += [[] for _ in range(n_rows - len(rows))]
+    counts = [sum(len(seqs[i].tokens) for i in row) for row in rows]
+    order = [r for mb in balance_microbatches(counts, micro_batches) for r in mb]
+
+    n_resp = sum(s.response_len for s in seqs)
+    arrays = {
+        name: np.zeros((n_rows, row_len), np.float32 if name in _FLOATS else np.int32)
+        for name in FIELDS
+    }
+    for out_row, row in enumerate(order):
+        start = 0
+        for seg, i in enumerate(rows[row], start=1):
+            s = seqs[i]
+            _write(
+                arrays,
+                out_row,
+                start,
+                seg,
+                s,
+                _weight(s, aggregation, n_resp, len(seqs), max_new_tokens),
+            )
+            start += len(s.tokens)
+    per_mb = n_rows // micro_batches
+    arrays = {k: v.reshape(micro_batches, per_mb, row_len) for k, v in arrays.items()}
+    return TrainBatch(arrays, len(seqs), sum(len(s.tokens) for s in seqs), n_resp)
+
+
+_FLOATS = ("mask", "weights", "old_logprobs", "advantages")
+
+
+def _weight(s: TrainSequence, aggregation: str, n_resp: int, n_seqs: int, max_new: int) -> float:
+    if aggregation == "token_mean":
+        return 1.0 / max(n_resp, 1)
+    if aggregation == "seq_mean_token_mean":
+        return 1.0 / (n_seqs * max(s.response_len, 1))
+    return 1.0 / (n_seqs * max_new)
+
+
+def _write(arrays, row: int, start: int, seg: int, s: TrainSequence, weight: float) -> None:
+    n, p = len(s.tokens), s.prompt_len
+    sl = slice(start, start + n)
+    arrays["tokens"][row, sl] = s.tokens
+    arrays["positions"][row, sl] = np.arange(n)
+    arrays["segment_ids"][row, sl] = seg
+    # Position t predicts token t+1: the response tokens are predicted from p-1 .. n-2.
+    tgt = slice(start + p - 1, start + n - 1)
+    arrays["targets"][row, start : start + n - 1] = s.tokens[1:]
+    arrays["mask"][row, tgt] = 1.0
+    arrays["weights"][row, tgt] = weight
+    arrays["advantages"][row, tgt] = s.advantage
+    if s.logprobs:
+        arrays["old_logprobs"][row, tgt] = s.logprobs
+    if s.versions:
+        arrays["versions"][row, tgt] = s.versions

@@ -1,0 +1,186 @@
+"""The learner: a sharded, jit-compiled train step with micro-batching on the learner mesh.
+
+``Learner.step(batch)`` takes a packed :class:`~rljax.learner.batch.TrainBatch`, scans over its
+micro-batches accumulating gradients, then applies one optax AdamW update. Parameters and
+optimiser state live in their learner shardings (FSDP over 'fsdp', tensor parallel over
+'tensor'); the batch's rows are split over the data-parallel axis.
+
+Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never
+materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
+importance ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rljax.config import ConfigError, LearnerConfig
+from rljax.kernels.fused_logprobs import token_logprobs_and_entropy
+from rljax.learner.batch import TrainBatch
+from rljax.learner.losses import Loss, LossInputs, get_loss
+from rljax.models.sharding import LEARNER_RULES, ShardingRules, state_shardings
+
+
+def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
+    """AdamW with linear warmup and global-norm clipping."""
+    lr = cfg.learning_rate if learning_rate is None else learning_rate
+    schedule = (
+        optax.linear_schedule(0.0, lr, cfg.warmup_steps)
+        if cfg.warmup_steps
+        else optax.constant_schedule(lr)
+    )
+    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
+    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    return optax.chain(*parts), schedule
+
+
+def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
+    """How many ways the learner splits a batch's rows."""
+    axes = rules.rules["batch"]
+    axes = (axes,) if isinstance(axes, str) else (axes or ())
+    return int(np.prod([mesh.shape[a] for a in axes if a in mesh.shape]))
+
+
+def check_divisible(key: str, batch: int, dp: int) -> None:
+    """A batch of ``batch`` sequences must split evenly over ``dp`` data-parallel devices."""
+    if batch % dp:
+        raise ConfigError(
+            f"config key '{key}' gives a batch of {batch} sequences, not divisible over the "
+            f"{dp} data-parallel learner devices; use a multiple of {dp} or shrink the learner "
+            "mesh"
+        )
+
+
+class Learner:
+    """Owns the policy's params and optimiser state on the learner mesh."""
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        mesh: Mesh,
+        *,
+        rules: ShardingRules = LEARNER_RULES,
+        loss: str | Loss | None = None,
+        learning_rate: float | None = None,
+        temperature: float = 1.0,
+        ref_params: nnx.State | None = None,
+        logprob_impl: str = "auto",
+        version: int = 0,
+    ):
+        self.cfg = cfg
+        self.loss = get_loss(loss or cfg.loss)
+        self.mesh = mesh
+        self.rules = rules
+        self.graphdef = graphdef
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.logprob_impl = logprob_impl
+        self.dp = data_parallel_size(mesh, rules)
+        self.param_shardings = state_shardings(params, mesh, rules)
+        self.params = jax.device_put(params, self.param_shardings)
+        self.ref_params = None
+        if ref_params is not None and cfg.beta > 0:
+            self.ref_params = jax.device_put(ref_params, self.param_shardings)
+        self.tx, self.schedule = make_optimizer(cfg, learning_rate)
+        self.opt_state = jax.jit(self.tx.init)(self.params)
+        self.version = version
+        self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
+        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def _token_stats(self, params, mb: dict[str, jax.Array]):
+        """Log-prob and entropy of each row position's target token, [R, T] each."""
+        model = nnx.merge(self.graphdef, params)
+        hidden = model(mb["tokens"], mb["positions"], mb["segment_ids"])
+        r, t, d = hidden.shape
+        logp, ent = token_logprobs_and_entropy(
+            hidden.reshape(r * t, d),
+            model.unembed_dv,
+            mb["targets"].reshape(r * t),
+            temperature=self.temperature,
+            impl=self.logprob_impl,
+        )
+        return logp.reshape(r, t), ent.reshape(r, t)
+
+    def _micro_loss(self, params, ref_params, mb, version):
+        logp, entropy = self._token_stats(params, mb)
+        ref = None
+        if ref_params is not None:
+            ref = jax.lax.stop_gradient(self._token_stats(ref_params, mb)[0])
+        x = LossInputs(
+            logprobs=logp,
+            old_logprobs=mb["old_logprobs"],
+            advantages=mb["advantages"],
+            mask=mb["mask"],
+            entropy=jax.lax.stop_gradient(entropy),
+            segment_ids=mb["segment_ids"],
+            versions=mb["versions"],
+            learner_version=version,
+            ref_logprobs=ref,
+        )
+        per_token, metrics = self.loss.fn(x, self.cfg)
+        loss = jnp.sum(per_token * mb["weights"] * mb["mask"])
+        sums = {k: jnp.sum(v * mb["mask"]) for k, v in metrics.items()}
+        sums["tokens"] = jnp.sum(mb["mask"])
+        return loss, sums
+
+    def _train_step(self, params, opt_state, ref_params, batch, version):
+        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+
+        def micro(carry, mb):
+            grads, loss, sums = carry
+            (mb_loss, mb_sums), mb_grads = grad_fn(params, ref_params, mb, version)
+            grads = jax.tree.map(jnp.add, grads, mb_grads)
+            return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
+
+        first = jax.tree.map(lambda x: x[0], batch)
+        sums0 = jax.eval_shape(lambda: self._micro_loss(params, ref_params, first, version)[1])
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0)
+        init = (jax.tree.map(jnp.zeros_like, params), jnp.float32(0.0), zeros)
+        (grads, loss, sums), _ = jax.lax.scan(micro, init, batch)
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        tokens = jnp.maximum(sums.pop("tokens"), 1.0)
+        metrics = {k: v / tokens for k, v in sums.items()}
+        metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+        return params, opt_state, metrics
+
+    # -- API --------------------------------------------------------------------------------
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimiser update on ``batch``; the version (step count) advances by one."""
+        arrays = jax.device_put(batch.arrays, self._batch_sharding)
+        self.params, self.opt_state, metrics = self._step_fn(
+            self.params, self.opt_state, self.ref_params, arrays, jnp.int32(self.version)
+        )
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics["learning_rate"] = float(self.schedule(self.version))
+        self.version += 1
+        return metrics
+
+    @functools.cached_property
+    def _logprob_fn(self):
+        return jax.jit(lambda params, mb: self._token_stats(params, mb)[0])
+
+    def token_logprobs(self, batch: TrainBatch) -> np.ndarray:
+        """The current policy's log-probs of every target, shaped like ``batch.arrays``."""
+        arrays = jax.device_put(batch.arrays, self._batch_sharding)
+        out = [
+            self._logprob_fn(self.params, jax.tree.map(lambda x, i=i: x[i], arrays))
+            for i in range(batch.shape[0])
+        ]
+        return np.stack(jax.device_get(out))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pieces a checkpoint saves."""
+        return {"params": self.params, "opt_state": self.opt_state, "version": self.version}

@@ -1,0 +1,72 @@
+"""Split the devices into the sampler mesh and the learner mesh.
+
+``colocated``: both roles use every device (two Mesh objects over the same devices, each with
+its role's axes); the runtime time-shares them, which is the synchronous baseline.
+``split``: the first ``sampler_devices`` devices form the sampler mesh and the next
+``learner_devices`` the learner mesh; the two are disjoint, so weights cross between them with
+``jax.device_put`` (a jit cannot write outputs onto a disjoint mesh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+from jax.sharding import Mesh
+
+from rljax.config import ConfigError, MeshConfig
+from rljax.models.sharding import make_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The two meshes, and whether they share devices."""
+
+    sampler: Mesh
+    learner: Mesh
+    colocated: bool
+
+    @property
+    def sampler_devices(self) -> int:
+        return self.sampler.devices.size
+
+    @property
+    def learner_devices(self) -> int:
+        return self.learner.devices.size
+
+
+def _axes_mesh(devices, axes: dict[str, int], key: str) -> Mesh:
+    fixed = math.prod(v for v in axes.values() if v != -1)
+    if len(devices) % fixed or (-1 not in axes.values() and fixed != len(devices)):
+        raise ConfigError(
+            f"config key '{key}' gives mesh axes {axes} that do not fit {len(devices)} "
+            f"device(s); make their product divide the device count (use -1 for the rest)"
+        )
+    return make_mesh(devices, axes)
+
+
+def build_topology(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Topology:
+    """Meshes for ``cfg`` over ``devices`` (default: all), with clear errors when they don't fit."""
+    devices = list(jax.devices() if devices is None else devices)
+    learner_axes = {"fsdp": cfg.learner_fsdp, "tensor": cfg.learner_tensor}
+    sampler_axes = {"data": cfg.sampler_data, "tensor": cfg.sampler_tensor}
+    if cfg.mode == "colocated":
+        return Topology(
+            sampler=_axes_mesh(devices, sampler_axes, "mesh.sampler_*"),
+            learner=_axes_mesh(devices, learner_axes, "mesh.learner_*"),
+            colocated=True,
+        )
+    need = cfg.sampler_devices + cfg.learner_devices
+    if need > len(devices):
+        raise ConfigError(
+            f"config key 'mesh.sampler_devices' + 'mesh.learner_devices' = {need} is invalid: "
+            f"only {len(devices)} device(s) are visible; shrink the split or add devices "
+            "(on CPU set JAX_NUM_CPU_DEVICES)"
+        )
+    return Topology(
+        sampler=_axes_mesh(devices[: cfg.sampler_devices], sampler_axes, "mesh.sampler_*"),
+        learner=_axes_mesh(devices[cfg.sampler_devices : need], learner_axes, "mesh.learner_*"),
+        colocated=False,
+    )
