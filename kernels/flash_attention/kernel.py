@@ -36,7 +36,9 @@ _SUBLANES = 8
 
 def _last_kv_block(q_block, block_q, block_kv):
     """Index of the last kv tile a causal query tile needs."""
-    return ((q_block + 1) * block_q - 1) // block_kv
+    # lax.div truncates, equal to floor for these non-negative ints; `//` on a traced int adds a
+    # sign op, whose Mosaic lowering needs the chip's identity (breaks ahead-of-time export).
+    return jax.lax.div((q_block + 1) * block_q - 1, jnp.int32(block_kv))
 
 
 def _kernel(*refs, sm_scale, causal, has_segments, kv_len, padded_len, block_q, block_kv):
@@ -129,7 +131,7 @@ def flash_attention_fwd_kernel(
     def kv_index(bi, ni, qi, kj):
         if causal:
             kj = jnp.minimum(kj, _last_kv_block(qi, bq, bk))
-        return (bi, ni // group, kj, 0)
+        return (bi, jax.lax.div(ni, jnp.int32(group)), kj, 0)
 
     q_spec = pl.BlockSpec((None, None, bq, h), lambda bi, ni, qi, kj: (bi, ni, qi, 0))
     kv_spec = pl.BlockSpec((None, None, bk, h), kv_index)
