@@ -183,3 +183,24 @@ def load_math_examples(
         question, answer = _normalise(record, kind, path, row)
         examples.append({"id": row, "prompt": prompt_fn(question), "answer": answer})
     return examples
+
+
+def load_splits(data_cfg) -> tuple[list[dict], list[dict]]:
+    """Returns ``(train, heldout)`` examples for a GSM8K/MATH ``DataConfig``.
+
+    Uses ``data_cfg.task`` (``"gsm8k"`` or ``"math"``), ``path``, ``train_size`` and
+    ``heldout_size``. The last ``heldout_size`` rows of the file are held out and the first
+    ``train_size`` of the rest train, so the split depends on the file alone and is the same on
+    every host. Prompts are :func:`plain_prompt` text; the runtime applies any chat template.
+    """
+    if data_cfg.task not in ("gsm8k", "math"):
+        raise ValueError(f"data.task={data_cfg.task!r} is not a file task; use 'gsm8k' or 'math'.")
+    examples = load_math_examples(data_cfg.path, kind=data_cfg.task)
+    heldout_size = data_cfg.heldout_size
+    if len(examples) <= heldout_size:
+        raise ValueError(
+            f"{data_cfg.path} has {len(examples)} rows, not more than data.heldout_size="
+            f"{heldout_size}; lower heldout_size so some rows are left to train on."
+        )
+    train = examples[: len(examples) - heldout_size][: data_cfg.train_size]
+    return train, examples[len(examples) - heldout_size :]

@@ -118,3 +118,17 @@ def test_bad_files(tmp_path):
         math_tasks.load_math_examples(str(tmp_path / "data.csv"))
     with pytest.raises(ValueError, match="kind='aime' is not supported"):
         math_tasks.load_math_examples(str(tmp_path / "x.jsonl"), kind="aime")
+
+
+def test_load_splits_holds_out_the_last_rows(tmp_path):
+    from rljax.config import DataConfig
+
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(10)]
+    path = _write_jsonl(tmp_path / "gsm8k.jsonl", rows)
+    cfg = DataConfig(task="gsm8k", path=path, train_size=5, heldout_size=3)
+    train, heldout = math_tasks.load_splits(cfg)
+    assert [e["answer"] for e in train] == ["0", "1", "2", "3", "4"]
+    assert [e["answer"] for e in heldout] == ["7", "8", "9"]
+    big = DataConfig(task="gsm8k", path=path, train_size=5, heldout_size=10)
+    with pytest.raises(ValueError, match="has 10 rows, not more than data.heldout_size=10"):
+        math_tasks.load_splits(big)
