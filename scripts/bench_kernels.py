@@ -76,12 +76,10 @@ def bench_logprobs(args, figures):
     tb_naive = median_seconds(naive_bwd, *inputs, repeats=args.repeats)
     tb_fused = median_seconds(fused_bwd, *inputs, repeats=args.repeats)
     shape = f"T={args.tokens} D={args.dim} V={args.vocab}"
-    print(
-        f"log-probs fwd      {shape}: naive {t_naive * 1e3:8.1f} ms, fused {t_fused * 1e3:8.1f} ms"
-    )
-    print(
-        f"log-probs fwd+bwd  {shape}: naive {tb_naive * 1e3:8.1f} ms, fused {tb_fused * 1e3:8.1f} ms"
-    )
+    for label, naive, fused in (("fwd", t_naive, t_fused), ("fwd+bwd", tb_naive, tb_fused)):
+        print(
+            f"log-probs {label:8s} {shape}: naive {naive * 1e3:8.1f} ms, fused {fused * 1e3:8.1f} ms"
+        )
     figures["logprobs_fwd_naive_over_fused"] = round(t_naive / t_fused, 3)
     figures["logprobs_fwdbwd_naive_over_fused"] = round(tb_naive / tb_fused, 3)
     figures["logprobs_fwd_ms"] = {"naive": t_naive * 1e3, "fused_xla": t_fused * 1e3}
