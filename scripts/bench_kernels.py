@@ -78,7 +78,7 @@ def bench_logprobs(args, figures):
     shape = f"T={args.tokens} D={args.dim} V={args.vocab}"
     for label, naive, fused in (("fwd", t_naive, t_fused), ("fwd+bwd", tb_naive, tb_fused)):
         print(
-            f"log-probs {label:8s} {shape}: naive {naive * 1e3:8.1f} ms, fused {fused * 1e3:8.1f} ms"
+            f"log-probs {label:8s} {shape}: naive {naive * 1e3:.1f} ms, fused {fused * 1e3:.1f} ms"
         )
     figures["logprobs_fwd_naive_over_fused"] = round(t_naive / t_fused, 3)
     figures["logprobs_fwdbwd_naive_over_fused"] = round(tb_naive / tb_fused, 3)
