@@ -202,6 +202,12 @@ def sharded_flash_attention(mesh, batch_axes, head_axis, q, k, v, segment_ids=No
       [B, T, N, H] outputs, sharded like q; differentiable.
     """
     _validate(q, k, v, segment_ids)
+    batch_shards = sharding.axis_size(mesh, batch_axes)
+    if q.shape[0] % batch_shards:
+        raise ValueError(
+            f"q's B={q.shape[0]} must divide by the {batch_shards} shards of mesh axes "
+            f"{batch_axes!r}; pad the batch."
+        )
     if head_axis is not None:
         heads = sharding.axis_size(mesh, head_axis)
         if q.shape[2] % heads or k.shape[2] % heads:

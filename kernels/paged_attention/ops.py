@@ -152,6 +152,12 @@ def sharded_paged_decode_attention(
       [B, N, H] outputs, sharded like q.
     """
     _validate(q, k_pages, v_pages, lengths, page_table)
+    batch_shards = sharding.axis_size(mesh, batch_axes)
+    if q.shape[0] % batch_shards:
+        raise ValueError(
+            f"q's B={q.shape[0]} must divide by the {batch_shards} shards of mesh axes "
+            f"{batch_axes!r}; pad the batch."
+        )
     if head_axis is not None:
         heads = sharding.axis_size(mesh, head_axis)
         if q.shape[1] % heads or k_pages.shape[0] % heads:

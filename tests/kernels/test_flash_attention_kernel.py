@@ -183,3 +183,6 @@ def test_bad_options():
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     with pytest.raises(ValueError, match="K=2 heads must both divide by mesh axis 'model'"):
         sharded_flash_attention(mesh, "data", "model", q, k, v)
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    with pytest.raises(ValueError, match="q's B=2 must divide by the 4 shards of mesh axes 'data'"):
+        sharded_flash_attention(mesh, "data", "model", q, k, v)
