@@ -1,4 +1,4 @@
-"""Public fused token log-probs and entropy: checks, dispatch, custom_vjp, shard_map wrapper."""
+"""Public fused token log-probs and entropy: argument checks, dispatch and custom_vjp."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
-from rljax.kernels import dispatch, sharding, validation
+from rljax.kernels import dispatch, validation
 from rljax.kernels.fused_logprobs import block_sizes as block_sizes_lib
 from rljax.kernels.fused_logprobs.chunked import logprob_grads_chunked, logprob_stats_chunked
 from rljax.kernels.fused_logprobs.kernel import token_logprobs_kernel
@@ -17,7 +16,8 @@ _UNEMBED = "[D, V]"
 _TARGETS = "[T]"
 
 
-def _validate(hidden, unembed, targets):
+def validate(hidden, unembed, targets):
+    """Raises ValueError naming the first misshaped argument."""
     t, d = validation.check_array("hidden", hidden, _HIDDEN, 2)
     w_shape = validation.check_array("unembed", unembed, _UNEMBED, 2)
     validation.check_dim("unembed", w_shape, _UNEMBED, 0, d)
@@ -30,7 +30,8 @@ def _validate(hidden, unembed, targets):
     validation.check_integer("targets", targets, _TARGETS)
 
 
-def _forward_stats(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
+def forward_stats(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
+    """(logprobs, entropy, lse) [T] f32 from the Pallas kernel or the chunked jnp forward."""
     if not use_pallas:
         return logprob_stats_chunked(
             hidden, unembed, targets, temperature=temperature, block_v=block_sizes.block_v
@@ -53,14 +54,14 @@ def _forward_stats(hidden, unembed, targets, temperature, block_sizes, use_palla
     nondiff_argnames=("temperature", "block_sizes", "use_pallas", "interpret"),
 )
 def _fused(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
-    logp, ent, _ = _forward_stats(
+    logp, ent, _ = forward_stats(
         hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret
     )
     return logp, ent
 
 
 def _fused_fwd(hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret):
-    logp, ent, lse = _forward_stats(
+    logp, ent, lse = forward_stats(
         hidden, unembed, targets, temperature, block_sizes, use_pallas, interpret
     )
     return (logp, ent), (hidden, unembed, targets, lse, ent)
@@ -90,9 +91,10 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 @functools.partial(
     jax.jit, static_argnames=("temperature", "block_sizes", "use_pallas", "interpret")
 )
-def _token_logprobs_and_entropy(
+def token_logprobs_and_entropy_core(
     hidden, unembed, targets, *, temperature, block_sizes, use_pallas, interpret
 ):
+    """The jitted op with options already resolved by ``resolve_options``."""
     return _fused(
         hidden,
         unembed,
@@ -134,7 +136,21 @@ def token_logprobs_and_entropy(
       ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
         before anything is traced.
     """
-    _validate(hidden, unembed, targets)
+    validate(hidden, unembed, targets)
+    options = resolve_options(hidden.shape[0], unembed.shape[1], temperature, impl, block_sizes)
+    return token_logprobs_and_entropy_core(hidden, unembed, targets, **options)
+
+
+def resolve_options(tokens, vocab, temperature, impl, block_sizes):
+    """Checks and resolves the op's static options into keyword arguments for the jitted core.
+
+    Args:
+      tokens, vocab: T and V of the (per-device) problem; blocks are clamped to them.
+      temperature, impl, block_sizes: as in ``token_logprobs_and_entropy``.
+
+    Returns:
+      dict with temperature, block_sizes, use_pallas and interpret.
+    """
     backend = dispatch.resolve_impl(impl)
     validation.check_positive_scalar("temperature", temperature)
     if block_sizes is None:
@@ -143,41 +159,9 @@ def token_logprobs_and_entropy(
         raise ValueError(
             f"block_sizes must be a fused_logprobs BlockSizes or None, got {block_sizes!r}."
         )
-    return _token_logprobs_and_entropy(
-        hidden,
-        unembed,
-        targets,
+    return dict(
         temperature=float(temperature),
-        block_sizes=block_sizes.for_shape(hidden.shape[0], unembed.shape[1]),
+        block_sizes=block_sizes.for_shape(tokens, vocab),
         use_pallas=backend.use_pallas,
         interpret=backend.interpret,
     )
-
-
-def sharded_token_logprobs_and_entropy(mesh, batch_axes, hidden, unembed, targets, **kwargs):
-    """``token_logprobs_and_entropy`` under ``shard_map``, tokens split over ``batch_axes``.
-
-    The unembedding is replicated: each device handles its own tokens against the whole
-    vocabulary, so the forward needs no collectives; the unembedding's gradient is summed
-    across ``batch_axes`` by shard_map's transpose.
-
-    Args:
-      mesh: the ``jax.sharding.Mesh``.
-      batch_axes: mesh axis name (or tuple of names) sharding T; T must divide by its size.
-      hidden, unembed, targets: as in ``token_logprobs_and_entropy``.
-      **kwargs: ``temperature``, ``impl``, ``block_sizes``.
-
-    Returns:
-      (logprobs [T], entropy [T]), sharded over ``batch_axes``; differentiable.
-    """
-    _validate(hidden, unembed, targets)
-    shards = sharding.axis_size(mesh, batch_axes)
-    if hidden.shape[0] % shards:
-        raise ValueError(
-            f"hidden's T={hidden.shape[0]} tokens must divide by the {shards} shards of mesh "
-            f"axes {batch_axes!r}; pad the token batch."
-        )
-    fn = functools.partial(token_logprobs_and_entropy, **kwargs)
-    row = P(batch_axes)
-    in_specs = (P(batch_axes, None), P(None, None), row)
-    return sharding.run_sharded(fn, mesh, in_specs, (row, row), (hidden, unembed, targets))

@@ -141,25 +141,47 @@ def test_never_materialises_logits():
     assert naive.compile().memory_analysis().temp_size_in_bytes >= logits_bytes
 
 
-def test_sharded_over_tokens():
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "fsdp"))
+@pytest.mark.parametrize(
+    "batch_axes, vocab_axis",
+    [(("data", "model"), None), ("data", "model"), (None, "model")],
+)
+def test_sharded_over_tokens_and_vocab(batch_axes, vocab_axis):
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     hidden, unembed, targets = make_inputs(jnp.float32, tokens=24)
 
     def sharded(h, w):
         return sharded_token_logprobs_and_entropy(
-            mesh, ("data", "fsdp"), h, w, targets, impl="pallas", block_sizes=BLOCKS
+            mesh,
+            batch_axes,
+            h,
+            w,
+            targets,
+            vocab_axis=vocab_axis,
+            temperature=0.7,
+            impl="pallas",
+            block_sizes=BLOCKS,
         )
 
-    ref = lambda h, w: token_logprobs_and_entropy_reference(h, w, targets)
+    ref = lambda h, w: token_logprobs_and_entropy_reference(h, w, targets, temperature=0.7)
     ((logp, ent), grads), ((want_logp, want_ent), want_grads) = fast_jit(
         lambda h, w: (values_and_grads(sharded, h, w), values_and_grads(ref, h, w))
     )(hidden, unembed)
     close(logp, want_logp, 2e-5)
     close(ent, want_ent, 2e-5)
-    for got, expected in zip(grads, want_grads):  # d_unembed is summed across token shards.
+    # d_unembed sums over token shards; d_hidden sums over vocabulary shards.
+    for got, expected in zip(grads, want_grads):
         close(got, expected, 1e-4)
+
+
+def test_sharded_rejects_indivisible_shapes():
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    hidden, unembed, targets = make_inputs(jnp.float32)
     with pytest.raises(ValueError, match="T=20 tokens must divide by the 8 shards"):
-        sharded_token_logprobs_and_entropy(mesh, ("data", "fsdp"), *make_inputs(jnp.float32))
+        sharded_token_logprobs_and_entropy(mesh, ("data", "model"), hidden, unembed, targets)
+    with pytest.raises(ValueError, match="V=99 must divide by the 2 shards of mesh axis 'model'"):
+        sharded_token_logprobs_and_entropy(
+            mesh, "data", hidden, unembed[:, :99], targets, vocab_axis="model"
+        )
 
 
 @pytest.mark.parametrize(
