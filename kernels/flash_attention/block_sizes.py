@@ -9,13 +9,13 @@ from rljax.kernels import dispatch
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """Tile sizes along the sequence for the forward kernel and the blockwise backward.
+    """Tile sizes along the sequence for the forward and backward kernels.
 
     Attributes:
       block_q: query rows per forward tile (sublane dim: multiple of 8).
       block_kv: key/value rows per forward tile; each score tile is [block_q, block_kv].
-      block_kv_bwd: key/value rows per step of the blockwise backward; its scan holds
-        [B, N, T, block_kv_bwd] probabilities, so this bounds the backward's working memory.
+      block_kv_bwd: key/value rows per backward tile (both backward kernels); the backward's
+        query tiles are block_q rows.
     """
 
     block_q: int = 128

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from rljax.kernels import dispatch, sharding, validation
 from rljax.kernels.flash_attention import block_sizes as block_sizes_lib
-from rljax.kernels.flash_attention.backward import flash_attention_bwd_blockwise
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
+from rljax.kernels.flash_attention.kernel_bwd import flash_attention_bwd_kernel
 from rljax.kernels.flash_attention.reference import flash_attention_reference
 
 _Q = "[B, T, N, H]"
@@ -76,9 +76,8 @@ def _flash_pallas_fwd(q, k, v, segment_ids, causal, sm_scale, kv_len, block_size
 
 
 def _flash_pallas_bwd(causal, sm_scale, kv_len, block_sizes, interpret, residuals, dout):
-    del interpret  # The backward is jnp; see backward.py and docs/kernels.md for why.
     q, k, v, segment_ids, out, lse = residuals
-    dq, dk, dv = flash_attention_bwd_blockwise(
+    dq, dk, dv = flash_attention_bwd_kernel(
         q,
         k,
         v,
@@ -89,7 +88,8 @@ def _flash_pallas_bwd(causal, sm_scale, kv_len, block_sizes, interpret, residual
         causal=causal,
         sm_scale=sm_scale,
         kv_len=kv_len,
-        block_kv=block_sizes.block_kv_bwd,
+        block_sizes=block_sizes,
+        interpret=interpret,
     )
     return dq, dk, dv, None
 
@@ -154,8 +154,8 @@ def flash_attention(
       block_sizes: override the tuned ``BlockSizes`` for this chip.
 
     Returns:
-      [B, T, N, H] in q's dtype. Gradients flow to q, k and v: on the Pallas path through a
-      blockwise-recompute backward (see ``backward.py``), on the XLA path by autodiff.
+      [B, T, N, H] in q's dtype. Gradients flow to q, k and v: on the Pallas path through the
+      Pallas backward kernels (``kernel_bwd.py``), on the XLA path by autodiff.
 
     Raises:
       ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised

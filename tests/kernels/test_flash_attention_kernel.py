@@ -1,4 +1,4 @@
-"""Flash attention: Pallas forward (interpret mode) and blockwise backward against references."""
+"""Flash attention: Pallas forward and backward (interpret mode) against the reference."""
 
 import functools
 
@@ -15,6 +15,7 @@ from rljax.kernels.flash_attention import (
     sharded_flash_attention,
 )
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
+from rljax.kernels.flash_attention.kernel_bwd import flash_attention_bwd_kernel
 
 SEQ = 20  # Not a multiple of the 8-row blocks: exercises padding and key masking.
 HEAD_DIM = 16
@@ -86,14 +87,12 @@ def test_pallas_matches_reference(n_heads, kv_heads, dtype, causal, with_segment
 
 
 def test_tpu_interpreter():
-    """The forward kernel under the TPU interpreter, which NaN-fills scratch memory."""
-    q, k, v, seg = make_inputs(4, 2, jnp.float32, batch=1)
+    """Forward and backward kernels under the TPU interpreter, which NaN-fills scratch."""
+    q, k, v, seg = make_inputs(2, 1, jnp.float32, batch=1)
     pad = 32 - SEQ  # A multiple of both block sizes.
     to_kernel = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
-    run = fast_jit(
-        flash_attention_fwd_kernel,
-        static_argnames=("causal", "sm_scale", "kv_len", "block_sizes", "interpret"),
-    )
+    static = ("causal", "sm_scale", "kv_len", "block_sizes", "interpret")
+    run = fast_jit(flash_attention_fwd_kernel, static_argnames=static)
     out, lse = run(
         to_kernel(q),
         to_kernel(k),
@@ -108,6 +107,27 @@ def test_tpu_interpreter():
     want = flash_attention_reference(q, k, v, seg, causal=True, sm_scale=0.25)
     close(out.transpose(0, 2, 1, 3)[:, :SEQ], want, 2e-5)
     assert np.isfinite(np.asarray(lse[:, :, :SEQ])).all()
+    # Backward kernels, against autodiff of the reference.
+    dout = jnp.asarray(np.random.default_rng(5).normal(size=q.shape), jnp.float32)
+    run_bwd = fast_jit(flash_attention_bwd_kernel, static_argnames=static)
+    grads = run_bwd(
+        to_kernel(q),
+        to_kernel(k),
+        to_kernel(v),
+        jnp.pad(seg, ((0, 0), (0, pad))),
+        out,
+        lse,
+        to_kernel(dout),
+        causal=True,
+        sm_scale=0.25,
+        kv_len=SEQ,
+        block_sizes=BlockSizes(8, 16, 16),
+        interpret=pltpu.InterpretParams(),
+    )
+    ref = lambda *a: flash_attention_reference(*a, seg, causal=True, sm_scale=0.25)
+    want_grads = jax.vjp(ref, q, k, v)[1](dout)
+    for got, expected in zip(grads, want_grads):
+        close(got.transpose(0, 2, 1, 3)[:, :SEQ], expected, 1e-4)
 
 
 def test_reference_matches_per_segment_dot_product_attention():

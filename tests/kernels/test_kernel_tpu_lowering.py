@@ -11,6 +11,7 @@ import pytest
 from jax import export
 from rljax.kernels.flash_attention import block_sizes as flash_bs
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
+from rljax.kernels.flash_attention.kernel_bwd import flash_attention_bwd_kernel
 from rljax.kernels.fused_logprobs import block_sizes as logprobs_bs
 from rljax.kernels.fused_logprobs.kernel import token_logprobs_kernel
 from rljax.kernels.paged_attention import block_sizes as paged_bs
@@ -63,6 +64,39 @@ def test_flash_attention_lowers(generation, with_segments):
         _S((2, 2, 1024, 128), _BF16),
         _S((2, 2, 1024, 128), _BF16),
         seg,
+    )
+
+
+@pytest.mark.parametrize("with_segments", [False, True])
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_flash_attention_backward_lowers(generation, with_segments):
+    sizes = flash_bs.TUNING_TABLE[generation]
+    seg = _S((2, 1024), _I32) if with_segments else None
+    q = _S((2, 8, 1024, 128), _BF16)
+    kv = _S((2, 2, 1024, 128), _BF16)
+    lse = _S((2, 8, 1024, 1), jnp.float32)
+    assert_lowers_to_mosaic(
+        lambda q, k, v, s, o, lse, do: flash_attention_bwd_kernel(
+            q,
+            k,
+            v,
+            s,
+            o,
+            lse,
+            do,
+            causal=True,
+            sm_scale=0.1,
+            kv_len=1000,
+            block_sizes=sizes,
+            interpret=False,
+        ),
+        q,
+        kv,
+        kv,
+        seg,
+        q,
+        lse,
+        q,
     )
 
 

@@ -1,0 +1,236 @@
+"""Pallas TPU kernels: flash attention backward (FlashAttention-2 style, two kernels).
+
+With P = exp(S - lse) recomputed per tile from the forward's log-sum-exp, and
+D = rowsum(dO * O) precomputed in jnp:
+
+    dV_j = sum_i P_ij^T dO_i,   dS_ij = P_ij * (dO_i V_j^T - D_i) * scale,
+    dK_j = sum_i dS_ij^T Q_i,   dQ_i = sum_j dS_ij K_j.
+
+- dK/dV kernel, grid (B, K, T/block_kv_bwd, G, T/block_q): one kv tile stays resident while
+  the G query heads that share it and all query tiles stream past; the GQA sum is just more
+  reduction steps, so K/V gradients are never materialised per query head.
+- dQ kernel, grid (B, N, T/block_q, T/block_kv_bwd): the forward's iteration order.
+
+Causal tiles that are entirely masked are skipped with ``pl.when``, and their index maps are
+clamped so the pipeline issues no DMA for them. Layout and segment-id broadcasting are as in
+``kernel.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from rljax.kernels.flash_attention.block_sizes import BlockSizes
+from rljax.kernels.flash_attention.kernel import _LANES, _SUBLANES
+
+_DIMS_T = (((1,), (1,)), ((), ()))  # a @ b.T
+_DIMS_N = (((1,), (0,)), ((), ()))  # a @ b
+_DIMS_TN = (((0,), (0,)), ((), ()))  # a.T @ b
+
+
+def _div(a, b: int):
+    """Non-negative traced int division that Mosaic lowers without chip info (see kernel.py)."""
+    return jax.lax.div(a, jnp.int32(b))
+
+
+def _probs_and_dscores(q, k, v, do, lse, delta, q_block, kv_block, qseg_ref, kvseg_ref, *, cfg):
+    """Recomputes P and dS for one [block_q, block_kv] tile; masked entries are exactly 0."""
+    s = jax.lax.dot_general(q, k, _DIMS_T, preferred_element_type=jnp.float32) * cfg["scale"]
+    col = kv_block * cfg["bk"] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    mask = col < cfg["kv_len"]
+    if cfg["causal"]:
+        row = q_block * cfg["bq"] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+        mask = mask & (col <= row)
+    if qseg_ref is not None:
+        mask = mask & (qseg_ref[:, :1] == kvseg_ref[:1, :])
+    p = jnp.where(mask, jnp.exp(s - lse), 0.0)
+    dp = jax.lax.dot_general(do, v, _DIMS_T, preferred_element_type=jnp.float32)
+    ds = p * (dp - delta) * cfg["scale"]
+    return p, ds
+
+
+def _dkv_kernel(*refs, cfg):
+    if cfg["has_segments"]:
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kvseg_ref) = refs[:8]
+        dk_ref, dv_ref, dk_acc, dv_acc = refs[8:]
+    else:
+        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
+        dk_ref, dv_ref, dk_acc, dv_acc = refs[6:]
+        qseg_ref = kvseg_ref = None
+    kj, g, qi = pl.program_id(2), pl.program_id(3), pl.program_id(4)
+
+    @pl.when((g == 0) & (qi == 0))
+    def _():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+    # Causal: query tiles ending before this kv tile starts see none of it.
+    run = (qi + 1) * cfg["bq"] > kj * cfg["bk"] if cfg["causal"] else True
+
+    @pl.when(run)
+    def _():
+        q, do = q_ref[...], do_ref[...]
+        p, ds = _probs_and_dscores(
+            q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], qi, kj,
+            qseg_ref, kvseg_ref, cfg=cfg,
+        )  # fmt: skip
+        dv_acc[...] += jax.lax.dot_general(
+            p.astype(do.dtype), do, _DIMS_TN, preferred_element_type=jnp.float32
+        )
+        dk_acc[...] += jax.lax.dot_general(
+            ds.astype(q.dtype), q, _DIMS_TN, preferred_element_type=jnp.float32
+        )
+
+    @pl.when((g == pl.num_programs(3) - 1) & (qi == pl.num_programs(4) - 1))
+    def _():
+        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+def _dq_kernel(*refs, cfg):
+    if cfg["has_segments"]:
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qseg_ref, kvseg_ref) = refs[:8]
+        dq_ref, dq_acc = refs[8:]
+    else:
+        q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
+        dq_ref, dq_acc = refs[6:]
+        qseg_ref = kvseg_ref = None
+    qi, kj = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(kj == 0)
+    def _():
+        dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+
+    run = kj <= _div((qi + 1) * cfg["bq"] - 1, cfg["bk"]) if cfg["causal"] else True
+
+    @pl.when(run)
+    def _():
+        k = k_ref[...]
+        _, ds = _probs_and_dscores(
+            q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], qi, kj,
+            qseg_ref, kvseg_ref, cfg=cfg,
+        )  # fmt: skip
+        dq_acc[...] += jax.lax.dot_general(
+            ds.astype(k.dtype), k, _DIMS_N, preferred_element_type=jnp.float32
+        )
+
+    @pl.when(kj == pl.num_programs(3) - 1)
+    def _():
+        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+
+
+def flash_attention_bwd_kernel(
+    q_bnth,
+    k_bkth,
+    v_bkth,
+    segment_ids,
+    out_bnth,
+    lse_bnt1,
+    dout_bnth,
+    *,
+    causal: bool,
+    sm_scale: float,
+    kv_len: int,
+    block_sizes: BlockSizes,
+    interpret,
+):
+    """Gradients wrt q, k, v on the heads-major, padded layout of ``kernel.py``.
+
+    Args:
+      q_bnth: [B, N, Tp, H]; k_bkth, v_bkth: [B, K, Tp, H].
+      segment_ids: [B, Tp] int32 or None.
+      out_bnth, lse_bnt1: the forward's output and log-sum-exp [B, N, Tp, 1].
+      dout_bnth: the output cotangent [B, N, Tp, H].
+      causal, sm_scale, kv_len: as in the forward.
+      block_sizes: block_q (query tiles) and block_kv_bwd (key tiles) must divide Tp.
+      interpret: ``pallas_call``'s interpret argument.
+
+    Returns:
+      (dq, dk, dv) in the dtypes of q, k, v.
+    """
+    b, n, tp, h = q_bnth.shape
+    kv_heads = k_bkth.shape[1]
+    group = n // kv_heads
+    bq, bk = block_sizes.block_q, block_sizes.block_kv_bwd
+    delta = jnp.sum(
+        dout_bnth.astype(jnp.float32) * out_bnth.astype(jnp.float32), axis=-1, keepdims=True
+    )
+    dout = dout_bnth.astype(q_bnth.dtype)
+    cfg = dict(
+        scale=sm_scale, bq=bq, bk=bk, kv_len=kv_len, causal=causal,
+        has_segments=segment_ids is not None,
+    )  # fmt: skip
+    seg_args = []
+    if segment_ids is not None:
+        seg = segment_ids.astype(jnp.int32)
+        seg_args = [
+            jnp.broadcast_to(seg[:, :, None], (b, tp, _LANES)),
+            jnp.broadcast_to(seg[:, None, :], (b, _SUBLANES, tp)),
+        ]
+    args = [q_bnth, k_bkth, v_bkth, dout, lse_bnt1, delta, *seg_args]
+
+    def specs(q_index, kv_index):
+        """BlockSpecs for args, given index maps returning (b, q_head, q_tile), (b, kv_head,
+        kv_tile)."""
+        q_tile = lambda *ix: (*q_index(*ix), 0)
+        kv_tile = lambda *ix: (*kv_index(*ix), 0)
+        row = pl.BlockSpec((None, None, bq, h), q_tile)
+        stat = pl.BlockSpec((None, None, bq, 1), q_tile)
+        kv = pl.BlockSpec((None, None, bk, h), kv_tile)
+        out = [row, kv, kv, row, stat, stat]
+        if segment_ids is not None:
+            qi_of = lambda *ix: q_index(*ix)[2]
+            kj_of = lambda *ix: kv_index(*ix)[2]
+            out.append(pl.BlockSpec((None, bq, _LANES), lambda *ix: (ix[0], qi_of(*ix), 0)))
+            out.append(pl.BlockSpec((None, _SUBLANES, bk), lambda *ix: (ix[0], 0, kj_of(*ix))))
+        return out, kv, row
+
+    # dK/dV: grid (B, K, kv tile, G, q tile).
+    def dkv_q_index(bi, ki, kj, g, qi):
+        if causal:  # Clamp fully masked leading query tiles onto the first needed one.
+            qi = jnp.maximum(qi, _div(kj * bk, bq))
+        return bi, ki * group + g, qi
+
+    in_specs, kv_spec, _ = specs(dkv_q_index, lambda bi, ki, kj, g, qi: (bi, ki, kj))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, cfg=cfg),
+        grid=(b, kv_heads, tp // bk, group, tp // bq),
+        in_specs=in_specs,
+        out_specs=[kv_spec, kv_spec],
+        out_shape=[
+            jax.ShapeDtypeStruct(k_bkth.shape, k_bkth.dtype),
+            jax.ShapeDtypeStruct(v_bkth.shape, v_bkth.dtype),
+        ],
+        scratch_shapes=[pltpu.VMEM((bk, h), jnp.float32), pltpu.VMEM((bk, h), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
+        ),
+        interpret=interpret,
+        name="rljax_flash_attention_dkv",
+    )(*args)
+
+    # dQ: grid (B, N, q tile, kv tile).
+    def dq_kv_index(bi, ni, qi, kj):
+        if causal:
+            kj = jnp.minimum(kj, _div((qi + 1) * bq - 1, bk))
+        return bi, _div(ni, group), kj
+
+    in_specs, _, row_spec = specs(lambda bi, ni, qi, kj: (bi, ni, qi), dq_kv_index)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, cfg=cfg),
+        grid=(b, n, tp // bq, tp // bk),
+        in_specs=in_specs,
+        out_specs=row_spec,
+        out_shape=jax.ShapeDtypeStruct(q_bnth.shape, q_bnth.dtype),
+        scratch_shapes=[pltpu.VMEM((bq, h), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=interpret,
+        name="rljax_flash_attention_dq",
+    )(*args)
+    return dq, dk, dv
