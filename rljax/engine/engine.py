@@ -70,8 +70,8 @@ class Prefix:
 
     k: jax.Array  # [L, T, K, H]
     v: jax.Array
-    length: int = struct.field(pytree_node=False)  # tokens cached (prompt length - 1)
-    next_token: int = struct.field(pytree_node=False)
+    length: np.ndarray  # int32 scalar: tokens cached (prompt length - 1)
+    next_token: np.ndarray  # int32 scalar
 
 
 @struct.dataclass
@@ -155,7 +155,7 @@ class Engine:
         self._slot_pages: list[list[int]] = [[] for _ in range(b)]
         self._host_positions = np.zeros(b, np.int64)
         self._host_active = np.zeros(b, bool)
-        self._table_dirty = False
+        self._host_table = np.zeros((b, self.pages_per_slot), np.int32)
         # Buckets beyond max_prefill_length exist only to re-prefill resumed sequences.
         buckets = list(sampling_cfg.buckets)
         while buckets[-1] < self.max_seq_len:
@@ -200,7 +200,8 @@ class Engine:
         """Where a Prefix must live before ``insert`` (JetStream API)."""
         kv = self._sharding(None, None, "kv_heads", None)
         kv = _divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
-        return Prefix(k=kv, v=kv, length=0, next_token=0)
+        rep = self._replicated()
+        return Prefix(k=kv, v=kv, length=rep, next_token=rep)
 
     def _decode_state_shardings(self) -> DecodeState:
         pages = self._sharding(None, "kv_heads", None, None, None)
@@ -220,6 +221,7 @@ class Engine:
         self._slot_pages = [[] for _ in range(b)]
         self._host_positions[:] = 0
         self._host_active[:] = False
+        self._host_table[:] = 0
         shape = (
             cfg.num_layers,
             cfg.num_kv_heads,
@@ -273,7 +275,7 @@ class Engine:
         tokens = np.zeros(bucket, np.int32)
         tokens[: padded_tokens.shape[0]] = padded_tokens
         k, v = self._prefill(params, jnp.asarray(tokens[None]), jnp.int32(true_length - 1))
-        prefix = Prefix(k, v, length=true_length - 1, next_token=int(tokens[true_length - 1]))
+        prefix = Prefix(k, v, np.int32(true_length - 1), np.int32(tokens[true_length - 1]))
         b = self.max_concurrent_decodes
         empty = ResultTokens(
             np.zeros(b, np.int32), np.zeros(b, bool), np.zeros(b, np.int32), np.zeros(b)
@@ -290,42 +292,65 @@ class Engine:
         sampling: SlotSampling | None = None,
     ) -> DecodeState:
         """Copy ``prefix`` into ``slot``'s pages and arm the slot (raises OutOfPages)."""
-        if self._host_active[slot]:
-            raise ValueError(f"slot {slot} is busy; free_slot() it before insert")
-        z = self.sampling_cfg.page_size
-        pages = self.allocator.allocate(prefix.length // z + 1)
-        self._slot_pages[slot] = pages
-        row = np.zeros(self.pages_per_slot, np.int32)
-        row[: len(pages)] = pages
-        s = sampling or SlotSampling.from_config(self.sampling_cfg)
-        key = jax.random.key_data(jax.random.key(seed)).astype(jnp.uint32)
-        self._host_positions[slot] = prefix.length
-        self._host_active[slot] = True
-        return self._insert(
-            decode_state,
-            prefix.k,
-            prefix.v,
-            jnp.asarray(row),
-            jnp.int32(slot),
-            jnp.int32(prefix.length),
-            jnp.int32(prefix.next_token),
-            key,
-            jnp.asarray([s.temperature, s.top_p, s.min_p], jnp.float32),
-            jnp.int32(s.top_k),
-        )
+        return self.bulk_insert(prefix, decode_state, [slot], seeds=[seed], sampling=sampling)
 
     def bulk_insert(
-        self, prefix: Prefix, decode_state: DecodeState, slots, *, seeds, sampling=None
-    ):
-        """Insert one prefix into several slots (the G samples of a group)."""
-        for slot, seed in zip(slots, seeds, strict=True):
-            decode_state = self.insert(prefix, decode_state, slot, seed=seed, sampling=sampling)
-        return decode_state
+        self,
+        prefix: Prefix,
+        decode_state: DecodeState,
+        slots,
+        *,
+        seeds,
+        sampling: SlotSampling | None = None,
+    ) -> DecodeState:
+        """Insert one prefix into several slots (the samples of a group) in one device call.
+
+        Each slot gets its own pages and PRNG stream. Raises OutOfPages, allocating nothing,
+        when the pool cannot hold all of them.
+        """
+        slots, seeds = list(slots), list(seeds)
+        if len(slots) != len(seeds) or not slots:
+            raise ValueError(f"bulk_insert needs one seed per slot, got {slots} and {seeds}")
+        for slot in slots:
+            if self._host_active[slot]:
+                raise ValueError(f"slot {slot} is busy; free_slot() it before insert")
+        z = self.sampling_cfg.page_size
+        length = int(prefix.length)
+        per_slot = length // z + 1
+        if per_slot * len(slots) > self.allocator.free_count:
+            raise OutOfPages(slots)
+        # Pad to a power of two so only log2(slots) shapes ever compile; padding writes to the
+        # null page and to slot index B, which the scatters drop.
+        width = 1 << (len(slots) - 1).bit_length()
+        rows = np.zeros((width, self.pages_per_slot), np.int32)
+        slot_ids = np.full(width, self.max_concurrent_decodes, np.int32)
+        seed_arr = np.zeros(width, np.uint32)
+        for i, (slot, seed) in enumerate(zip(slots, seeds, strict=True)):
+            pages = self.allocator.allocate(per_slot)
+            self._slot_pages[slot] = pages
+            self._host_table[slot] = 0
+            self._host_table[slot, :per_slot] = pages
+            self._host_positions[slot] = length
+            self._host_active[slot] = True
+            rows[i] = self._host_table[slot]
+            slot_ids[i] = slot
+            seed_arr[i] = seed % (2**32)
+        s = sampling or SlotSampling.from_config(self.sampling_cfg)
+        return self._insert(
+            decode_state,
+            prefix,
+            rows,
+            slot_ids,
+            seed_arr,
+            np.asarray([s.temperature, s.top_p, s.min_p], np.float32),
+            np.int32(s.top_k),
+        )
 
     def free_slot(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Return ``slot``'s pages to the pool and park the slot on the null page."""
         self.allocator.release(self._slot_pages[slot])
         self._slot_pages[slot] = []
+        self._host_table[slot] = 0
         self._host_active[slot] = False
         return self._free(decode_state, jnp.int32(slot))
 
@@ -343,20 +368,12 @@ class Engine:
         ]
         if len(need) > self.allocator.free_count:
             raise OutOfPages([int(s) for s in need])
-        rows, cols, vals = [], [], []
         for s in need:
-            (page,) = self.allocator.allocate(1)
-            rows.append(s)
-            cols.append(len(self._slot_pages[s]))
-            vals.append(page)
-            self._slot_pages[s].append(page)
-        if need:
-            decode_state = self._grow(
-                decode_state,
-                jnp.asarray(rows, jnp.int32),
-                jnp.asarray(cols, jnp.int32),
-                jnp.asarray(vals, jnp.int32),
-            )
+            self._slot_pages[s] += self.allocator.allocate(1)
+            self._host_table[s, len(self._slot_pages[s]) - 1] = self._slot_pages[s][-1]
+        if need:  # one small host->device copy of the whole table: no per-shape recompiles
+            table = jax.device_put(self._host_table, decode_state.page_table.sharding)
+            decode_state = decode_state.replace(page_table=table)
         decode_state, tokens, logprobs = self._generate(params, decode_state)
         self._host_positions[self._host_active] += 1
         tokens, logprobs, steps = jax.device_get((tokens, logprobs, decode_state.steps))
@@ -381,26 +398,40 @@ class Engine:
             return k[:, 0], v[:, 0]
 
         @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
-        def insert(state, k, v, row, slot, length, token, key, floats, top_k):
+        def insert(state, prefix, rows_wm, slots_w, seeds_w, floats, top_k):
             z = state.k_pages.shape[3]
-            pos = jnp.arange(k.shape[1])
-            page = jnp.where(pos < length, row[jnp.minimum(pos // z, row.shape[0] - 1)], 0)
-            off = pos % z
-            kp = state.k_pages.at[:, :, page, off].set(k.transpose(0, 2, 1, 3))
-            vp = state.v_pages.at[:, :, page, off].set(v.transpose(0, 2, 1, 3))
+            pos_t = jnp.arange(prefix.k.shape[1])
+            col_t = jnp.minimum(pos_t // z, rows_wm.shape[1] - 1)
+            page_wt = jnp.where(pos_t < prefix.length, rows_wm[:, col_t], 0)
+            off_wt = jnp.broadcast_to(pos_t % z, page_wt.shape)
+            # [L, T, K, H] -> [L, K, W, T, H], one copy of the prompt per slot.
+            k = jnp.broadcast_to(
+                prefix.k.transpose(0, 2, 1, 3)[:, :, None],
+                (*state.k_pages.shape[:2], *page_wt.shape, prefix.k.shape[-1]),
+            )
+            v = jnp.broadcast_to(prefix.v.transpose(0, 2, 1, 3)[:, :, None], k.shape)
+            kp = state.k_pages.at[:, :, page_wt, off_wt].set(k.astype(state.k_pages.dtype))
+            vp = state.v_pages.at[:, :, page_wt, off_wt].set(v.astype(state.v_pages.dtype))
+            keys = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds_w)
+            w = slots_w.shape[0]
+            put = (
+                lambda arr, val: arr.at[slots_w].set(  # noqa: E731
+                    jnp.broadcast_to(val, (w, *arr.shape[1:])).astype(arr.dtype), mode="drop"
+                )
+            )
             return state.replace(
                 k_pages=kp,
                 v_pages=vp,
-                tokens=state.tokens.at[slot].set(token),
-                positions=state.positions.at[slot].set(length),
-                page_table=state.page_table.at[slot].set(row),
-                active=state.active.at[slot].set(True),
-                keys=state.keys.at[slot].set(key),
-                steps=state.steps.at[slot].set(0),
-                temperature=state.temperature.at[slot].set(floats[0]),
-                top_p=state.top_p.at[slot].set(floats[1]),
-                min_p=state.min_p.at[slot].set(floats[2]),
-                top_k=state.top_k.at[slot].set(top_k),
+                tokens=put(state.tokens, prefix.next_token),
+                positions=put(state.positions, prefix.length),
+                page_table=put(state.page_table, rows_wm),
+                active=put(state.active, True),
+                keys=put(state.keys, keys),
+                steps=put(state.steps, 0),
+                temperature=put(state.temperature, floats[0]),
+                top_p=put(state.top_p, floats[1]),
+                min_p=put(state.min_p, floats[2]),
+                top_k=put(state.top_k, top_k),
             )
 
         @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
@@ -409,10 +440,6 @@ class Engine:
                 page_table=state.page_table.at[slot].set(0),
                 active=state.active.at[slot].set(False),
             )
-
-        @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
-        def grow(state, rows, cols, vals):
-            return state.replace(page_table=state.page_table.at[rows, cols].set(vals))
 
         @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, None, None))
         def generate(params, state):
@@ -449,7 +476,7 @@ class Engine:
             return new, tokens, logprobs
 
         self._prefill, self._insert, self._free = prefill, insert, free
-        self._grow, self._generate = grow, generate
+        self._generate = generate
 
 
 def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:

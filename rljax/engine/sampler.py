@@ -231,46 +231,54 @@ class Sampler:
         self.stats["prefills"] += 1
         return prefix
 
-    def _next_sample(self) -> tuple[Prefix, _Sample] | None:
+    def _fill_slots(self) -> None:
+        if self._staged is not None and self.swap_mode == "drain":
+            return
+        free = [slot for slot, s in enumerate(self._slots) if s is None]
+        while free:
+            nxt = self._next_batch(len(free))
+            if nxt is None:
+                return
+            prefix, samples = nxt
+            slots, free = free[: len(samples)], free[len(samples) :]
+            r = samples[0].request
+            try:
+                self.state = self.engine.bulk_insert(
+                    prefix,
+                    self.state,
+                    slots,
+                    seeds=[_sample_seed(r.seed, s.index, len(s.tokens)) for s in samples],
+                    sampling=r.sampling,
+                )
+            except OutOfPages:
+                self._unpop(prefix, samples)
+                return
+            for slot, s in zip(slots, samples, strict=True):
+                s.order = next(self._order)
+                self._slots[slot] = s
+
+    def _next_batch(self, room: int) -> tuple[Prefix, list[_Sample]] | None:
+        """Up to ``room`` samples that share one prefix: a group's pending samples, or one
+        resumed sample with its own prefix."""
         while self._pending and not self._pending[0][1]:
             self._pending.popleft()
         if self._pending:
             prefix, samples = self._pending[0]
-            return prefix, samples.pop(0)
+            take, samples[:] = samples[:room], samples[room:]
+            return prefix, take
         if self._queue:  # resumed: prefill its own prompt + tokens so far
             s = self._queue.popleft()
-            return self._prefill(list(s.request.prompt_tokens) + s.tokens), s
+            return self._prefill(list(s.request.prompt_tokens) + s.tokens), [s]
         if self._requests:
             r = self._requests.popleft()
             samples = [_Sample(r, i) for i in range(r.num_samples)]
             self._pending.append((self._prefill(list(r.prompt_tokens)), samples))
-            return self._next_sample()
+            return self._next_batch(room)
         return None
 
-    def _fill_slots(self) -> None:
-        if self._staged is not None and self.swap_mode == "drain":
-            return
-        for slot in range(len(self._slots)):
-            if self._slots[slot] is not None:
-                continue
-            nxt = self._next_sample()
-            if nxt is None:
-                return
-            prefix, s = nxt
-            r = s.request
-            try:
-                self.state = self.engine.insert(
-                    prefix,
-                    self.state,
-                    slot,
-                    seed=_sample_seed(r.seed, s.index, len(s.tokens)),
-                    sampling=r.sampling,
-                )
-            except OutOfPages:
-                self._queue.appendleft(s)
-                return
-            s.order = next(self._order)
-            self._slots[slot] = s
+    def _unpop(self, prefix: Prefix, samples: list[_Sample]) -> None:
+        """Put back samples that found no pages, with the prefix they were going to use."""
+        self._pending.appendleft((prefix, samples))
 
     def _preempt_youngest(self) -> None:
         busy = [(s.order, slot) for slot, s in enumerate(self._slots) if s is not None]

@@ -49,6 +49,25 @@ def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
     return int(np.prod([mesh.shape[a] for a in axes if a in mesh.shape]))
 
 
+def _optimizer_shardings(tx, params, param_shardings, replicated):
+    """Moment buffers follow their parameter's sharding; step counts are replicated.
+
+    Explicit, because a sharding left to propagation differs between the first and later
+    steps and the train step would compile twice.
+    """
+    by_path = {
+        jax.tree_util.keystr(path): s
+        for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]
+    }
+
+    def pick(path, leaf):
+        key = jax.tree_util.keystr(path)
+        matches = [s for p, s in by_path.items() if key.endswith(p)]
+        return matches[0] if matches and leaf.ndim else replicated
+
+    return jax.tree_util.tree_map_with_path(pick, jax.eval_shape(tx.init, params))
+
+
 def check_divisible(key: str, batch: int, dp: int) -> None:
     """A batch of ``batch`` sequences must split evenly over ``dp`` data-parallel devices."""
     if batch % dp:
@@ -91,10 +110,16 @@ class Learner:
         if ref_params is not None and cfg.beta > 0:
             self.ref_params = jax.device_put(ref_params, self.param_shardings)
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
-        self.opt_state = jax.jit(self.tx.init)(self.params)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        opt_shardings = _optimizer_shardings(self.tx, self.params, self.param_shardings, replicated)
+        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
         self.version = version
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
-        self._step_fn = jax.jit(self._train_step, donate_argnums=(0, 1))
+        self._step_fn = jax.jit(
+            self._train_step,
+            donate_argnums=(0, 1),
+            out_shardings=(self.param_shardings, opt_shardings, replicated),
+        )
 
     # -- forward ----------------------------------------------------------------------------
 

@@ -1,0 +1,69 @@
+"""Small real engines for tests and research code: a random tiny decoder on a CPU mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.config import ModelConfig, SamplingConfig
+from rljax.engine.engine import Engine
+from rljax.models.sharding import SAMPLER_RULES, init_sharded, make_mesh
+from rljax.testing.configs import TINY_MODEL
+
+
+@dataclasses.dataclass
+class TinyEngine:
+    """An Engine over a randomly initialised tiny model, plus a reference greedy decoder."""
+
+    engine: Engine
+    graphdef: nnx.GraphDef
+    params: nnx.State
+
+    def next_logits(self, seq: list[int]) -> np.ndarray:
+        """Logits [V] after ``seq``, by a full forward pass over the whole sequence."""
+        width = self.engine.max_seq_len
+        buf = np.zeros((1, width), np.int32)
+        buf[0, : len(seq)] = seq
+        return np.asarray(self._last_logits(self.params, jnp.asarray(buf), len(seq)))
+
+    @functools.cached_property
+    def _last_logits(self):
+        width = self.engine.max_seq_len
+
+        @jax.jit
+        def last(params, tokens, length):
+            model = nnx.merge(self.graphdef, params)
+            pos = jnp.arange(width)[None]
+            seg = (pos < length).astype(jnp.int32)
+            return model.logits(model(tokens, pos, seg))[0, length - 1]
+
+        return last
+
+    def greedy_reference(self, prompt: list[int], n: int) -> list[int]:
+        """Greedy continuation by full recompute of the whole sequence at every step."""
+        seq = list(prompt)
+        for _ in range(n):
+            seq.append(int(np.argmax(self.next_logits(seq))))
+        return seq[len(prompt) :]
+
+
+def tiny_engine(
+    *,
+    model: ModelConfig = TINY_MODEL,
+    devices=None,
+    seed: int = 0,
+    **sampling,
+) -> TinyEngine:
+    """A TinyEngine; ``sampling`` overrides SamplingConfig fields."""
+    defaults = dict(max_new_tokens=12, max_prefill_length=16, max_concurrent_decodes=4, page_size=4)
+    cfg = SamplingConfig(**{**defaults, **sampling})
+    devices = list(devices or jax.devices()[:1])
+    mesh = make_mesh(devices, {"data": 1, "tensor": len(devices)})
+    graphdef, params = init_sharded(model, mesh, SAMPLER_RULES, seed)
+    engine = Engine(model, cfg, mesh, graphdef)
+    return TinyEngine(engine, graphdef, engine.load_params(params))

@@ -1,0 +1,200 @@
+"""Engine and Sampler: paged KV decode equals full recompute, swaps, paging, bad input."""
+
+import jax
+import numpy as np
+import pytest
+
+from rljax.config import ConfigError, SamplingConfig
+from rljax.engine.engine import OutOfPages, SlotSampling
+from rljax.engine.sampler import Request, Sampler
+from rljax.testing.engines import tiny_engine
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_engine(temperature=0.0)
+
+
+def _requests(rng, n, *, samples=1):
+    return [
+        Request(
+            list(rng.integers(1, 18, size=int(rng.integers(1, 16)))),
+            num_samples=samples,
+            max_new_tokens=int(rng.integers(1, 12)),
+            seed=i,
+        )
+        for i in range(n)
+    ]
+
+
+def test_greedy_continuous_batching_equals_full_recompute(tiny):
+    """Mixed prompt and response lengths, 4 slots reused by 8 requests x 2 samples."""
+    sampler = Sampler(tiny.engine, tiny.params)
+    trajs = sampler.run(_requests(np.random.default_rng(0), 8, samples=2))
+    assert len(trajs) == 16
+    assert sampler.stats["prefills"] == 8  # one prefill shared by each group
+    for t in trajs:
+        want = tiny.greedy_reference(t.prompt_tokens, len(t.response_tokens))
+        assert t.response_tokens == want
+
+
+def test_jetstream_orchestrator_sequence(tiny):
+    """prefill -> device_put to the prefix destination -> insert -> generate loop -> free."""
+    eng = tiny.engine
+    state = eng.init_decode_state()
+    prompt = [1, 5, 7, 9, 3]
+    padded = np.zeros(8, np.int32)
+    padded[: len(prompt)] = prompt
+    prefix, first = eng.prefill(params=tiny.params, padded_tokens=padded, true_length=len(prompt))
+    assert not first.valid.any()  # the first token comes from generate (module docstring)
+    prefix = jax.device_put(prefix, eng.get_prefix_destination_sharding())
+    state = eng.insert(prefix, state, slot=2)
+    out = []
+    for _ in range(6):
+        state, result = eng.generate(tiny.params, state)
+        token, valid, length, logprob = result.get_result_at_slot(2)
+        assert valid and length == len(out) + 1 and logprob <= 0
+        assert not result.valid[[0, 1, 3]].any()
+        out.append(token)
+    state = eng.free_slot(state, 2)
+    assert eng.allocator.free_count == eng.num_pages - 1
+    assert out == tiny.greedy_reference(prompt, 6)
+
+
+def test_engine_properties(tiny):
+    eng = tiny.engine
+    assert eng.max_concurrent_decodes == 4
+    assert eng.max_prefill_length == 16
+    assert eng.samples_per_slot == 1
+    assert eng.mesh.devices.size == 1
+
+
+def test_swapping_in_identical_params_changes_no_token_and_tags_versions(tiny):
+    reqs = lambda: _requests(np.random.default_rng(1), 4)  # noqa: E731
+    plain = Sampler(tiny.engine, tiny.params).run(reqs())
+    sampler = Sampler(tiny.engine, tiny.params, swap_mode="inflight")
+    sampler.submit(reqs())
+    swapped, steps = [], 0
+    while sampler.has_work():
+        swapped += sampler.step()
+        steps += 1
+        if steps == 3:
+            sampler.set_params(tiny.params, version=1)
+    key = lambda t: t.group_id  # noqa: E731
+    for a, b in zip(sorted(plain, key=key), sorted(swapped, key=key), strict=True):
+        assert a.response_tokens == b.response_tokens
+    tagged = [v for t in swapped for v in t.versions]
+    assert set(tagged) == {0, 1}
+    for t in swapped:  # versions only move forward within a sequence
+        assert t.versions == sorted(t.versions)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "drain"])
+def test_other_swap_modes_keep_greedy_output(tiny, mode):
+    sampler = Sampler(tiny.engine, tiny.params, swap_mode=mode)
+    sampler.submit(_requests(np.random.default_rng(2), 6))
+    out, steps = [], 0
+    while sampler.has_work():
+        out += sampler.step()
+        steps += 1
+        if steps == 2:
+            sampler.set_params(tiny.params, version=7)
+    for t in out:
+        assert t.response_tokens == tiny.greedy_reference(t.prompt_tokens, len(t.response_tokens))
+    if mode == "drain":  # nothing sampled at version 7 until the old sequences drained
+        for t in out:
+            assert len(set(t.versions)) == 1
+
+
+def test_interrupt_and_resume_continue_from_the_prefix(tiny):
+    sampler = Sampler(tiny.engine, tiny.params)
+    (rid,) = sampler.submit([Request([3, 4, 5], max_new_tokens=10)])
+    for _ in range(4):
+        sampler.step()
+    assert sampler.interrupt(rid) == 1
+    assert not sampler.has_work()
+    sampler.resume(rid)
+    (t,) = sampler.run()
+    assert t.response_tokens == tiny.greedy_reference([3, 4, 5], 10)
+
+
+def test_paged_pool_smaller_than_contiguous_caches_runs_to_completion():
+    """8 slots x 28 tokens would need 56 pages of 4; the pool has 20. Preemption copes."""
+    tiny = tiny_engine(temperature=0.0, max_concurrent_decodes=8, num_pages=20,
+                       max_new_tokens=12, max_prefill_length=16)
+    eng = tiny.engine
+    assert eng.num_pages * eng.sampling_cfg.page_size < 8 * eng.max_seq_len
+    sampler = Sampler(eng, tiny.params)
+    reqs = [Request(list(range(1, 15)), max_new_tokens=12, seed=i) for i in range(8)]
+    trajs = sampler.run(reqs)
+    assert len(trajs) == 8
+    assert sum(len(t.prompt_tokens) + len(t.response_tokens) for t in trajs) > 20 * 4
+    assert sampler.stats["preempted"] > 0
+    want = tiny.greedy_reference(list(range(1, 15)), 12)
+    assert all(t.response_tokens == want for t in trajs)
+
+
+def test_out_of_pages_is_raised_by_insert():
+    tiny = tiny_engine(num_pages=3, max_concurrent_decodes=2)
+    eng = tiny.engine
+    state = eng.init_decode_state()
+    prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 13), true_length=12)
+    with pytest.raises(OutOfPages):
+        eng.insert(prefix, state, 0)
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 5}, {"top_p": 0.6}, {"min_p": 0.2}])
+def test_sampled_logprobs_are_from_the_sampled_distribution(filters):
+    """Each recorded log-prob equals log_softmax(filter(logits / tau)) at the sampled token."""
+    tau = 0.7
+    tiny = tiny_engine(temperature=tau, **filters)
+    trajs = Sampler(tiny.engine, tiny.params).run([Request([1, 2, 3], num_samples=3, seed=3)])
+    for t in trajs:
+        seq = list(t.prompt_tokens)
+        for token, logprob in zip(t.response_tokens, t.logprobs, strict=True):
+            z = tiny.next_logits(seq).astype(np.float64) / tau
+            order = np.argsort(-z)
+            p = np.exp(z[order] - z.max())
+            p /= p.sum()
+            keep = np.ones_like(p, bool)
+            if "top_k" in filters:
+                keep &= np.arange(len(p)) < filters["top_k"]
+            if "top_p" in filters:
+                keep &= (np.cumsum(p) - p) < filters["top_p"]
+            if "min_p" in filters:
+                keep &= p >= filters["min_p"] * p[0]
+            allowed = order[keep]
+            assert token in allowed
+            want = z[token] - np.log(np.sum(np.exp(z[allowed])))
+            assert logprob == pytest.approx(want, abs=2e-4)
+            seq.append(token)
+
+
+def test_bad_requests_fail_with_clear_errors(tiny):
+    sampler = Sampler(tiny.engine, tiny.params)
+    with pytest.raises(ValueError, match="longer than sampling.max_prefill_length=16"):
+        sampler.submit([Request(list(range(1, 18)))])
+    with pytest.raises(ValueError, match=r"max_new_tokens=0 must be in \[1, 12\]"):
+        sampler.submit([Request([1, 2], max_new_tokens=0)])
+    with pytest.raises(ValueError, match="prompt_tokens is empty"):
+        sampler.submit([Request([])])
+    with pytest.raises(ConfigError, match="'sampling.top_p'"):
+        SamplingConfig(top_p=1.2)
+    with pytest.raises(ConfigError, match="'sampling.max_new_tokens'"):
+        SamplingConfig(max_new_tokens=0)
+
+
+def test_per_request_seed_makes_sampling_reproducible_across_slots():
+    tiny = tiny_engine(temperature=1.0, max_concurrent_decodes=4)
+    a = Sampler(tiny.engine, tiny.params).run([Request([1, 2, 3], num_samples=3, seed=11)])
+    filler = [Request([4, 5], num_samples=1, seed=99)]
+    b = Sampler(tiny.engine, tiny.params).run(filler + [Request([1, 2, 3], num_samples=3, seed=11)])
+    by_index = lambda ts: {t.sample_index: t.response_tokens for t in ts}  # noqa: E731
+    assert by_index(a) == by_index([t for t in b if t.prompt_tokens == [1, 2, 3]])
+
+
+def test_slot_sampling_overrides_config(tiny):
+    sampler = Sampler(tiny.engine, tiny.params)
+    greedy = SlotSampling(temperature=0.0)
+    (t,) = sampler.run([Request([7, 8], sampling=greedy, max_new_tokens=5)])
+    assert t.response_tokens == tiny.greedy_reference([7, 8], 5)

@@ -1,0 +1,72 @@
+"""Config validation: every bad value names its key and the fix, in one line."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from rljax import config as C
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize(
+    "changes, key, fix",
+    [
+        ({"learner.learning_rate": -0.1}, "learner.learning_rate", "> 0"),
+        ({"learner.group_size": 1}, "learner.group_size", ">= 2"),
+        ({"learner.micro_batches": 1000}, "learner.micro_batches", "cannot exceed the batch"),
+        ({"mode": "async", "buffer.max_staleness": -1}, "buffer.max_staleness", "eta >= 0"),
+        ({"sampling.top_p": 1.5}, "sampling.top_p", "(0, 1]"),
+        ({"sampling.top_p": 0.0}, "sampling.top_p", "(0, 1]"),
+        ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens", "> 0"),
+        ({"model.num_kv_heads": 3}, "model.num_kv_heads", "divisor"),
+        ({"mesh.mode": "split", "mesh.sampler_devices": 0, "mesh.learner_devices": 4},
+         "mesh.sampler_devices", "each side needs a device"),
+        ({"buffer.max_staleness": 2}, "buffer.max_staleness", "mode='async'"),
+        ({"data.task": "gsm8k"}, "data.path", "JSONL"),
+    ],
+)
+def test_bad_values_name_key_and_fix(changes, key, fix):
+    base = C.RunConfig()
+    with pytest.raises(C.ConfigError) as exc:
+        C.replace(base, **changes)
+    msg = _one_line(exc)
+    assert f"'{key}'" in msg
+    assert fix in msg
+
+
+def test_unknown_key_is_named_with_valid_keys():
+    d = C.to_config_dict(C.RunConfig()).to_dict()
+    d["learner"]["lr"] = 1e-3
+    with pytest.raises(C.ConfigError) as exc:
+        C.from_config_dict(d)
+    msg = _one_line(exc)
+    assert "unknown config key 'learner.lr'" in msg
+    assert "learning_rate" in msg
+
+
+def test_round_trip_through_config_dict():
+    cfg = C.replace(C.RunConfig(), **{"learner.beta": 0.05, "sampling.prefill_buckets": (8, 32)})
+    assert C.from_config_dict(C.to_config_dict(cfg)) == cfg
+
+
+def test_default_buckets_are_powers_of_two_up_to_max():
+    assert C.SamplingConfig(max_prefill_length=100).buckets == (8, 16, 32, 64, 100)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in (ROOT / "configs").glob("*.py")), ids=lambda p: p.name
+)
+def test_every_config_file_builds(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = C.from_config_dict(module.get_config(None))
+    assert isinstance(cfg, C.RunConfig)
