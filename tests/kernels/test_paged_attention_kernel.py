@@ -53,6 +53,7 @@ def make_inputs(n_heads, kv_heads, dtype, seed=0, batch=4):
     return as_dtype(q), as_dtype(k), as_dtype(v), jnp.asarray(lengths), jnp.asarray(table)
 
 
+@fast_jit
 def dense_reference(q, k, v, lengths, table):
     """The reference on a NaN-free copy of the pool (the reference gathers every page)."""
     clean = lambda x: jnp.nan_to_num(x.astype(jnp.float32)).astype(x.dtype)
