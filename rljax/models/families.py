@@ -1,0 +1,201 @@
+"""Model configs from and to Hugging Face ``config.json``, and from the named presets.
+
+Three architectures map onto :class:`rljax.config.ModelConfig`:
+
+* ``LlamaForCausalLM`` (family ``llama``; SmolLM2 is a Llama with tied embeddings; Llama 3.1+
+  adds ``rope_scaling`` of type ``llama3``);
+* ``Qwen2ForCausalLM`` (family ``qwen2``: bias on the q/k/v projections);
+* ``Qwen3ForCausalLM`` (family ``qwen3``: per-head q/k RMSNorm, ``head_dim`` set explicitly).
+
+Both ``config.json`` dialects are read: the legacy ``rope_theta`` + ``rope_scaling`` keys
+(transformers 4.x and the files on the Hub) and transformers 5's ``rope_parameters``.
+:func:`config_to_hf` writes both, so either major version of transformers loads the export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rljax.config import ModelConfig
+from rljax.models.presets import get_preset
+
+# architecture (config.json "architectures"[0]) -> (family, model_type)
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "llama"),
+    "Qwen2ForCausalLM": ("qwen2", "qwen2"),
+    "Qwen3ForCausalLM": ("qwen3", "qwen3"),
+}
+FAMILY_ARCHITECTURE = {family: arch for arch, (family, _) in ARCHITECTURES.items()}
+_MODEL_TYPES = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _unsupported(source: str, what: str, fix: str) -> ValueError:
+    return ValueError(f"{source}: {what}; {fix}")
+
+
+def architecture_of(config_json: Mapping[str, Any], *, source: str = "config.json") -> str:
+    """The supported architecture name a ``config.json`` declares; raises for any other."""
+    archs = config_json.get("architectures") or []
+    arch = archs[0] if archs else _MODEL_TYPES.get(config_json.get("model_type"))
+    if arch not in ARCHITECTURES:
+        shown = arch if arch else f"model_type={config_json.get('model_type')!r}"
+        raise _unsupported(
+            source,
+            f"unsupported architecture {shown}",
+            f"supported architectures are {', '.join(ARCHITECTURES)}",
+        )
+    return arch
+
+
+def _rope(config_json: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, llama3 scaling dict or None) from either config.json dialect."""
+    params = dict(config_json.get("rope_parameters") or {})
+    legacy = config_json.get("rope_scaling")
+    scaling = dict(legacy) if legacy else dict(params)
+    theta = config_json.get("rope_theta", params.get("rope_theta", 10000.0))
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return float(theta), None
+    if rope_type != "llama3":
+        raise _unsupported(
+            source,
+            f"rope type {rope_type!r} is not supported",
+            "rljax implements 'default' and 'llama3' RoPE",
+        )
+    missing = [k for k in _LLAMA3_KEYS if k not in scaling]
+    if missing:
+        raise _unsupported(
+            source, f"llama3 rope scaling lacks {', '.join(missing)}", "add them to config.json"
+        )
+    out = {"rope_type": "llama3", **{k: scaling[k] for k in _LLAMA3_KEYS}}
+    out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
+    return float(theta), out
+
+
+def _check_features(config_json: Mapping[str, Any], family: str, source: str) -> None:
+    """Rejects config.json options the shared decoder does not implement."""
+    act = config_json.get("hidden_act", "silu")
+    if act != "silu":
+        raise _unsupported(source, f"hidden_act={act!r} is not supported", "rljax uses SwiGLU")
+    if config_json.get("mlp_bias"):
+        raise _unsupported(source, "mlp_bias=true is not supported", "rljax MLPs have no bias")
+    if family != "qwen2" and config_json.get("attention_bias"):
+        raise _unsupported(
+            source,
+            "attention_bias=true (which also biases o_proj) is not supported",
+            "only Qwen2's q/k/v bias is implemented",
+        )
+    if config_json.get("use_sliding_window"):
+        raise _unsupported(
+            source, "use_sliding_window=true is not supported", "set it to false (full attention)"
+        )
+
+
+def _dtype(config_json: Mapping[str, Any]) -> str:
+    name = str(config_json.get("dtype") or config_json.get("torch_dtype") or "float32")
+    # float16 checkpoints compute in float32: ModelConfig has no float16 and fp16 fits in fp32.
+    return "bfloat16" if name == "bfloat16" else "float32"
+
+
+def config_from_hf(
+    config_json: Mapping[str, Any], *, source: str = "config.json", **overrides: Any
+) -> ModelConfig:
+    """A validated :class:`ModelConfig` from a parsed Hugging Face ``config.json``.
+
+    ``source`` names the file in error messages. ``overrides`` replace fields afterwards
+    (e.g. ``dtype="float32"``). The checkpoint's ``dtype``/``torch_dtype`` sets both
+    ``dtype`` and ``param_dtype`` (bfloat16 stays bfloat16; anything else becomes float32).
+    """
+    arch = architecture_of(config_json, source=source)
+    family = ARCHITECTURES[arch][0]
+    _check_features(config_json, family, source)
+    try:
+        hidden = int(config_json["hidden_size"])
+        heads = int(config_json["num_attention_heads"])
+        fields = {
+            "family": family,
+            "vocab_size": int(config_json["vocab_size"]),
+            "hidden_size": hidden,
+            "intermediate_size": int(config_json["intermediate_size"]),
+            "num_layers": int(config_json["num_hidden_layers"]),
+            "num_heads": heads,
+            "num_kv_heads": int(config_json.get("num_key_value_heads") or heads),
+            "head_dim": int(config_json.get("head_dim") or hidden // heads),
+        }
+    except KeyError as exc:
+        raise _unsupported(
+            source, f"{arch} config lacks key {exc.args[0]!r}", "the file is incomplete"
+        ) from None
+    theta, scaling = _rope(config_json, source)
+    dtype = _dtype(config_json)
+    fields.update(
+        rope_theta=theta,
+        rope_scaling=scaling,
+        norm_eps=float(config_json.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(config_json.get("tie_word_embeddings", False)),
+        qk_norm=family == "qwen3",
+        qkv_bias=family == "qwen2",
+        max_position_embeddings=int(config_json.get("max_position_embeddings", 2048)),
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` dict that transformers 4.x and 5.x both load."""
+    if cfg.family != "qwen3" and cfg.qk_norm:
+        raise ValueError(
+            f"config_to_hf: family {cfg.family!r} with qk_norm=True has no Hugging Face "
+            "architecture; use family='qwen3'"
+        )
+    if cfg.qkv_bias != (cfg.family == "qwen2"):
+        raise ValueError(
+            f"config_to_hf: qkv_bias={cfg.qkv_bias} with family {cfg.family!r} has no Hugging "
+            "Face architecture; only qwen2 has (and needs) q/k/v bias"
+        )
+    arch = FAMILY_ARCHITECTURE[cfg.family]
+    scaling = dict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
+    rope_parameters = {"rope_type": "default", **(scaling or {}), "rope_theta": cfg.rope_theta}
+    out: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": ARCHITECTURES[arch][1],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": scaling,
+        "rope_parameters": rope_parameters,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "dtype": cfg.param_dtype,
+        "torch_dtype": cfg.param_dtype,
+        "use_cache": True,
+    }
+    if cfg.family == "llama":
+        out["mlp_bias"] = False
+    else:
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+    return out
+
+
+def model_config(preset_name: str, **overrides: Any) -> ModelConfig:
+    """The :class:`ModelConfig` of a named preset (``rljax.models.presets.PRESETS``).
+
+    ``overrides`` replace fields, e.g. ``param_dtype="bfloat16"``.
+    """
+    preset = get_preset(preset_name)
+    cfg = ModelConfig(**preset)
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg

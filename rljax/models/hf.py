@@ -1,0 +1,385 @@
+"""Hugging Face safetensors checkpoints in and out of the stacked NNX ``Decoder``.
+
+Import never gathers the model: every parameter is built with
+``jax.make_array_from_callback``, whose callback reads from the safetensors file only the
+slice one device holds (``safe_open(...).get_slice``), for every layer, and stacks them.
+
+The layout map (:data:`TENSOR_SPECS`) says, for each ``Decoder`` parameter, which Hugging Face
+tensor holds it, how that tensor's dimensions split into a *view* (``q_proj.weight`` [N*H, D]
+is the view [N, H, D]) and how the view's axes are ordered in rljax (``wq`` [D, N, H] is view
+axes (2, 0, 1)). The same map drives export in reverse and the GGUF loader (``gguf.py``), which
+presents GGUF tensors under their Hugging Face names. RoPE uses the same half-split layout
+in both, so q/k need no permutation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import jax
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors reads into)
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from rljax.config import ModelConfig
+from rljax.models.families import config_from_hf, config_to_hf
+from rljax.models.sharding import ShardingRules, state_shardings
+from rljax.models.transformer import LAYER_PARAMS, abstract_decoder
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_LAYER = "model.layers.{i}."
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Where one Decoder parameter lives in a Hugging Face checkpoint.
+
+    ``hf_name`` has ``{i}`` for the layer index of stacked parameters. ``groups(cfg)`` gives,
+    per Hugging Face dimension, the view sizes it splits into (outermost first); ``perm``
+    orders the view axes as the rljax parameter's (per-layer) axes.
+    """
+
+    hf_name: str
+    groups: Callable[[ModelConfig], tuple[tuple[int, ...], ...]]
+    perm: tuple[int, ...]
+
+    def hf_shape(self, cfg: ModelConfig) -> tuple[int, ...]:
+        """The Hugging Face tensor's shape."""
+        return tuple(math.prod(g) for g in self.groups(cfg))
+
+
+def _qkv(heads: Callable[[ModelConfig], int]):
+    return lambda c: ((heads(c), c.head_dim), (c.hidden_size,))
+
+
+_N = lambda c: c.num_heads  # noqa: E731
+_K = lambda c: c.num_kv_heads  # noqa: E731
+_D = lambda c: ((c.hidden_size,),)  # noqa: E731
+_MLP_IN = lambda c: ((c.intermediate_size,), (c.hidden_size,))  # noqa: E731
+
+TENSOR_SPECS: dict[str, TensorSpec] = {
+    "embed": TensorSpec(
+        "model.embed_tokens.weight", lambda c: ((c.vocab_size,), (c.hidden_size,)), (0, 1)
+    ),
+    "lm_head": TensorSpec("lm_head.weight", lambda c: ((c.vocab_size,), (c.hidden_size,)), (1, 0)),
+    "final_norm": TensorSpec("model.norm.weight", _D, (0,)),
+    "attn_norm": TensorSpec(_LAYER + "input_layernorm.weight", _D, (0,)),
+    "mlp_norm": TensorSpec(_LAYER + "post_attention_layernorm.weight", _D, (0,)),
+    "wq": TensorSpec(_LAYER + "self_attn.q_proj.weight", _qkv(_N), (2, 0, 1)),
+    "wk": TensorSpec(_LAYER + "self_attn.k_proj.weight", _qkv(_K), (2, 0, 1)),
+    "wv": TensorSpec(_LAYER + "self_attn.v_proj.weight", _qkv(_K), (2, 0, 1)),
+    "wo": TensorSpec(
+        _LAYER + "self_attn.o_proj.weight",
+        lambda c: ((c.hidden_size,), (c.num_heads, c.head_dim)),
+        (1, 2, 0),
+    ),
+    "bq": TensorSpec(
+        _LAYER + "self_attn.q_proj.bias", lambda c: ((c.num_heads, c.head_dim),), (0, 1)
+    ),
+    "bk": TensorSpec(
+        _LAYER + "self_attn.k_proj.bias", lambda c: ((c.num_kv_heads, c.head_dim),), (0, 1)
+    ),
+    "bv": TensorSpec(
+        _LAYER + "self_attn.v_proj.bias", lambda c: ((c.num_kv_heads, c.head_dim),), (0, 1)
+    ),
+    "q_norm": TensorSpec(_LAYER + "self_attn.q_norm.weight", lambda c: ((c.head_dim,),), (0,)),
+    "k_norm": TensorSpec(_LAYER + "self_attn.k_norm.weight", lambda c: ((c.head_dim,),), (0,)),
+    "w_gate": TensorSpec(_LAYER + "mlp.gate_proj.weight", _MLP_IN, (1, 0)),
+    "w_up": TensorSpec(_LAYER + "mlp.up_proj.weight", _MLP_IN, (1, 0)),
+    "w_down": TensorSpec(
+        _LAYER + "mlp.down_proj.weight",
+        lambda c: ((c.hidden_size,), (c.intermediate_size,)),
+        (1, 0),
+    ),
+}
+
+
+class TensorReader(Protocol):
+    """Read access to a checkpoint's tensors under their Hugging Face names."""
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The tensor's shape, or None when the checkpoint lacks it."""
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """The ``index`` slice (unit-stride slices, one per dimension) of the tensor."""
+
+    def where(self, name: str) -> str:
+        """The file that holds (or should hold) the tensor, for error messages."""
+
+
+# ---- safetensors ---------------------------------------------------------------------------
+
+
+class SafetensorsReader:
+    """A ``model.safetensors`` file or a sharded set listed in ``model.safetensors.index.json``."""
+
+    def __init__(self, path: str):
+        from safetensors import safe_open
+
+        self._safe_open = safe_open
+        index_path = os.path.join(path, INDEX_FILE)
+        single = os.path.join(path, WEIGHTS_FILE)
+        if os.path.isfile(index_path):
+            self.source = index_path
+            try:
+                with open(index_path, encoding="utf-8") as f:
+                    weight_map = json.load(f)["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"{index_path} is not a valid safetensors index ({exc}); re-download it"
+                ) from None
+            self._file_of = {k: os.path.join(path, v) for k, v in weight_map.items()}
+        elif os.path.isfile(single):
+            self.source = single
+            self._file_of = None
+        else:
+            raise FileNotFoundError(
+                f"{path} has neither {WEIGHTS_FILE} nor {INDEX_FILE}; point load_hf at a "
+                "Hugging Face model directory saved with safetensors"
+            )
+        self._handles: dict[str, Any] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        files = sorted(set(self._file_of.values())) if self._file_of else [single]
+        for file in files:
+            handle = self._open(file)
+            for key in handle.keys():  # noqa: SIM118  (safe_open handles are not iterable)
+                if self._file_of is None or self._file_of.get(key) == file:
+                    self._shapes[key] = tuple(handle.get_slice(key).get_shape())
+
+    def _open(self, file: str):
+        if file not in self._handles:
+            if not os.path.isfile(file):
+                raise FileNotFoundError(
+                    f"safetensors file {file} (listed in {self.source}) does not exist; "
+                    "re-download the checkpoint"
+                )
+            try:
+                self._handles[file] = self._safe_open(file, framework="numpy")
+            except Exception as exc:  # safetensors raises its own SafetensorError
+                raise ValueError(
+                    f"safetensors file {file} is corrupt or unreadable ({exc}); re-download it"
+                ) from None
+        return self._handles[file]
+
+    def where(self, name: str) -> str:
+        """The file that holds (or should hold) the tensor."""
+        if self._file_of is None:
+            return self.source
+        return self._file_of.get(name, self.source)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The tensor's shape, or None when absent."""
+        return self._shapes.get(name)
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """Reads only ``index`` of the tensor from disk."""
+        return np.asarray(self._open(self.where(name)).get_slice(name)[index])
+
+
+# ---- import --------------------------------------------------------------------------------
+
+
+def _view_index(spec: TensorSpec, cfg: ModelConfig, target: tuple[slice, ...]):
+    """Hugging Face read ranges, view shape and post-read index for a per-layer target slice."""
+    groups = spec.groups(cfg)
+    view = [slice(0, 0)] * len(spec.perm)
+    for axis, view_axis in enumerate(spec.perm):
+        view[view_axis] = target[axis]
+    hf_index, view_shape, post, v = [], [], [], 0
+    for group in groups:
+        inner = math.prod(group[1:])
+        outer = view[v]
+        # Reads whole inner blocks (e.g. whole heads); the inner slices are taken after.
+        hf_index.append(slice(outer.start * inner, outer.stop * inner))
+        view_shape.extend([outer.stop - outer.start, *group[1:]])
+        post.extend([slice(None), *view[v + 1 : v + len(group)]])
+        v += len(group)
+    return tuple(hf_index), tuple(view_shape), tuple(post)
+
+
+def _read_target(reader: TensorReader, spec: TensorSpec, cfg, name: str, target) -> np.ndarray:
+    hf_index, view_shape, post = _view_index(spec, cfg, target)
+    block = reader.read(name, hf_index).reshape(view_shape)
+    return block[post].transpose(spec.perm)
+
+
+def check_tensors(reader: TensorReader, cfg: ModelConfig, config_source: str) -> None:
+    """Raises, naming the file, if a tensor the config implies is missing or mis-shaped."""
+    for pname, layered in _param_names(cfg):
+        spec = TENSOR_SPECS[pname]
+        want = spec.hf_shape(cfg)
+        for i in range(cfg.num_layers) if layered else (None,):
+            name = spec.hf_name.format(i=i)
+            got = reader.shape(name)
+            if got is None:
+                raise ValueError(
+                    f"{reader.where(name)}: tensor {name} is missing (expected shape "
+                    f"{list(want)} from {config_source}); the checkpoint does not match its config"
+                )
+            if tuple(got) != want:
+                raise ValueError(
+                    f"{reader.where(name)}: tensor {name} has shape {list(got)} but "
+                    f"{config_source} implies {list(want)}; the checkpoint does not match its "
+                    "config"
+                )
+
+
+def _param_names(cfg: ModelConfig) -> list[tuple[str, bool]]:
+    graph_state = nnx.split(abstract_decoder(cfg))[1]
+    return [(name, name in LAYER_PARAMS) for name in nnx.to_pure_dict(graph_state)]
+
+
+def load_params(
+    reader: TensorReader, cfg: ModelConfig, *, mesh: Mesh, rules: ShardingRules
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """Builds every parameter straight into its sharding, reading per-device slices only."""
+    graphdef, abstract = nnx.split(abstract_decoder(cfg))
+    shardings = nnx.to_pure_dict(state_shardings(abstract, mesh, rules))
+    target_dtype = np.dtype(jax.numpy.dtype(cfg.param_dtype))
+    arrays = {}
+    for pname, struct in nnx.to_pure_dict(abstract).items():
+        spec, layered, shape = TENSOR_SPECS[pname], pname in LAYER_PARAMS, struct.shape
+        cache: dict[tuple, np.ndarray] = {}
+
+        def callback(index, spec=spec, layered=layered, shape=shape, cache=cache):
+            full = tuple(index) + (slice(None),) * (len(shape) - len(index))
+            norm = tuple(slice(*s.indices(d)[:2]) for s, d in zip(full, shape))
+            key = tuple((s.start, s.stop) for s in norm)
+            if key not in cache:  # replicated shards are read once
+                if layered:
+                    layers = range(norm[0].start, norm[0].stop)
+                    parts = [
+                        _read_target(reader, spec, cfg, spec.hf_name.format(i=i), norm[1:])
+                        for i in layers
+                    ]
+                    block = np.stack(parts)
+                else:
+                    block = _read_target(reader, spec, cfg, spec.hf_name, norm)
+                cache[key] = np.ascontiguousarray(block.astype(target_dtype))
+            return cache[key]
+
+        arrays[pname] = jax.make_array_from_callback(shape, shardings[pname], callback)
+    nnx.replace_by_pure_dict(abstract, arrays)
+    return graphdef, abstract
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The parsed ``config.json`` of a model directory, with clear errors."""
+    file = os.path.join(os.fspath(path), CONFIG_FILE)
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{file} does not exist; point at a Hugging Face model directory"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{file} is not valid JSON ({exc}); re-download it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object")
+    return data
+
+
+def load_hf(
+    path: str | os.PathLike,
+    *,
+    mesh: Mesh,
+    rules: ShardingRules,
+    dtype: str | None = None,
+) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
+    """Loads a Hugging Face Llama/Qwen2/Qwen3 safetensors directory, sharded on ``mesh``.
+
+    Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
+    ``model.safetensors.index.json``), bf16 or f32. ``dtype`` ("float32"/"bfloat16") sets the
+    parameter and compute dtype; None keeps the checkpoint's. Returns ``(cfg, graphdef,
+    params)``; ``nnx.merge(graphdef, params)`` is the Decoder.
+    """
+    path = os.fspath(path)
+    config_source = os.path.join(path, CONFIG_FILE)
+    overrides = {} if dtype is None else {"dtype": dtype, "param_dtype": dtype}
+    cfg = config_from_hf(read_config(path), source=config_source, **overrides)
+    reader = SafetensorsReader(path)
+    check_tensors(reader, cfg, config_source)
+    graphdef, params = load_params(reader, cfg, mesh=mesh, rules=rules)
+    return cfg, graphdef, params
+
+
+# ---- export --------------------------------------------------------------------------------
+
+
+def hf_tensors(cfg: ModelConfig, params: nnx.State | Mapping[str, Any]):
+    """Yields ``(hf_name, numpy array)`` for every tensor, gathering one parameter at a time."""
+    pure = params if isinstance(params, Mapping) else nnx.to_pure_dict(params)
+    for pname, value in pure.items():
+        if pname not in TENSOR_SPECS:
+            raise ValueError(f"parameter {pname!r} has no Hugging Face tensor; not a Decoder state")
+        spec = TENSOR_SPECS[pname]
+        inverse = tuple(int(a) for a in np.argsort(spec.perm))
+        hf_shape = spec.hf_shape(cfg)
+        host = np.asarray(jax.device_get(value))
+        if pname in LAYER_PARAMS:
+            for i in range(host.shape[0]):
+                yield spec.hf_name.format(i=i), host[i].transpose(inverse).reshape(hf_shape)
+        else:
+            yield spec.hf_name, host.transpose(inverse).reshape(hf_shape)
+
+
+def save_hf(
+    path: str | os.PathLike,
+    cfg: ModelConfig,
+    params: nnx.State | Mapping[str, Any],
+    tokenizer=None,
+    *,
+    max_shard_bytes: int = 4 << 30,
+) -> None:
+    """Writes a directory ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+
+    Tensors keep the parameters' dtype. Files past ``max_shard_bytes`` split into
+    ``model-0000k-of-0000n.safetensors`` plus ``model.safetensors.index.json``. With a
+    ``tokenizer`` (``rljax.models.tokenizer.Tokenizer``) its files are written too and its
+    special-token ids go into ``config.json``.
+    """
+    from safetensors.numpy import save_file
+
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes={max_shard_bytes} must be positive; use e.g. 4 << 30")
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, array in hf_tensors(cfg, params):
+        if shards[-1] and size + array.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = np.ascontiguousarray(array)
+        size += array.nbytes
+    metadata = {"format": "pt"}  # transformers refuses safetensors without a format tag
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, WEIGHTS_FILE), metadata=metadata)
+    else:
+        weight_map, total = {}, 0
+        for k, shard in enumerate(shards):
+            file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(path, file), metadata=metadata)
+            weight_map.update({name: file for name in shard})
+            total += sum(a.nbytes for a in shard.values())
+        with open(os.path.join(path, INDEX_FILE), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    config = config_to_hf(cfg)
+    if tokenizer is not None:
+        tokenizer.save(path)
+        config.update(
+            bos_token_id=tokenizer.bos_id,
+            eos_token_id=tokenizer.eos_id,
+            pad_token_id=tokenizer.pad_id,
+        )
+    with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
