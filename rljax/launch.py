@@ -14,7 +14,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment file configs/<name>.py[:arg].", lock_config=True
+    "config",
+    None,
+    "Experiment file configs/<name>.py[:arg].",
+    # Not locked: an unknown --config.<key> is let through to rljax.config, which rejects it
+    # with a one-line error listing the valid keys (a locked ConfigDict raises a traceback).
+    lock_config=False,
+    accept_new_attributes=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/rljax/default", "Run directory (local or gs://).")
 
