@@ -27,8 +27,11 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
         ({"sampling.top_p": 0.0}, "sampling.top_p", "(0, 1]"),
         ({"sampling.max_new_tokens": 0}, "sampling.max_new_tokens", "> 0"),
         ({"model.num_kv_heads": 3}, "model.num_kv_heads", "divisor"),
-        ({"mesh.mode": "split", "mesh.sampler_devices": 0, "mesh.learner_devices": 4},
-         "mesh.sampler_devices", "each side needs a device"),
+        (
+            {"mesh.mode": "split", "mesh.sampler_devices": 0, "mesh.learner_devices": 4},
+            "mesh.sampler_devices",
+            "each side needs a device",
+        ),
         ({"buffer.max_staleness": 2}, "buffer.max_staleness", "mode='async'"),
         ({"data.task": "gsm8k"}, "data.path", "JSONL"),
     ],

@@ -7,7 +7,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_pyproject_lists_every_package():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     found = set()
     for top, name in (("rljax", "rljax"), ("kernels", "rljax.kernels")):
         for init in (ROOT / top).rglob("__init__.py"):

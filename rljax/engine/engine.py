@@ -212,8 +212,12 @@ class Engine:
     # -- API --------------------------------------------------------------------------------
 
     def load_params(self, params: nnx.State) -> nnx.State:
-        """Place params on the sampler mesh (a cross-mesh ``device_put``, never a jit)."""
-        return jax.device_put(params, self.param_shardings(params))
+        """A copy of ``params`` on the sampler mesh (a cross-mesh ``device_put``, never a jit).
+
+        Always a copy: the learner donates its buffers to the next step, so the sampler must
+        never alias them, even when both roles share devices.
+        """
+        return jax.device_put(params, self.param_shardings(params), may_alias=False)
 
     def init_decode_state(self) -> DecodeState:
         cfg, b = self.model_cfg, self.max_concurrent_decodes

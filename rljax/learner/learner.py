@@ -105,10 +105,11 @@ class Learner:
         self.logprob_impl = logprob_impl
         self.dp = data_parallel_size(mesh, rules)
         self.param_shardings = state_shardings(params, mesh, rules)
-        self.params = jax.device_put(params, self.param_shardings)
+        # Copies: the train step donates its params, which must not free a caller's arrays.
+        self.params = jax.device_put(params, self.param_shardings, may_alias=False)
         self.ref_params = None
         if ref_params is not None and cfg.beta > 0:
-            self.ref_params = jax.device_put(ref_params, self.param_shardings)
+            self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
         replicated = NamedSharding(mesh, PartitionSpec())
         opt_shardings = _optimizer_shardings(self.tx, self.params, self.param_shardings, replicated)
@@ -177,7 +178,7 @@ class Learner:
         params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         metrics = {k: v / tokens for k, v in sums.items()}
-        metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+        metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
         return params, opt_state, metrics
 
     # -- API --------------------------------------------------------------------------------

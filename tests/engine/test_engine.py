@@ -120,8 +120,13 @@ def test_interrupt_and_resume_continue_from_the_prefix(tiny):
 
 def test_paged_pool_smaller_than_contiguous_caches_runs_to_completion():
     """8 slots x 28 tokens would need 56 pages of 4; the pool has 20. Preemption copes."""
-    tiny = tiny_engine(temperature=0.0, max_concurrent_decodes=8, num_pages=20,
-                       max_new_tokens=12, max_prefill_length=16)
+    tiny = tiny_engine(
+        temperature=0.0,
+        max_concurrent_decodes=8,
+        num_pages=20,
+        max_new_tokens=12,
+        max_prefill_length=16,
+    )
     eng = tiny.engine
     assert eng.num_pages * eng.sampling_cfg.page_size < 8 * eng.max_seq_len
     sampler = Sampler(eng, tiny.params)

@@ -22,9 +22,7 @@ def test_group_advantages_by_hand():
     # mean 0.5, population std 0.5 -> +-1 (minus the eps in the denominator)
     np.testing.assert_allclose(adv[0], [1, -1, -1, 1], atol=1e-5)
     np.testing.assert_array_equal(adv[1], 0.0)
-    np.testing.assert_allclose(
-        group_advantages(np.array([[3.0, 1.0]]), scale=False), [[1.0, -1.0]]
-    )
+    np.testing.assert_allclose(group_advantages(np.array([[3.0, 1.0]]), scale=False), [[1.0, -1.0]])
     with pytest.raises(ValueError, match="G >= 2"):
         group_advantages(np.array([[1.0]]))
 

@@ -1,0 +1,71 @@
+"""The launcher end to end, and its one-line errors for bad input."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs" / "arith_tiny.py") + ":test"
+
+
+def _launch(*args, devices=8, timeout=300):
+    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(devices), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, "-m", "rljax.launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_launcher_runs_the_test_config_end_to_end(tmp_path):
+    proc = _launch(f"--config={CONFIG}", f"--workdir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 3
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    phases = {r["phase"] for r in records}
+    assert {"sft", "eval_initial", "train", "eval_final", "summary"} <= phases
+    train = [r for r in records if r["phase"] == "train"]
+    for key in (
+        "reward",
+        "response_length",
+        "clip_frac",
+        "entropy",
+        "sample_tokens_per_s",
+        "learn_s",
+        "sample_s",
+    ):
+        assert key in train[-1], key
+    assert "held-out accuracy after warm start" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config.learner.lr=0.1"], "unknown config key 'learner.lr'"),
+        (["--config.learner.learning_rate=-0.1"], "'learner.learning_rate' = -0.1 is invalid"),
+        (["--config.learner.group_size=1"], "'learner.group_size' = 1 is invalid"),
+        (
+            ["--config.learner.group_size=3", "--config.learner.batch_groups=3"],
+            "not divisible over the 8 data-parallel learner devices",
+        ),
+        (["--workdir=/proc/rljax_cannot_write_here"], "is not writable"),
+    ],
+    ids=["unknown_key", "negative_lr", "group_size_1", "batch_not_divisible", "bad_workdir"],
+)
+def test_bad_input_gets_a_one_line_error(tmp_path, args, message):
+    if not any(a.startswith("--workdir") for a in args):
+        args = [*args, f"--workdir={tmp_path}"]
+    proc = _launch(f"--config={CONFIG}", *args, timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("rljax: ")
+    assert message in last
+    assert "Traceback" not in proc.stderr
