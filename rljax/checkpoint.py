@@ -1,0 +1,296 @@
+"""Orbax checkpoints of the full training state: learner params, optimiser state and run meta.
+
+A checkpoint step holds three items: ``params`` and ``opt_state`` (sharded pytrees, written by
+every host for its own shards) and ``meta`` (a JSON dict the runtime fills: version, rng
+counters, data iterator state, buffer state, metrics cursor). Restores take *abstract* targets
+whose leaves are ``jax.ShapeDtypeStruct``s carrying the target shardings, so arrays land
+directly in the shape of the mesh being resumed on, which may differ from the one that saved.
+
+Atomicity comes from orbax: a step is written under ``<step>.orbax-checkpoint-tmp*`` and renamed
+on finalise (on object stores, which cannot rename, a ``commit_success.txt`` marks it instead).
+Unfinalised steps are invisible to :meth:`Checkpointer.latest_step` and are deleted when a
+Checkpointer opens the directory, so a kill mid-save leaves the previous step as the latest.
+Bit rot and half-copied directories are not caught by that; :meth:`Checkpointer.restore` turns
+any failure into a :class:`CheckpointError` that names the step directory, and with
+``fallback=True`` moves such a step aside and resumes from the newest earlier step that loads.
+
+Directories may be local paths or ``gs://`` URLs; both go to orbax through etils ``epath``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+from orbax.checkpoint import checkpoint_managers as ocm
+
+from rljax.config import CheckpointConfig
+from rljax.learner.learner import _optimizer_shardings
+
+log = logging.getLogger(__name__)
+
+ITEMS = ("params", "opt_state", "meta")
+# A step moved aside by restore(fallback=True); orbax parses only digit names as steps, so the
+# suffix takes it out of latest_step(), pruning and the tmp-directory cleanup alike.
+CORRUPT_SUFFIX = ".corrupt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint step could not be restored. The message names its directory and the fix."""
+
+
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves with shardings, as a restore target shaped like ``tree``.
+
+    Args:
+      tree: a pytree of arrays or ShapeDtypeStructs (``jax.eval_shape`` output works), e.g. an
+        ``nnx.State`` of params or an optax state.
+      shardings: where each restored leaf should live: a tree matching ``tree`` or a prefix of it
+        (``state_shardings`` output, whose leaves stand for whole ``nnx.Variable`` nodes), one
+        ``Sharding`` for every leaf, or None to keep each leaf's own ``.sharding``.
+
+    Returns:
+      A tree with the structure of ``tree`` whose leaves carry shape, dtype and sharding only.
+    """
+    if shardings is None:
+        leaves = jax.tree.leaves(tree)
+        missing = [i for i, x in enumerate(leaves) if getattr(x, "sharding", None) is None]
+        if missing:
+            raise ValueError(
+                f"abstract_like: {len(missing)} leaves of the tree have no .sharding (first: leaf "
+                f"{missing[0]}, {type(leaves[missing[0]]).__name__}); pass shardings= explicitly"
+            )
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree
+        )
+    if isinstance(shardings, Sharding):
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), tree
+        )
+    try:
+        full = jax.tree.broadcast(shardings, tree)
+    except ValueError as e:
+        raise ValueError(
+            "abstract_like: shardings is not a prefix of the tree's structure; pass the "
+            f"state_shardings(...) of the same model, or one Sharding ({e})"
+        ) from None
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, full)
+
+
+def abstract_train_state(tx, params: Any, param_shardings: Any, mesh: Mesh) -> tuple[Any, Any]:
+    """Restore targets for a Learner's ``(params, opt_state)`` without materialising either.
+
+    ``params`` may be abstract (``nnx.eval_shape``) so a large model is never initialised just
+    to be overwritten. Optimiser shardings come from the Learner's own rule (moments follow
+    their parameter, step counts replicated), so the restored state matches what its compiled
+    train step expects.
+    """
+    abstract_params = abstract_like(params, param_shardings)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_shardings = _optimizer_shardings(tx, abstract_params, param_shardings, replicated)
+    abstract_opt = abstract_like(jax.eval_shape(tx.init, abstract_params), opt_shardings)
+    return abstract_params, abstract_opt
+
+
+def _digest(meta: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def _json_copy(meta: Any) -> dict[str, Any]:
+    """A deep copy through JSON: checks the dict is JSON-safe and detaches it from the caller."""
+    if not isinstance(meta, dict):
+        raise TypeError(
+            f"checkpoint meta must be a dict, got {type(meta).__name__}; wrap the values in a "
+            "dict of JSON-safe entries"
+        )
+    try:
+        return json.loads(json.dumps(meta, allow_nan=True))
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"checkpoint meta is not JSON-serialisable ({e}); convert numpy scalars and arrays "
+            "with int()/float()/.tolist() and objects with their state_dict()"
+        ) from None
+
+
+def _brief(error: BaseException, limit: int = 200) -> str:
+    """The error's type and first line, cut short: tensorstore messages run to pages."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(error).__name__}: {text}"
+
+
+class Checkpointer:
+    """Saves and restores the learner state and run meta under ``directory``, one step a dir.
+
+    ``save`` writes when ``step`` is a multiple of ``cfg.every_steps`` (or ``force``), keeps the
+    newest ``cfg.keep`` steps, and with ``cfg.async_save`` returns once the arrays are copied
+    off the devices, writing in a background thread: the caller may then donate or delete them.
+    With ``cfg.enabled`` False nothing is ever written; restoring still works.
+    """
+
+    def __init__(self, directory: str | epath.PathLike, cfg: CheckpointConfig):
+        self.cfg = cfg
+        self.directory = epath.Path(directory)
+        policy = ocm.AnySavePolicy(
+            [ocm.FixedIntervalPolicy(cfg.every_steps), ocm.PreemptionCheckpointingPolicy()]
+        )
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=cfg.keep,
+            enable_async_checkpointing=cfg.async_save,
+            save_decision_policy=policy,
+            # Leftovers of a save killed before finalising; they never restore.
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._name_format = ocp.path.step.standard_name_format()
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def should_save(self, step: int, *, force: bool = False) -> bool:
+        """Whether ``save(step, force=force)`` would write (cheap; no device work)."""
+        if not self.cfg.enabled or step in self._manager.all_steps():
+            return False
+        return force or self._manager.should_save(step)
+
+    def save(self, step: int, *, params: Any, opt_state: Any, meta: dict, force: bool = False):
+        """Saves the state as ``step`` if due; returns whether a save started.
+
+        Due means ``step % cfg.every_steps == 0`` (or a preemption notice on multi-host TPUs),
+        or ``force``, and ``step`` not saved yet. ``meta`` must be JSON-safe; it is copied, so
+        the caller may mutate it afterwards. A previous async save is waited for first.
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"checkpoint step={step!r} is invalid: use an int >= 0")
+        meta = _json_copy(meta)
+        if not self.should_save(step, force=force):
+            return False
+        args = ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            # The digest makes a flipped digit in the JSON (still valid JSON) fail loudly; array
+            # chunks need no such guard, tensorstore checksums them.
+            meta=ocp.args.JsonSave({"sha256": _digest(meta), "meta": meta}),
+        )
+        return bool(self._manager.save(step, args=args, force=True))
+
+    def wait(self) -> None:
+        """Blocks until every pending async save is finalised (re-raising its error)."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax's threads."""
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- restoring -------------------------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Every finalised step in the directory, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest finalised step, or None; in-flight and interrupted saves do not count."""
+        return self._manager.latest_step()
+
+    def step_dir(self, step: int) -> epath.Path:
+        """The directory that holds ``step``."""
+        return self.directory / self._name_format.build_name(step)
+
+    def restore(
+        self,
+        step: int | None = None,
+        *,
+        abstract_params: Any,
+        abstract_opt_state: Any,
+        fallback: bool = False,
+    ) -> tuple[Any, Any, dict]:
+        """Loads ``(params, opt_state, meta)`` from ``step`` (default: the latest).
+
+        The abstract trees (see :func:`abstract_like`) give each leaf's target sharding, so a
+        state saved from one mesh restores onto another. A step that fails to load raises
+        :class:`CheckpointError`; with ``fallback=True`` it is renamed ``<step>.corrupt`` (kept
+        for inspection, out of the way of later saves) and the next earlier step is tried, with
+        a warning for each one skipped.
+        """
+        self.wait()
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(
+                f"no finalised checkpoint in {self.directory}; start from scratch or point the "
+                "run at the directory that holds its checkpoints"
+            )
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(
+                f"checkpoint step {step} is not in {self.directory} (finalised steps: {steps}); "
+                "pass one of those, or step=None for the latest"
+            )
+        candidates = [s for s in reversed(steps) if s <= step] if fallback else [step]
+        for s in candidates:
+            try:
+                return self._restore_step(s, abstract_params, abstract_opt_state)
+            except Exception as e:  # orbax/tensorstore raise many types for a damaged step
+                error = e
+                if not fallback:
+                    break
+                log.warning(
+                    "checkpoint step %d at %s failed to restore (%s); trying an earlier step",
+                    s,
+                    self.step_dir(s),
+                    _brief(e),
+                )
+                self._quarantine(s)
+        earlier = [s for s in steps if s < candidates[-1]]
+        where = f"step {candidates[-1]} at {self.step_dir(candidates[-1])}"
+        hint = (
+            f"delete it or restore an earlier step ({earlier[-1]}), or pass fallback=True"
+            if earlier and not fallback
+            else "check that abstract_params/abstract_opt_state come from the same model and "
+            "optimiser config as the saved run"
+        )
+        raise CheckpointError(
+            f"could not restore checkpoint {where} ({_brief(error)}); the step may be damaged or "
+            f"saved from a different model: {hint}"
+        ) from error
+
+    def _restore_step(self, step: int, abstract_params: Any, abstract_opt_state: Any):
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params),
+                opt_state=ocp.args.StandardRestore(abstract_opt_state),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+        saved = out.meta
+        if not (isinstance(saved, dict) and isinstance(saved.get("meta"), dict)):
+            raise ValueError("the meta item is not the JSON object Checkpointer.save writes")
+        if saved.get("sha256") != _digest(saved["meta"]):
+            raise ValueError("the meta item does not match its sha256 digest")
+        return out.params, out.opt_state, saved["meta"]
+
+    def _quarantine(self, step: int) -> None:
+        """Renames a step that failed to restore so later saves of that step number can land."""
+        src = self.step_dir(step)
+        if jax.process_index() == 0:
+            dst = src.parent / f"{src.name}{CORRUPT_SUFFIX}"
+            if dst.exists():
+                dst = src.parent / f"{src.name}{CORRUPT_SUFFIX}-{time.time_ns()}"
+            src.rename(dst)
+            log.warning("moved checkpoint step %d aside to %s", step, dst)
+        ocp.multihost.sync_global_processes(f"rljax_checkpoint_quarantine_{step}")
+        self._manager.reload()
