@@ -317,7 +317,8 @@ def load_hf(
 
 def hf_tensors(cfg: ModelConfig, params: nnx.State | Mapping[str, Any]):
     """Yields ``(hf_name, numpy array)`` for every tensor, gathering one parameter at a time."""
-    pure = params if isinstance(params, Mapping) else nnx.to_pure_dict(params)
+    # nnx.State is itself a Mapping (of Variables), so test for it first.
+    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
     for pname, value in pure.items():
         if pname not in TENSOR_SPECS:
             raise ValueError(f"parameter {pname!r} has no Hugging Face tensor; not a Decoder state")
