@@ -21,6 +21,7 @@ The last line printed is one JSON object holding every figure.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -424,6 +425,16 @@ def smollm2_path() -> str | None:
     return path if os.path.exists(path) else None
 
 
+def gguf_loader():
+    """rljax's GGUF loader, or None while it does not exist in this checkout."""
+    for module in ("rljax.models.gguf", "rljax.models.hf"):
+        try:
+            return importlib.import_module(module).load_gguf
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 def bench_smollm2(args, figures, torch, transformers):
     """SmolLM2-135M on both sides; returns (engine, params) for (c), or None when skipped."""
     path = smollm2_path()
@@ -444,11 +455,17 @@ def bench_smollm2(args, figures, torch, transformers):
     tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
-    cfg = model_config_from_hf(hf_cfg)
-    cfg, graphdef, state, how = load_into_rljax(None, model, cfg)
+    load_gguf = gguf_loader()
+    if load_gguf is not None:  # each side reads and dequantises the file on its own
+        cfg, graphdef, state = load_gguf(path, mesh=sampler_mesh(), rules=SAMPLER_RULES)
+        how = f"{load_gguf.__module__}.load_gguf"
+    else:
+        cfg = model_config_from_hf(hf_cfg)
+        cfg, graphdef, state, how = load_into_rljax(None, model, cfg)
+        how += " of the transformers weights"
     log(
-        f"(b) SmolLM2-135M from {SMOLLM2_GGUF} (Q4_1 dequantised to f32 by transformers, "
-        f"same weights to rljax by {how}) in {time.perf_counter() - start:.0f} s"
+        f"(b) SmolLM2-135M from {SMOLLM2_GGUF} (Q4_1 dequantised to f32): transformers by its "
+        f"GGUF reader, rljax by {how}; {time.perf_counter() - start:.0f} s"
     )
     tok = Tokenizer.from_gguf(path)
     prompts = [
@@ -487,6 +504,10 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
     prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32) % cfg.vocab_size
     prefix, _ = engine.prefill(params=params, padded_tokens=prompt, true_length=len(prompt))
     state = engine.bulk_insert(prefix, state, list(range(b)), seeds=list(range(b)))
+    # The prompt fills max_prefill_length; the cache holds max_new_tokens more: stay inside.
+    steps = min(steps, engine.sampling_cfg.max_new_tokens - 2)
+    if steps < 1:
+        raise ValueError(f"{label}: max_new_tokens must be >= 3 to time a decode step")
     for _ in range(2):  # warm-up: compiles generate for this engine
         state, _ = engine.generate(params, state)
     times = []
