@@ -151,6 +151,7 @@ class Checkpointer:
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         self._name_format = ocp.path.step.standard_name_format()
+        self._in_flight: int | None = None  # the step of the last async save
 
     # -- saving ----------------------------------------------------------------------------
 
@@ -179,7 +180,10 @@ class Checkpointer:
             # chunks need no such guard, tensorstore checksums them.
             meta=ocp.args.JsonSave({"sha256": _digest(meta), "meta": meta}),
         )
-        return bool(self._manager.save(step, args=args, force=True))
+        started = bool(self._manager.save(step, args=args, force=True))
+        if started and self.cfg.async_save:
+            self._in_flight = step
+        return started
 
     def wait(self) -> None:
         """Blocks until every pending async save is finalised (re-raising its error)."""
@@ -199,11 +203,17 @@ class Checkpointer:
 
     def all_steps(self) -> list[int]:
         """Every finalised step in the directory, oldest first."""
-        return sorted(self._manager.all_steps())
+        steps = sorted(self._manager.all_steps())
+        # Orbax lists an async save from the moment it starts; it is not restorable until the
+        # background write renames it into place.
+        if self._in_flight in steps and self._manager.is_saving_in_progress():
+            steps.remove(self._in_flight)
+        return steps
 
     def latest_step(self) -> int | None:
         """The newest finalised step, or None; in-flight and interrupted saves do not count."""
-        return self._manager.latest_step()
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def step_dir(self, step: int) -> epath.Path:
         """The directory that holds ``step``."""
@@ -221,9 +231,10 @@ class Checkpointer:
 
         The abstract trees (see :func:`abstract_like`) give each leaf's target sharding, so a
         state saved from one mesh restores onto another. A step that fails to load raises
-        :class:`CheckpointError`; with ``fallback=True`` it is renamed ``<step>.corrupt`` (kept
-        for inspection, out of the way of later saves) and the next earlier step is tried, with
-        a warning for each one skipped.
+        :class:`CheckpointError`; with ``fallback=True`` earlier steps are tried in turn, with a
+        warning for each failure, and once one loads the failed newer steps are renamed
+        ``<step>.corrupt`` (kept for inspection, out of the way of later saves). Dtypes are
+        cast to the target's, as orbax does; shapes and tree structure must match.
         """
         self.wait()
         steps = self.all_steps()
@@ -240,31 +251,44 @@ class Checkpointer:
                 "pass one of those, or step=None for the latest"
             )
         candidates = [s for s in reversed(steps) if s <= step] if fallback else [step]
+        failed: list[int] = []
         for s in candidates:
             try:
-                return self._restore_step(s, abstract_params, abstract_opt_state)
+                restored = self._restore_step(s, abstract_params, abstract_opt_state)
             except Exception as e:  # orbax/tensorstore raise many types for a damaged step
                 error = e
-                if not fallback:
-                    break
-                log.warning(
-                    "checkpoint step %d at %s failed to restore (%s); trying an earlier step",
-                    s,
-                    self.step_dir(s),
-                    _brief(e),
-                )
-                self._quarantine(s)
-        earlier = [s for s in steps if s < candidates[-1]]
-        where = f"step {candidates[-1]} at {self.step_dir(candidates[-1])}"
-        hint = (
-            f"delete it or restore an earlier step ({earlier[-1]}), or pass fallback=True"
-            if earlier and not fallback
-            else "check that abstract_params/abstract_opt_state come from the same model and "
-            "optimiser config as the saved run"
-        )
+                failed.append(s)
+                if fallback:
+                    log.warning(
+                        "checkpoint step %d at %s failed to restore (%s); trying an earlier step",
+                        s,
+                        self.step_dir(s),
+                        _brief(e),
+                    )
+                    continue
+                break
+            # Only once an earlier step loads: a wrong restore target fails on every step, and
+            # must not move good checkpoints aside.
+            for bad in failed:
+                self._quarantine(bad)
+            return restored
+        first = failed[0]
+        earlier = [s for s in steps if s < first]
+        if fallback:
+            hint = (
+                f"no earlier step restored either (tried {failed}); check that abstract_params/"
+                "abstract_opt_state come from the same model and optimiser config as the saved run"
+            )
+        elif earlier:
+            hint = f"delete it or restore an earlier step ({earlier[-1]}), or pass fallback=True"
+        else:
+            hint = (
+                "delete it and start afresh, or check that abstract_params/abstract_opt_state come "
+                "from the same model and optimiser config as the saved run"
+            )
         raise CheckpointError(
-            f"could not restore checkpoint {where} ({_brief(error)}); the step may be damaged or "
-            f"saved from a different model: {hint}"
+            f"could not restore checkpoint step {first} at {self.step_dir(first)} "
+            f"({_brief(error)}); it may be damaged or saved from a different model: {hint}"
         ) from error
 
     def _restore_step(self, step: int, abstract_params: Any, abstract_opt_state: Any):
