@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 from types import SimpleNamespace
 
@@ -25,6 +24,10 @@ from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
 from rljax.models.sharding import LEARNER_RULES, init_sharded, make_mesh, state_shardings
 from rljax.testing import TINY_MODEL
+
+# When one shard read fails, orbax abandons the sibling read coroutines; Python reports them
+# at garbage collection, in whichever test is running then.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 def _cfg(**kw) -> CheckpointConfig:
@@ -190,10 +193,10 @@ from orbax.checkpoint._src.path import atomicity
 from rljax.checkpoint import Checkpointer
 from rljax.config import CheckpointConfig
 
-cfg = CheckpointConfig(enabled=True, every_steps=1, keep=3, async_save={async_save})
+cfg = CheckpointConfig(enabled=True, every_steps=1, keep=3, async_save=True)
 ckpt = Checkpointer(sys.argv[1], cfg)
-tree = {{"w": jnp.arange(32 * 4, dtype=jnp.float32).reshape(32, 4), "count": jnp.int32(0)}}
-ckpt.save(1, params=tree, opt_state=tree, meta={{"s": 1}})
+tree = {"w": jnp.arange(32 * 4, dtype=jnp.float32).reshape(32, 4), "count": jnp.int32(0)}
+ckpt.save(1, params=tree, opt_state=tree, meta={"s": 1})
 ckpt.wait()
 
 async def die(self):  # every array written, the rename not yet done
@@ -201,17 +204,18 @@ async def die(self):  # every array written, the rename not yet done
 
 atomicity.AtomicRenameTemporaryPath.finalize = die
 tree = jax.tree.map(lambda x: x + 7, tree)
-ckpt.save(2, params=tree, opt_state=tree, meta={{"s": 2}})
+ckpt.save(2, params=tree, opt_state=tree, meta={"s": 2})
 ckpt.wait()
 """
 
 
-@pytest.mark.parametrize("async_save", [True, False])
-def test_save_killed_before_finalising_is_ignored(tmp_path, async_save):
+def test_save_killed_before_finalising_is_ignored(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1", "XLA_FLAGS": ""}
-    script = textwrap.dedent(_KILLED_WRITER.format(async_save=async_save))
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, timeout=120
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     partial = [p for p in os.listdir(tmp_path) if p.startswith("2.orbax-checkpoint-tmp")]
