@@ -32,13 +32,12 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.engine import Engine
 from rljax.engine.sampler import Request, Sampler
+from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
-from rljax.models.transformer import abstract_decoder
 from rljax.testing.engines import tiny_engine
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -213,69 +212,6 @@ def bench_batching(args, figures):
 # ---- (b) rljax vs transformers ------------------------------------------------------------
 
 
-def hf_state_to_rljax(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> nnx.State:
-    """A Decoder state from a Hugging Face Llama state dict (name -> numpy array).
-
-    The bench's own conversion, used only when ``rljax.models.hf`` cannot load the weights:
-    projections are transposed from [out, in] to [in, out] and split into heads, per-layer
-    tensors stacked on a leading layers axis. RoPE is half-split in both, so q/k keep their
-    order.
-    """
-    d, n, k, h, n_layers = (
-        cfg.hidden_size,
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        cfg.num_layers,
-    )
-    per_layer = {
-        "attn_norm": ("input_layernorm.weight", lambda w: w),
-        "mlp_norm": ("post_attention_layernorm.weight", lambda w: w),
-        "wq": ("self_attn.q_proj.weight", lambda w: w.T.reshape(d, n, h)),
-        "wk": ("self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, h)),
-        "wv": ("self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, h)),
-        "wo": ("self_attn.o_proj.weight", lambda w: w.T.reshape(n, h, d)),
-        "w_gate": ("mlp.gate_proj.weight", lambda w: w.T),
-        "w_up": ("mlp.up_proj.weight", lambda w: w.T),
-        "w_down": ("mlp.down_proj.weight", lambda w: w.T),
-    }
-    arrays = {
-        name: np.stack([fn(tensors[f"model.layers.{i}.{hf}"]) for i in range(n_layers)])
-        for name, (hf, fn) in per_layer.items()
-    }
-    arrays["embed"] = tensors["model.embed_tokens.weight"]
-    arrays["final_norm"] = tensors["model.norm.weight"]
-    if not cfg.tie_embeddings:
-        arrays["lm_head"] = tensors["lm_head.weight"].T
-    _, state = nnx.split(abstract_decoder(cfg))
-    dtype = np.dtype(cfg.param_dtype)
-    for name, value in arrays.items():
-        state[name] = state[name].replace(np.ascontiguousarray(value, dtype))
-    return state
-
-
-def model_config_from_hf(hf_cfg) -> ModelConfig:
-    """A ModelConfig for a transformers LlamaConfig (plain RoPE only)."""
-    rope = getattr(hf_cfg, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_type {rope['rope_type']!r}: the bench converts plain RoPE only")
-    return ModelConfig(
-        family="llama",
-        vocab_size=hf_cfg.vocab_size,
-        hidden_size=hf_cfg.hidden_size,
-        intermediate_size=hf_cfg.intermediate_size,
-        num_layers=hf_cfg.num_hidden_layers,
-        num_heads=hf_cfg.num_attention_heads,
-        num_kv_heads=hf_cfg.num_key_value_heads,
-        head_dim=getattr(hf_cfg, "head_dim", None)
-        or hf_cfg.hidden_size // hf_cfg.num_attention_heads,
-        rope_theta=float(rope.get("rope_theta", getattr(hf_cfg, "rope_theta", 10000.0))),
-        norm_eps=float(hf_cfg.rms_norm_eps),
-        tie_embeddings=bool(hf_cfg.tie_word_embeddings),
-        max_position_embeddings=hf_cfg.max_position_embeddings,
-    )
-
-
 def sampler_mesh():
     return make_mesh(jax.devices()[:1], {"data": 1, "tensor": 1})
 
@@ -371,19 +307,11 @@ def compare_with_hf(label, hf_model, cfg, graphdef, state, prompts, new_tokens, 
     }, (engine, params)
 
 
-def load_into_rljax(hf_dir: str | None, hf_model, cfg: ModelConfig):
-    """(cfg, graphdef, state, how): via rljax.models.hf.load_hf when present, else locally."""
-    if hf_dir is not None:
-        try:
-            from rljax.models.hf import load_hf
-        except ImportError:
-            load_hf = None
-        if load_hf is not None:
-            cfg, graphdef, state = load_hf(hf_dir, mesh=sampler_mesh(), rules=SAMPLER_RULES)
-            return cfg, graphdef, state, "rljax.models.hf.load_hf"
-    tensors = {k: v.detach().float().numpy() for k, v in hf_model.state_dict().items()}
-    graphdef = nnx.split(abstract_decoder(cfg))[0]
-    return cfg, graphdef, hf_state_to_rljax(tensors, cfg), "bench-local conversion"
+def save_and_load(hf_model) -> tuple:
+    """(cfg, graphdef, state): ``save_pretrained`` to a temporary dir, read by ``load_hf``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_model.save_pretrained(tmp)
+        return load_hf(tmp, mesh=sampler_mesh(), rules=SAMPLER_RULES)
 
 
 def bench_tiny_hf(args, figures, torch, transformers) -> None:
@@ -407,10 +335,13 @@ def bench_tiny_hf(args, figures, torch, transformers) -> None:
     model = transformers.LlamaForCausalLM(hf_cfg).eval()
     rng = np.random.default_rng(args.seed + 1)
     batch, new = (2, 8) if args.quick else (args.hf_batch, args.hf_new_tokens)
-    prompts = [rng.integers(3, 256, size=int(k)).tolist() for k in rng.integers(6, 17, batch)]
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        cfg, graphdef, state, how = load_into_rljax(tmp, model, model_config_from_hf(hf_cfg))
+    # Quick prompts fit one prefill bucket (8): one compile fewer in the smoke test.
+    longest = 8 if args.quick else 16
+    prompts = [
+        rng.integers(3, 256, size=int(k)).tolist() for k in rng.integers(6, longest + 1, batch)
+    ]
+    cfg, graphdef, state = save_and_load(model)
+    how = "rljax.models.hf.load_hf"
     log(f"(b) tiny Llama saved with save_pretrained, loaded into rljax by {how}")
     row, _ = compare_with_hf("tiny Llama", model, cfg, graphdef, state, prompts, new, args.repeats)
     figures["hf_tiny_llama"] = {**row, "loader": how}
@@ -459,10 +390,9 @@ def bench_smollm2(args, figures, torch, transformers):
     if load_gguf is not None:  # each side reads and dequantises the file on its own
         cfg, graphdef, state = load_gguf(path, mesh=sampler_mesh(), rules=SAMPLER_RULES)
         how = f"{load_gguf.__module__}.load_gguf"
-    else:
-        cfg = model_config_from_hf(hf_cfg)
-        cfg, graphdef, state, how = load_into_rljax(None, model, cfg)
-        how += " of the transformers weights"
+    else:  # until rljax reads GGUF: the transformers weights, via save_pretrained + load_hf
+        cfg, graphdef, state = save_and_load(model)
+        how = "rljax.models.hf.load_hf of the transformers weights"
     log(
         f"(b) SmolLM2-135M from {SMOLLM2_GGUF} (Q4_1 dequantised to f32): transformers by its "
         f"GGUF reader, rljax by {how}; {time.perf_counter() - start:.0f} s"
