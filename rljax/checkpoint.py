@@ -165,14 +165,16 @@ class Checkpointer:
         """Saves the state as ``step`` if due; returns whether a save started.
 
         Due means ``step % cfg.every_steps == 0`` (or a preemption notice on multi-host TPUs),
-        or ``force``, and ``step`` not saved yet. ``meta`` must be JSON-safe; it is copied, so
-        the caller may mutate it afterwards. A previous async save is waited for first.
+        or ``force``, and ``step`` not saved yet. ``meta`` must be JSON-safe (dict keys come back
+        as strings); it is copied, so the caller may mutate it afterwards. A previous async save
+        is waited for first. Building ``meta`` (buffer contents) can be costly, so callers gate
+        it on :meth:`should_save`; it is only checked on steps that save.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"checkpoint step={step!r} is invalid: use an int >= 0")
-        meta = _json_copy(meta)
         if not self.should_save(step, force=force):
             return False
+        meta = _json_copy(meta)
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),

@@ -149,6 +149,10 @@ def test_interval_keep_force_and_disabled(tmp_path):
         saved = [ckpt.save(s, params=tree, opt_state=tree, meta={"s": s}) for s in range(1, 11)]
         assert saved == [s % 3 == 0 for s in range(1, 11)]
         assert ckpt.all_steps() == [6, 9]  # keep=2 pruned step 3
+        assert ckpt.should_save(12) and not ckpt.should_save(11) and not ckpt.should_save(9)
+        assert ckpt.should_save(11, force=True) and not ckpt.should_save(9, force=True)
+        # Meta is built and checked only on steps that save (callers gate on should_save).
+        assert not ckpt.save(11, params=tree, opt_state=tree, meta={"n": np.int64(1)})
         assert ckpt.save(10, params=tree, opt_state=tree, meta={"s": 10}, force=True)
         assert not ckpt.save(10, params=tree, opt_state=tree, meta={}, force=True)  # no overwrite
         assert ckpt.all_steps() == [9, 10] and ckpt.latest_step() == 10
