@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from rljax.config import CheckpointConfig
-from rljax.learner.learner import _optimizer_shardings
+from rljax.learner.learner import optimizer_shardings
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def abstract_train_state(tx, params: Any, param_shardings: Any, mesh: Mesh) -> t
     """
     abstract_params = abstract_like(params, param_shardings)
     replicated = NamedSharding(mesh, PartitionSpec())
-    opt_shardings = _optimizer_shardings(tx, abstract_params, param_shardings, replicated)
+    opt_shardings = optimizer_shardings(tx, abstract_params, param_shardings, replicated)
     abstract_opt = abstract_like(jax.eval_shape(tx.init, abstract_params), opt_shardings)
     return abstract_params, abstract_opt
 

@@ -8,9 +8,11 @@ is measured after it and at the end.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import os
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +20,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from rljax.async_runtime import AsyncDriver, Group
+from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.checkpoint import Checkpointer, abstract_like
 from rljax.config import ConfigError, RunConfig
 from rljax.data.arithmetic import ArithmeticTask
 from rljax.data.pipeline import prompt_iterator
@@ -28,6 +33,7 @@ from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss, get_loss
 from rljax.mesh.topology import Topology, build_topology
+from rljax.mesh.weight_sync import WeightSync
 from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.sharding import LEARNER_RULES, init_sharded
 from rljax.models.tokenizer import Tokenizer
@@ -118,6 +124,7 @@ class Run:
         )
         if cfg.sft.steps:
             check_divisible("sft.batch_size", cfg.sft.batch_size, self.learner.dp)
+        self.weight_sync = WeightSync(self.engine.param_shardings)
         self.sampler = Sampler(
             self.engine,
             self.engine.load_params(self.learner.params),
@@ -127,7 +134,16 @@ class Run:
         self.prompts = prompt_iterator(
             self.train_examples, batch_size=cfg.learner.batch_groups, seed=cfg.seed
         )
-        self._seeds = itertools.count(cfg.seed * 1_000_000)
+        self._stop_requested = False
+        self.last_metrics: dict[str, Any] = {}
+        self.driver: AsyncDriver | None = None
+        self.ckpt = (
+            Checkpointer(os.path.join(self.workdir, "checkpoints"), cfg.checkpoint)
+            if cfg.checkpoint.enabled
+            else None
+        )
+        self.resumed_meta: dict[str, Any] | None = None
+        self.initial_accuracy = float("nan")
 
     def _make_learner(self, params, loss, learning_rate=None) -> Learner:
         cfg = self.cfg
@@ -162,18 +178,24 @@ class Run:
     def publish(self) -> None:
         """Hand the learner's newest weights to the sampler (a device_put across meshes)."""
         with self.timeline.span("weight_sync"):
-            params = self.engine.load_params(self.learner.params)
-            self.sampler.set_params(params, self.learner.version)
+            self.weight_sync.publish(self.learner.params, self.learner.version)
+            self.sampler.set_params(*self.weight_sync.acquire())
+
+    def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
+        """A request for ``example``; its sampling seed depends only on the run seed and id."""
+        return Request(
+            self.encode_prompt(example),
+            1 if greedy else self.cfg.learner.group_size,
+            seed=(self.cfg.seed * 1_000_003 + request_id) % (2**31 - 1),
+            sampling=SlotSampling(temperature=0.0) if greedy else None,
+            payload=example,
+            request_id=request_id,
+        )
 
     def sample(self, examples: list[dict], *, greedy: bool = False) -> list[Trajectory]:
-        n = 1 if greedy else self.cfg.learner.group_size
-        sampling = SlotSampling(temperature=0.0) if greedy else None
-        requests = [
-            Request(
-                self.encode_prompt(ex), n, seed=next(self._seeds), sampling=sampling, payload=ex
-            )
-            for ex in examples
-        ]
+        # Ids (and so seeds) are fixed by the learner version: a resumed run samples the same.
+        base = (self.learner.version + 1) * 1_000_000 * (0 if greedy else 1)
+        requests = [self.make_request(ex, base + i, greedy=greedy) for i, ex in enumerate(examples)]
         return self.sampler.run(requests)
 
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
@@ -192,6 +214,54 @@ class Run:
         acc = float(np.mean(rewards))
         self.metrics.write(step, phase, {"heldout_accuracy": acc, "examples": len(examples)})
         return acc
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _meta(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "version": self.learner.version,
+            "data": self.prompts.get_state(),
+            "initial_accuracy": self.initial_accuracy,
+            **(extra or {}),
+        }
+
+    def maybe_save(self, *, force: bool = False, extra: dict | None = None) -> None:
+        """Checkpoint the full training state at this step boundary if due (or forced)."""
+        version = self.learner.version
+        if self.ckpt is None or not self.ckpt.should_save(version, force=force):
+            return
+        with self.timeline.span("checkpoint"):
+            self.ckpt.save(
+                version,
+                params=self.learner.params,
+                opt_state=self.learner.opt_state,
+                meta=self._meta(extra),
+                force=force,
+            )
+
+    def try_resume(self) -> bool:
+        """Restore the newest good checkpoint in the workdir, if any. True when resumed."""
+        if self.ckpt is None or self.ckpt.latest_step() is None:
+            return False
+        params, opt_state, meta = self.ckpt.restore(
+            abstract_params=abstract_like(self.learner.params),
+            abstract_opt_state=abstract_like(self.learner.opt_state),
+            fallback=True,
+        )
+        self.learner.params, self.learner.opt_state = params, opt_state
+        self.learner.version = int(meta["version"])
+        self.prompts.set_state(meta["data"])
+        self.initial_accuracy = meta["initial_accuracy"]
+        self.resumed_meta = meta
+        self.publish()
+        self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
+        return True
+
+    def request_stop(self, *_: Any) -> None:
+        """Finish the current step, checkpoint, and return (SIGTERM lands here)."""
+        self._stop_requested = True
+        if self.driver is not None:
+            self.driver.stop()
 
     # -- phases -----------------------------------------------------------------------------
 
@@ -238,21 +308,29 @@ class Run:
             max_new_tokens=cfg.sampling.max_new_tokens,
         )
 
-    def to_sequences(self, trajs: list[Trajectory], advantages: dict) -> list[TrainSequence]:
-        return [
+    def make_batch(self, groups: list[Group]):
+        """Group-normalised advantages, then a packed batch for the configured loss."""
+        adv = group_advantages(
+            np.stack([g.rewards for g in groups]), scale=self.cfg.learner.scale_advantages
+        )
+        seqs = [
             TrainSequence(
                 list(t.prompt_tokens) + t.response_tokens,
                 len(t.prompt_tokens),
                 t.logprobs,
-                advantages[(t.group_id, t.sample_index)],
+                float(a),
                 t.versions,
             )
-            for t in trajs
+            for g, row in zip(groups, adv, strict=True)
+            for t, a in zip(g.trajectories, row, strict=True)
         ]
+        return self._pack(seqs, self.loss.aggregation)
+
+    def score_group(self, trajs: list[Trajectory]) -> np.ndarray:
+        return self.score(trajs)
 
     def rl_step(self, step: int) -> dict[str, Any]:
         """One synchronous GRPO step: sample, score, advantages, learn, publish."""
-        cfg = self.cfg
         examples = next(self.prompts)
         t0 = time.perf_counter()
         with self.timeline.span("sample"):
@@ -260,26 +338,23 @@ class Run:
         t1 = time.perf_counter()
         with self.timeline.span("reward"):
             self.score(trajs)
-        groups: dict[int, list[Trajectory]] = {}
+        by_group: dict[int, list[Trajectory]] = {}
         for t in trajs:
-            groups.setdefault(t.group_id, []).append(t)
-        ordered = [sorted(g, key=lambda t: t.sample_index) for g in groups.values()]
-        rewards = np.array([[t.reward for t in g] for g in ordered], np.float32)
-        adv = group_advantages(rewards, scale=cfg.learner.scale_advantages)
-        adv_map = {
-            (t.group_id, t.sample_index): float(a)
-            for g, row in zip(ordered, adv, strict=True)
-            for t, a in zip(g, row, strict=True)
-        }
+            by_group.setdefault(t.group_id, []).append(t)
+        groups = []
+        for rid, members in sorted(by_group.items()):
+            members.sort(key=lambda t: t.sample_index)
+            rewards = np.array([t.reward for t in members], np.float32)
+            groups.append(Group(rid, members[0].payload, members, rewards, members[0].min_version))
         t2 = time.perf_counter()
         with self.timeline.span("learn"):
-            batch = self._pack(self.to_sequences(trajs, adv_map), self.loss.aggregation)
+            batch = self.make_batch(groups)
             metrics = self.learner.step(batch)
         t3 = time.perf_counter()
         self.publish()
         lengths = [len(t.response_tokens) for t in trajs]
         metrics.update(
-            reward=float(rewards.mean()),
+            reward=float(np.mean([g.rewards.mean() for g in groups])),
             response_length=float(np.mean(lengths)),
             sample_s=t1 - t0,
             reward_s=t2 - t1,
@@ -291,21 +366,93 @@ class Run:
         )
         return metrics
 
-    def train(self) -> dict[str, Any]:
-        """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again."""
+    def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        self.last_metrics = metrics
+        self.metrics.write(step, "train", metrics)
+        self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])
+
+    def _train_sync(self) -> None:
         cfg = self.cfg
-        start = time.perf_counter()
-        self.warm_start()
-        initial = self.evaluate(0, "eval_initial")
-        self.metrics.print(f"held-out accuracy after warm start: {initial:.3f}")
-        metrics: dict[str, Any] = {}
-        for step in range(cfg.num_steps):
-            metrics = self.rl_step(step)
-            self.metrics.write(step, "train", metrics)
-            self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])
+        for step in range(self.learner.version, cfg.num_steps):
+            self._log_step(step, self.rl_step(step))
+            self.maybe_save()
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.num_steps:
                 acc = self.evaluate(step + 1)
                 self.metrics.print(f"step {step + 1}: held-out accuracy {acc:.3f}")
+            if self._stop_requested:
+                break
+
+    def _train_async(self) -> None:
+        cfg = self.cfg
+        b, eta, k = cfg.learner.batch_groups, cfg.buffer.max_staleness, cfg.buffer.overprovision
+        slots_in_groups = max(1, cfg.sampling.max_concurrent_decodes // cfg.learner.group_size)
+        state = (self.resumed_meta or {}).get("async")
+        if state:
+            buffer = StalenessBuffer.from_state_dict(state["buffer"], decode=_decode_group)
+            requeue, next_id = state["pending"], state["next_request_id"]
+        else:
+            buffer = StalenessBuffer(batch_groups=b, max_staleness=eta, overprovision=k)
+            requeue, next_id = [], 0
+        self.driver = AsyncDriver(
+            sampler=self.sampler,
+            learner=self.learner,
+            weight_sync=self.weight_sync,
+            buffer=buffer,
+            controller=StalenessController(
+                max_staleness=eta,
+                batch_groups=b,
+                max_concurrent=max(b + k, slots_in_groups),
+                overprovision=k,
+            ),
+            prompts=self.prompts,
+            make_request=self.make_request,
+            score_group=self.score_group,
+            make_batch=self.make_batch,
+            group_size=cfg.learner.group_size,
+            num_steps=cfg.num_steps,
+            dynamic_sampling=cfg.buffer.dynamic_sampling,
+            on_step=self._log_step,
+            on_checkpoint=self._save_async,
+            timeline=self.timeline,
+            requeue=requeue,
+            next_request_id=next_id,
+            encode_group=encode_group,
+        )
+        self.driver.run(start_step=self.learner.version)
+        if self._stop_requested:
+            self._save_async(self.driver, force=True)
+
+    def _save_async(self, driver: AsyncDriver, *, force: bool = False) -> None:
+        if self.ckpt is not None and self.ckpt.should_save(self.learner.version, force=force):
+            self.maybe_save(force=True, extra={"async": driver.checkpoint_state()})
+
+    def train(self) -> dict[str, Any]:
+        """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again.
+
+        With checkpointing on, a run whose workdir holds a checkpoint resumes from it (the warm
+        start is not repeated), and SIGTERM checkpoints at the next step boundary and returns.
+        """
+        cfg = self.cfg
+        start = time.perf_counter()
+        previous = _install_sigterm(self.request_stop)
+        try:
+            if not self.try_resume():
+                self.warm_start()
+                self.initial_accuracy = self.evaluate(0, "eval_initial")
+                self.metrics.print(
+                    f"held-out accuracy after warm start: {self.initial_accuracy:.3f}"
+                )
+            (self._train_async if cfg.mode == "async" else self._train_sync)()
+        finally:
+            _restore_sigterm(previous)
+        if self._stop_requested:
+            if cfg.mode == "sync":
+                self.maybe_save(force=True)
+            if self.ckpt is not None:
+                self.ckpt.wait()
+            self.metrics.print(f"stopped at step {self.learner.version}; checkpoint saved")
+            return {"stopped": True, "steps": self.learner.version}
+        initial = self.initial_accuracy
         final = self.evaluate(cfg.num_steps, "eval_final")
         wall = time.perf_counter() - start
         self.metrics.print(
@@ -316,16 +463,22 @@ class Run:
             "initial_accuracy": initial,
             "final_accuracy": final,
             "wall_s": wall,
-            "steps": cfg.num_steps,
-            "last": metrics,
+            "steps": self.learner.version,
+            "last": self.last_metrics,
             "phase_s": self.timeline.totals(),
         }
         self.metrics.write(cfg.num_steps, "summary", summary)
         if cfg.metrics.trace:
             self.timeline.write(os.path.join(self.workdir, "trace.json"))
+        if self.driver is not None:
+            self._save_async(self.driver, force=True)
+        else:
+            self.maybe_save(force=True)
         return summary
 
     def close(self) -> None:
+        if self.ckpt is not None:
+            self.ckpt.close()
         self.rewards.close()
         self.metrics.close()
 
@@ -337,3 +490,30 @@ def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
         return r.train()
     finally:
         r.close()
+
+
+def _decode_group(d: dict[str, Any]) -> Group:
+    trajs = [Trajectory(**t) for t in d["trajectories"]]
+    return Group(d["request_id"], d["example"], trajs, np.asarray(d["rewards"]), d["min_version"])
+
+
+def encode_group(g: Group) -> dict[str, Any]:
+    """A JSON-safe form of a buffered group, for checkpoints."""
+    return {
+        "request_id": g.request_id,
+        "example": g.example,
+        "trajectories": [dataclasses.asdict(t) for t in g.trajectories],
+        "rewards": [float(r) for r in g.rewards],
+        "min_version": g.min_version,
+    }
+
+
+def _install_sigterm(handler):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)

@@ -42,7 +42,7 @@ class Request:
     seed: int = 0
     sampling: SlotSampling | None = None
     payload: Any = None  # carried to the Trajectory (e.g. the task example)
-    request_id: int = -1  # assigned by submit()
+    request_id: int = -1  # assigned by submit() unless the caller sets a unique id >= 0
 
 
 @dataclasses.dataclass
@@ -148,7 +148,9 @@ class Sampler:
                 raise ValueError(f"num_samples={r.num_samples} must be >= 1")
         ids = []
         for r in requests:
-            r.request_id = next(self._next_id)
+            # A caller may name its requests (e.g. by buffer reservation); ids must be unique.
+            if r.request_id < 0:
+                r.request_id = next(self._next_id)
             if r.max_new_tokens is None:
                 r.max_new_tokens = budget
             self._requests.append(r)
@@ -165,8 +167,13 @@ class Sampler:
     # -- params -----------------------------------------------------------------------------
 
     def set_params(self, params, version: int) -> None:
-        """Stage new params; they take effect at the next generate boundary per swap mode."""
+        """Stage new params; they take effect at the next generate boundary per swap mode.
+
+        With no sequence in flight there is no boundary to wait for: they apply at once.
+        """
         self._staged = (params, version)
+        if not self.busy_slots:
+            self._apply_staged()
 
     def _apply_staged(self) -> None:
         if self._staged is None:

@@ -49,7 +49,7 @@ def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
     return int(np.prod([mesh.shape[a] for a in axes if a in mesh.shape]))
 
 
-def _optimizer_shardings(tx, params, param_shardings, replicated):
+def optimizer_shardings(tx, params, param_shardings, replicated):
     """Moment buffers follow their parameter's sharding; step counts are replicated.
 
     Explicit, because a sharding left to propagation differs between the first and later
@@ -61,7 +61,8 @@ def _optimizer_shardings(tx, params, param_shardings, replicated):
     }
 
     def pick(path, leaf):
-        key = jax.tree_util.keystr(path)
+        # Optimiser leaves end in '.value' (the nnx Variable); parameter paths do not.
+        key = jax.tree_util.keystr(path).removesuffix(".value")
         matches = [s for p, s in by_path.items() if key.endswith(p)]
         return matches[0] if matches and leaf.ndim else replicated
 
@@ -112,7 +113,7 @@ class Learner:
             self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
         replicated = NamedSharding(mesh, PartitionSpec())
-        opt_shardings = _optimizer_shardings(self.tx, self.params, self.param_shardings, replicated)
+        opt_shardings = optimizer_shardings(self.tx, self.params, self.param_shardings, replicated)
         self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
         self.version = version
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
