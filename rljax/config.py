@@ -190,6 +190,7 @@ class LearnerConfig:
     group_size: int = 8  # G: responses per prompt
     batch_groups: int = 16  # B: groups (prompts) per learner step
     micro_batches: int = 1  # gradient accumulation steps per learner step
+    ppo_epochs: int = 1  # optimiser updates per batch (PPO reuse; the clip bounds the drift)
     pack_length: int = 0  # row length for sequence packing; 0 = model max
     epsilon_low: float = 0.2
     epsilon_high: float = 0.28
@@ -215,6 +216,7 @@ class LearnerConfig:
             )
         _positive("learner.batch_groups", self.batch_groups)
         _positive("learner.micro_batches", self.micro_batches)
+        _positive("learner.ppo_epochs", self.ppo_epochs)
         _positive("learner.pack_length", self.pack_length, allow_zero=True)
         if self.micro_batches > self.batch_groups * self.group_size:
             _fail(
@@ -393,6 +395,9 @@ class RunConfig:
     num_steps: int = 100  # learner (RL) steps
     eval_every: int = 0  # 0: evaluate only after SFT and at the end
     eval_examples: int = 256
+    kernel_impl: str = (
+        "auto"  # Pallas kernels: 'auto' (on TPU), 'pallas' (interpret off TPU), 'xla'
+    )
 
     def __post_init__(self):
         _one_of("mode", self.mode, RUN_MODES)
@@ -400,6 +405,7 @@ class RunConfig:
         _positive("num_steps", self.num_steps, allow_zero=True)
         _positive("eval_every", self.eval_every, allow_zero=True)
         _positive("eval_examples", self.eval_examples)
+        _one_of("kernel_impl", self.kernel_impl, ("auto", "pallas", "xla"))
         if self.mode == "sync" and self.buffer.max_staleness != 0:
             _fail(
                 "buffer.max_staleness",

@@ -117,7 +117,9 @@ class Run:
         self.graphdef, params = init_sharded(
             cfg.model, self.topology.learner, LEARNER_RULES, cfg.seed
         )
-        self.engine = Engine(cfg.model, cfg.sampling, self.topology.sampler, self.graphdef)
+        self.engine = Engine(
+            cfg.model, cfg.sampling, self.topology.sampler, self.graphdef, impl=cfg.kernel_impl
+        )
         self.learner = self._make_learner(params, self.loss)
         check_divisible(
             "learner.batch_groups * learner.group_size", cfg.learner.batch_size, self.learner.dp
@@ -156,6 +158,7 @@ class Run:
             learning_rate=learning_rate,
             temperature=cfg.sampling.temperature,
             ref_params=params if cfg.learner.beta > 0 else None,
+            kernel_impl=cfg.kernel_impl,
         )
 
     # -- pieces -----------------------------------------------------------------------------
@@ -279,6 +282,7 @@ class Run:
             self.topology.learner,
             loss="sft",
             learning_rate=s.learning_rate,
+            kernel_impl=self.cfg.kernel_impl,
         )
         eos = self.tokenizer.eos_id
         metrics: dict[str, float] = {}

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine import sampling
 from rljax.models.sharding import SAMPLER_RULES, ShardingRules, state_shardings
-from rljax.models.transformer import Decoder, paged_attention_xla
+from rljax.models.transformer import Decoder
 
 
 class OutOfPages(RuntimeError):
@@ -138,14 +138,14 @@ class Engine:
         graphdef: nnx.GraphDef,
         *,
         rules: ShardingRules = SAMPLER_RULES,
-        attention_fn=paged_attention_xla,
+        impl: str = "auto",
     ):
         self.model_cfg = model_cfg
         self.sampling_cfg = sampling_cfg
         self._mesh = mesh
         self._graphdef = graphdef
         self._rules = rules
-        self._attention_fn = attention_fn
+        self.impl = impl  # kernels: 'auto' (Pallas on TPU), 'pallas' or 'xla'
         z = sampling_cfg.page_size
         self.max_seq_len = sampling_cfg.max_prefill_length + sampling_cfg.max_new_tokens
         self.pages_per_slot = math.ceil(self.max_seq_len / z)
@@ -398,7 +398,9 @@ class Engine:
             t = tokens_1t.shape[1]
             positions = jnp.arange(t)[None]
             segments = (positions < length).astype(jnp.int32)
-            _, (k, v) = self._model(params)(tokens_1t, positions, segments, return_kv=True)
+            _, (k, v) = self._model(params)(
+                tokens_1t, positions, segments, return_kv=True, impl=self.impl
+            )
             return k[:, 0], v[:, 0]
 
         @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
@@ -454,7 +456,7 @@ class Engine:
                 state.k_pages,
                 state.v_pages,
                 state.page_table,
-                attention_fn=self._attention_fn,
+                impl=self.impl,
             )
             logits = model.logits(hidden)
             keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(

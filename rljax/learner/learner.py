@@ -94,7 +94,7 @@ class Learner:
         learning_rate: float | None = None,
         temperature: float = 1.0,
         ref_params: nnx.State | None = None,
-        logprob_impl: str = "auto",
+        kernel_impl: str = "auto",
         version: int = 0,
     ):
         self.cfg = cfg
@@ -103,7 +103,7 @@ class Learner:
         self.rules = rules
         self.graphdef = graphdef
         self.temperature = temperature if temperature > 0 else 1.0
-        self.logprob_impl = logprob_impl
+        self.kernel_impl = kernel_impl
         self.dp = data_parallel_size(mesh, rules)
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
@@ -128,14 +128,14 @@ class Learner:
     def _token_stats(self, params, mb: dict[str, jax.Array]):
         """Log-prob and entropy of each row position's target token, [R, T] each."""
         model = nnx.merge(self.graphdef, params)
-        hidden = model(mb["tokens"], mb["positions"], mb["segment_ids"])
+        hidden = model(mb["tokens"], mb["positions"], mb["segment_ids"], impl=self.kernel_impl)
         r, t, d = hidden.shape
         logp, ent = token_logprobs_and_entropy(
             hidden.reshape(r * t, d),
             model.unembed_dv,
             mb["targets"].reshape(r * t),
             temperature=self.temperature,
-            impl=self.logprob_impl,
+            impl=self.kernel_impl,
         )
         return logp.reshape(r, t), ent.reshape(r, t)
 
@@ -185,11 +185,15 @@ class Learner:
     # -- API --------------------------------------------------------------------------------
 
     def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimiser update on ``batch``; the version (step count) advances by one."""
+        """``ppo_epochs`` optimiser updates on ``batch``; the version advances by one.
+
+        Metrics are those of the last update (its ratio and clip fraction show the drift).
+        """
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
-        self.params, self.opt_state, metrics = self._step_fn(
-            self.params, self.opt_state, self.ref_params, arrays, jnp.int32(self.version)
-        )
+        for _ in range(self.cfg.ppo_epochs):
+            self.params, self.opt_state, metrics = self._step_fn(
+                self.params, self.opt_state, self.ref_params, arrays, jnp.int32(self.version)
+            )
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["learning_rate"] = float(self.schedule(self.version))
         self.version += 1

@@ -21,13 +21,14 @@ L layers, P pages in the pool, Z page size.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from rljax.config import ModelConfig
+from rljax.kernels.flash_attention import flash_attention
+from rljax.kernels.paged_attention import paged_decode_attention
 
 # Each parameter's logical axes; models/sharding.py maps them to mesh axes per role.
 PARAM_AXES: dict[str, tuple[str, ...]] = {
@@ -51,9 +52,6 @@ PARAM_AXES: dict[str, tuple[str, ...]] = {
 }
 
 LAYER_PARAMS = tuple(k for k, axes in PARAM_AXES.items() if axes[0] == "layers")
-
-# Paged attention signature: (q_bnh, k_pages_kpzh, v_pages_kpzh, lengths_b, page_table_bm) -> o_bnh
-PagedAttentionFn = Callable[..., jax.Array]
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -91,39 +89,6 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     x1, x2 = jnp.split(x32, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_bthd.dtype)
-
-
-def packed_attention(
-    q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, segment_ids_bt: jax.Array
-) -> jax.Array:
-    """Causal GQA over packed rows: a query sees earlier keys of its own segment only."""
-    b, t, n, h = q_btnh.shape
-    k = k_bskh.shape[2]
-    q = q_btnh.reshape(b, t, k, n // k, h).astype(jnp.float32)
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_bskh.astype(jnp.float32)) / math.sqrt(h)
-    causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
-    same = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
-    mask = (causal[None] & same)[:, None, None]
-    scores = jnp.where(mask, scores, -1e30)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_bskh.astype(jnp.float32))
-    return out.reshape(b, t, n, h).astype(q_btnh.dtype)
-
-
-def paged_attention_xla(q_bnh, k_pages_kpzh, v_pages_kpzh, lengths_b, page_table_bm):
-    """Decode attention by gathering each slot's pages; the XLA fallback for the kernel."""
-    b, n, h = q_bnh.shape
-    kv, _, z, _ = k_pages_kpzh.shape
-    m = page_table_bm.shape[1]
-    keys = k_pages_kpzh[:, page_table_bm].reshape(kv, b, m * z, h).astype(jnp.float32)
-    vals = v_pages_kpzh[:, page_table_bm].reshape(kv, b, m * z, h).astype(jnp.float32)
-    q = q_bnh.reshape(b, kv, n // kv, h).astype(jnp.float32)
-    scores = jnp.einsum("BKGH,KBSH->BKGS", q, keys) / math.sqrt(h)
-    valid = jnp.arange(m * z)[None, :] < lengths_b[:, None]
-    scores = jnp.where(valid[:, None, None, :], scores, -1e30)
-    probs = jax.nn.softmax(scores, axis=-1) * (lengths_b > 0)[:, None, None, None]
-    out = jnp.einsum("BKGS,KBSH->BKGH", probs, vals)
-    return out.reshape(b, n, h).astype(q_bnh.dtype)
 
 
 class Decoder(nnx.Module):
@@ -225,16 +190,19 @@ class Decoder(nnx.Module):
         segment_ids_bt: jax.Array,
         *,
         return_kv: bool = False,
+        impl: str = "auto",
     ):
         """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
 
         ``segment_ids_bt`` separates packed sequences (0 marks padding). With ``return_kv``
-        the result is ``(hidden, (k_lbtkh, v_lbtkh))``, keys already rotated.
+        the result is ``(hidden, (k_lbtkh, v_lbtkh))``, keys already rotated. Attention is
+        causal within each segment, through :func:`rljax.kernels.flash_attention` (``impl``
+        picks Pallas or XLA).
         """
 
         def block(x_btd, p):
             q, k, v = self._qkv(p, x_btd, positions_bt)
-            attn = packed_attention(q, k, v, segment_ids_bt)
+            attn = flash_attention(q, k, v, segment_ids_bt, causal=True, impl=impl)
             return self._finish_block(p, x_btd, attn), (k, v) if return_kv else None
 
         x_btd, kv = jax.lax.scan(block, self._embed(tokens_bt), self._layers())
@@ -255,13 +223,14 @@ class Decoder(nnx.Module):
         v_pages: jax.Array,
         page_table_bm: jax.Array,
         *,
-        attention_fn: PagedAttentionFn = paged_attention_xla,
+        impl: str = "auto",
     ):
         """One token per slot against the paged cache; returns (hidden [B, D], k_pages, v_pages).
 
         The cache is [L, K, P, Z, H]. Each slot's new key/value is written at ``positions_b``
         through its page table before attending, so the slot sees ``positions_b + 1`` tokens.
         Free slots point their page table at the reserved page 0, which absorbs their writes.
+        Attention goes through :func:`rljax.kernels.paged_attention` (``impl``: Pallas/XLA).
         """
         z = k_pages.shape[3]
         page_b = jnp.take_along_axis(page_table_bm, (positions_b // z)[:, None], axis=1)[:, 0]
@@ -273,7 +242,7 @@ class Decoder(nnx.Module):
             q, k, v = self._qkv(p, x_btd, positions_b[:, None])
             kp = kp.at[:, page_b, offset_b].set(k[:, 0].transpose(1, 0, 2).astype(kp.dtype))
             vp = vp.at[:, page_b, offset_b].set(v[:, 0].transpose(1, 0, 2).astype(vp.dtype))
-            attn = attention_fn(q[:, 0], kp, vp, lengths_b, page_table_bm)
+            attn = paged_decode_attention(q[:, 0], kp, vp, lengths_b, page_table_bm, impl=impl)
             return self._finish_block(p, x_btd, attn[:, None]), (kp, vp)
 
         x_b1d, (k_pages, v_pages) = jax.lax.scan(

@@ -47,19 +47,20 @@ def arith_tiny(variant: str = "") -> RunConfig:
             loss="grpo",
             group_size=8,
             batch_groups=32,
-            learning_rate=3e-4,
+            learning_rate=1e-4,
             epsilon_low=0.2,
             epsilon_high=0.28,
             beta=0.0,
             grad_clip=1.0,
         ),
-        sft=SFTConfig(steps=150, batch_size=64, learning_rate=3e-3, num_examples=0),
+        # 425 steps land just before the model "gets" carrying: ~20 % held-out accuracy.
+        sft=SFTConfig(steps=425, batch_size=64, learning_rate=3e-3, num_examples=0),
         data=DataConfig(
             task="arithmetic", num_digits=2, ops="+", train_size=4000, heldout_size=256
         ),
         metrics=MetricsConfig(progress_bar=True),
-        num_steps=120,
-        eval_every=40,
+        num_steps=100,
+        eval_every=25,
         eval_examples=256,
     )
     if variant == "test":

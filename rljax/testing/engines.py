@@ -57,6 +57,7 @@ def tiny_engine(
     model: ModelConfig = TINY_MODEL,
     devices=None,
     seed: int = 0,
+    impl: str = "auto",
     **sampling,
 ) -> TinyEngine:
     """A TinyEngine; ``sampling`` overrides SamplingConfig fields."""
@@ -65,5 +66,5 @@ def tiny_engine(
     devices = list(devices or jax.devices()[:1])
     mesh = make_mesh(devices, {"data": 1, "tensor": len(devices)})
     graphdef, params = init_sharded(model, mesh, SAMPLER_RULES, seed)
-    engine = Engine(model, cfg, mesh, graphdef)
+    engine = Engine(model, cfg, mesh, graphdef, impl=impl)
     return TinyEngine(engine, graphdef, engine.load_params(params))

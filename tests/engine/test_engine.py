@@ -203,3 +203,10 @@ def test_slot_sampling_overrides_config(tiny):
     greedy = SlotSampling(temperature=0.0)
     (t,) = sampler.run([Request([7, 8], sampling=greedy, max_new_tokens=5)])
     assert t.response_tokens == tiny.greedy_reference([7, 8], 5)
+
+
+def test_pallas_paged_attention_engine_matches_reference():
+    """The TPU kernel path (interpret mode here) decodes exactly like the full recompute."""
+    tiny = tiny_engine(temperature=0.0, impl="pallas", max_new_tokens=4, max_prefill_length=8)
+    (t,) = Sampler(tiny.engine, tiny.params).run([Request([1, 4, 6, 2, 3], max_new_tokens=4)])
+    assert t.response_tokens == tiny.greedy_reference([1, 4, 6, 2, 3], 4)
