@@ -423,6 +423,10 @@ class Run:
             encode_group=encode_group,
         )
         self.driver.run(start_step=self.learner.version)
+        # Rollouts still in flight belong to versions nobody will train; evaluation needs the
+        # newest weights and empty slots.
+        self.sampler.clear()
+        self.sampler.set_params(*self.weight_sync.acquire())
         if self._stop_requested:
             self._save_async(self.driver, force=True)
 

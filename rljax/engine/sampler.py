@@ -223,6 +223,19 @@ class Sampler:
         self.interrupt(request_id)
         self._held.pop(request_id, None)
 
+    def clear(self) -> int:
+        """Drop every queued, pending, held and running sample; returns how many ran."""
+        running = self.busy_slots
+        for slot, s in enumerate(self._slots):
+            if s is not None:
+                self.state = self.engine.free_slot(self.state, slot)
+                self._slots[slot] = None
+        self._queue.clear()
+        self._pending.clear()
+        self._requests.clear()
+        self._held.clear()
+        return running
+
     def _evict(self, slot: int, *, front: bool) -> None:
         s = self._slots[slot]
         self.state = self.engine.free_slot(self.state, slot)
