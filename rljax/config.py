@@ -318,6 +318,8 @@ class DataConfig:
     train_size: int = 4096
     heldout_size: int = 256
     prompt_format: str = "raw"  # 'raw' or 'chat' (the tokenizer's chat template)
+    # The user text; {prompt} is the task prompt, {question} the same without a trailing '='.
+    prompt_template: str = "{prompt}"
 
     def __post_init__(self):
         _one_of("data.task", self.task, TASKS)
@@ -329,6 +331,12 @@ class DataConfig:
         _positive("data.train_size", self.train_size)
         _positive("data.heldout_size", self.heldout_size)
         _one_of("data.prompt_format", self.prompt_format, ("raw", "chat"))
+        try:
+            self.prompt_template.format(prompt="1+1=", question="1+1")
+        except (KeyError, IndexError, ValueError) as e:
+            _fail(
+                "data.prompt_template", self.prompt_template, f"only {{prompt}}/{{question}} ({e})"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,8 +387,10 @@ class RunConfig:
     """One experiment: every section plus the run-level knobs."""
 
     model: ModelConfig = ModelConfig()
-    tokenizer: str = "char"  # 'char' or a directory with tokenizer.json
-    init: str = "random"  # 'random', or a Hugging Face checkpoint directory / GGUF file
+    tokenizer: str = "char"  # 'char', a directory with tokenizer.json, or 'init' (the checkpoint's)
+    # 'random' (from ``model``), a Hugging Face directory, a GGUF file, or 'smollm2'. A loaded
+    # checkpoint's own config.json / GGUF metadata replaces ``model`` (its dtype is kept).
+    init: str = "random"
     sampling: SamplingConfig = SamplingConfig()
     learner: LearnerConfig = LearnerConfig()
     sft: SFTConfig = SFTConfig()

