@@ -1,0 +1,282 @@
+"""Benchmarks the async pipeline (the real AsyncDriver) with fake engines, against baselines.
+
+    python scripts/bench_pipeline.py            # full run, about 2 minutes on a 2-core CPU
+    python scripts/bench_pipeline.py --quick    # tiny workload, the smoke test's run
+
+The AsyncDriver, StalenessBuffer and StalenessController are the real ones; the sampler,
+learner and weight sync are rljax.testing.fakes whose device work is a ``time.sleep`` from a
+cost model (sleeping releases the GIL, as a blocked device call does). Response lengths are
+lognormal with a long tail. Figures, each a ratio taken in this run:
+  (a) async learner steps/s vs the ideal min(sampler rate, learner rate), where the sampler
+      rate is the driver's with a free learner (zero step cost) and the learner rate the
+      driver's with a free sampler; target >= 0.95 once eta >= 1;
+  (b) async vs sync steps/s on the same workload and fakes (sync: sample a whole batch of
+      groups, then learn, then publish, one after another);
+  (c) host overhead per trajectory in microseconds: the driver (eta = 4) with every cost set
+      to zero, wall time / trajectories consumed, and the process's CPU time / trajectories
+      (wall includes the threads' wake-up latency; CPU time is the Python work itself).
+(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}. Rates are steady-state: taken
+between the learner steps after a warm-up (the pipeline fill is excluded), the same way for
+every run. The last line printed is one JSON object holding every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from rljax.async_runtime import AsyncDriver
+from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.engine.sampler import Request
+from rljax.testing.fakes import (
+    FakeLearner,
+    FakeSampler,
+    FakeWeightSync,
+    fake_make_batch,
+    lognormal_lengths,
+)
+
+ETAS = (0, 1, 2, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Shapes and cost models of one benchmark run (seconds are per device call)."""
+
+    slots: int  # sampler concurrent sequences
+    group_size: int  # G responses per prompt
+    batch_groups: int  # B groups per learner step
+    prompt_len: int
+    median_len: float  # lognormal response lengths
+    sigma: float
+    max_len: int
+    decode_s: float  # decode step: decode_s + decode_per_slot_s * active slots
+    decode_per_slot_s: float
+    learn_per_token_s: float  # learner step: learn_fixed_s + learn_per_token_s * tokens
+    learn_fixed_s: float
+    sync_s: float  # weight publish
+    steps: int  # learner steps per run
+    warmup: int  # steps left out of the steady-state rate
+    concurrency: int  # dispatched groups in flight, in units of slots // group_size
+
+    def sampler_cost(self, free: bool):
+        if free:
+            return lambda active: 0.0
+        return lambda active: self.decode_s + self.decode_per_slot_s * active
+
+    def learner_cost(self, free: bool):
+        if free:
+            return lambda batch: 0.0
+        return lambda batch: self.learn_fixed_s + self.learn_per_token_s * batch.num_tokens
+
+
+FULL = Workload(
+    slots=64,
+    group_size=8,
+    batch_groups=8,
+    prompt_len=32,
+    median_len=64,
+    sigma=1.0,
+    max_len=512,
+    decode_s=0.002,
+    decode_per_slot_s=1e-5,
+    learn_per_token_s=3e-5,
+    learn_fixed_s=0.02,
+    sync_s=0.005,
+    steps=24,
+    warmup=4,
+    concurrency=2,
+)
+QUICK = dataclasses.replace(
+    FULL, slots=8, group_size=4, batch_groups=2, median_len=8, max_len=64, steps=6, warmup=2
+)
+
+
+class _Prompts:
+    """An endless stream of numbered prompts, one learner batch per chunk."""
+
+    def __init__(self, batch: int):
+        self._ids = itertools.count()
+        self._batch = batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[dict]:
+        return [{"id": next(self._ids)} for _ in range(self._batch)]
+
+
+def _rewards(trajs) -> np.ndarray:
+    # Cheap and varied, so no group is without signal; scoring is not what is measured here.
+    return np.array([float(len(t.response_tokens) % 2) for t in trajs])
+
+
+def _steady_rate(times: list[float], warmup: int) -> float:
+    """Steps per second between step ``warmup`` and the last one."""
+    if len(times) <= warmup + 1:
+        raise ValueError(f"{len(times)} steps is too few for warmup={warmup}; raise --steps")
+    return (len(times) - 1 - warmup) / (times[-1] - times[warmup])
+
+
+def run_async(
+    w: Workload, eta: int, *, free_sampler=False, free_learner=False, zero_cost=False
+) -> dict:
+    """The real AsyncDriver over the fakes; returns its rate and counters."""
+    free_sampler |= zero_cost
+    free_learner |= zero_cost
+    learner = FakeLearner(w.learner_cost(free_learner))
+    sampler = FakeSampler(
+        slots=w.slots,
+        step_cost_s=w.sampler_cost(free_sampler),
+        length_sampler=lognormal_lengths(w.median_len, w.sigma, w.max_len),
+        seed=0,
+        params=learner.params,
+    )
+    groups_in_slots = max(1, w.slots // w.group_size)
+    times: list[float] = []
+    driver = AsyncDriver(
+        sampler=sampler,
+        learner=learner,
+        weight_sync=FakeWeightSync(cost_s=0.0 if zero_cost or free_learner else w.sync_s),
+        buffer=StalenessBuffer(batch_groups=w.batch_groups, max_staleness=eta),
+        controller=StalenessController(
+            max_staleness=eta,
+            batch_groups=w.batch_groups,
+            max_concurrent=max(w.batch_groups, w.concurrency * groups_in_slots),
+        ),
+        prompts=_Prompts(w.batch_groups),
+        make_request=lambda ex, rid: Request(
+            [1] * w.prompt_len, w.group_size, payload=ex, request_id=rid
+        ),
+        score_group=_rewards,
+        make_batch=fake_make_batch,
+        group_size=w.group_size,
+        num_steps=w.steps,
+        on_step=lambda step, metrics: times.append(time.perf_counter()),
+    )
+    start, cpu = time.perf_counter(), time.process_time()
+    driver.run()
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {
+        "steps_per_s": _steady_rate(times, w.warmup),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "trajectories": w.steps * w.batch_groups * w.group_size,
+        "sampler_steps": sampler.stats["steps"],
+        "slot_occupancy": sampler.stats["tokens"] / max(1, sampler.stats["steps"] * w.slots),
+    }
+
+
+def run_sync(w: Workload) -> dict:
+    """Sample a whole batch, then learn, then publish: the synchronous baseline."""
+    learner = FakeLearner(w.learner_cost(False))
+    sync = FakeWeightSync(cost_s=w.sync_s)
+    sampler = FakeSampler(
+        slots=w.slots,
+        step_cost_s=w.sampler_cost(False),
+        length_sampler=lognormal_lengths(w.median_len, w.sigma, w.max_len),
+        seed=0,
+        params=learner.params,
+    )
+    prompts, rid = _Prompts(w.batch_groups), itertools.count()
+    times = []
+    for _ in range(w.steps):
+        requests = [
+            Request([1] * w.prompt_len, w.group_size, payload=ex, request_id=next(rid))
+            for ex in next(prompts)
+        ]
+        by_group: dict[int, list] = {}
+        for t in sampler.run(requests):
+            by_group.setdefault(t.group_id, []).append(t)
+        groups = [
+            _SyncGroup(trajs, _rewards(trajs), min(t.min_version for t in trajs))
+            for _, trajs in sorted(by_group.items())
+        ]
+        learner.step(fake_make_batch(groups))
+        sync.publish(learner.params, learner.version)
+        sampler.set_params(*sync.acquire())
+        times.append(time.perf_counter())
+    return {
+        "steps_per_s": _steady_rate(times, w.warmup),
+        "slot_occupancy": sampler.stats["tokens"] / max(1, sampler.stats["steps"] * w.slots),
+    }
+
+
+@dataclasses.dataclass
+class _SyncGroup:
+    trajectories: list
+    rewards: np.ndarray
+    min_version: int
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny workload (the smoke test)")
+    p.add_argument("--steps", type=int, default=None, help="learner steps per run")
+    args = p.parse_args(argv)
+    w = QUICK if args.quick else FULL
+    if args.steps is not None:
+        if args.steps <= w.warmup + 1:
+            p.error(f"--steps={args.steps} must exceed warmup + 1 = {w.warmup + 1}")
+        w = dataclasses.replace(w, steps=args.steps)
+    print(f"workload: {w}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+
+    sampler_alone = run_async(w, max(ETAS), free_learner=True)["steps_per_s"]
+    print(f"sampler alone (learner free): {sampler_alone:.2f} steps/s")
+    learner_alone = run_async(w, max(ETAS), free_sampler=True)["steps_per_s"]
+    print(f"learner alone (sampler free): {learner_alone:.2f} steps/s")
+    ideal = min(sampler_alone, learner_alone)
+
+    sync = run_sync(w)
+    print(f"sync: {sync['steps_per_s']:.2f} steps/s, slot occupancy {sync['slot_occupancy']:.2f}")
+    sweep = {}
+    for eta in ETAS:
+        r = run_async(w, eta)
+        sweep[str(eta)] = {
+            "steps_per_s": r["steps_per_s"],
+            "of_ideal": r["steps_per_s"] / ideal,
+            "vs_sync": r["steps_per_s"] / sync["steps_per_s"],
+            "slot_occupancy": r["slot_occupancy"],
+        }
+        print(
+            f"async eta={eta}: {r['steps_per_s']:.2f} steps/s = {r['steps_per_s'] / ideal:.3f} "
+            f"of ideal, {r['steps_per_s'] / sync['steps_per_s']:.2f}x sync, "
+            f"slot occupancy {r['slot_occupancy']:.2f}"
+        )
+
+    overhead = run_async(w, max(ETAS), zero_cost=True)
+    per_traj_us = overhead["wall_s"] / overhead["trajectories"] * 1e6
+    cpu_per_traj_us = overhead["cpu_s"] / overhead["trajectories"] * 1e6
+    print(
+        f"host overhead: {per_traj_us:.0f} us wall, {cpu_per_traj_us:.0f} us CPU per trajectory "
+        f"({overhead['trajectories']} trajectories in {overhead['wall_s']:.2f} s, zero costs)"
+    )
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    figures = {
+        "quick": args.quick,
+        "steps": w.steps,
+        "trajectories_per_step": w.batch_groups * w.group_size,
+        "sampler_alone_steps_per_s": sampler_alone,
+        "learner_alone_steps_per_s": learner_alone,
+        "ideal_steps_per_s": ideal,
+        "sync_steps_per_s": sync["steps_per_s"],
+        "sync_slot_occupancy": sync["slot_occupancy"],
+        "async": sweep,
+        "best_of_ideal": max(v["of_ideal"] for v in sweep.values()),
+        "host_overhead_us_per_trajectory": per_traj_us,
+        "host_cpu_us_per_trajectory": cpu_per_traj_us,
+    }
+    print(json.dumps(figures))
+    return figures
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,69 @@
+"""Smoke test of scripts/bench_pipeline.py: the --quick run in-process, never its timings.
+
+Rates are wall-time figures on a shared machine, so only their presence, types, consistency
+with each other and the printed JSON line are checked.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    path = REPO / "scripts/bench_pipeline.py"
+    spec = importlib.util.spec_from_file_location("bench_pipeline", path)
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_run(bench):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        figures = bench.main(["--quick"])
+    return buf.getvalue().strip().splitlines(), figures
+
+
+def test_last_line_is_json_of_all_figures(quick_run):
+    lines, figures = quick_run
+    assert json.loads(lines[-1]) == json.loads(json.dumps(figures))
+    assert any(line.startswith("async eta=") for line in lines)
+
+
+def test_figures_are_consistent(quick_run, bench):
+    _, f = quick_run
+    assert f["quick"] is True and f["steps"] == bench.QUICK.steps
+    assert set(f["async"]) == {str(eta) for eta in bench.ETAS}
+    assert f["ideal_steps_per_s"] == min(
+        f["sampler_alone_steps_per_s"], f["learner_alone_steps_per_s"]
+    )
+    for row in f["async"].values():
+        assert math.isclose(row["of_ideal"], row["steps_per_s"] / f["ideal_steps_per_s"])
+        assert math.isclose(row["vs_sync"], row["steps_per_s"] / f["sync_steps_per_s"])
+        assert 0 < row["slot_occupancy"] <= 1
+    assert f["host_overhead_us_per_trajectory"] > 0 and f["host_cpu_us_per_trajectory"] > 0
+    assert f["trajectories_per_step"] == bench.QUICK.batch_groups * bench.QUICK.group_size
+
+
+def test_too_few_steps_is_rejected(bench):
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        bench.main(["--quick", "--steps=2"])
+    assert "--steps=2 must exceed warmup + 1 = 3" in err.getvalue()
+
+
+def test_steady_rate_needs_steps_past_warmup(bench):
+    assert bench._steady_rate([0.0, 1.0, 2.0, 4.0], 1) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="raise --steps"):
+        bench._steady_rate([0.0, 1.0], 1)
