@@ -399,7 +399,12 @@ class Engine:
             positions = jnp.arange(t)[None]
             segments = (positions < length).astype(jnp.int32)
             _, (k, v) = self._model(params)(
-                tokens_1t, positions, segments, return_kv=True, impl=self.impl
+                tokens_1t,
+                positions,
+                segments,
+                return_kv=True,
+                impl=self.impl,
+                sharding=(self._mesh, self._rules),
             )
             return k[:, 0], v[:, 0]
 
@@ -457,6 +462,7 @@ class Engine:
                 state.v_pages,
                 state.page_table,
                 impl=self.impl,
+                sharding=(self._mesh, self._rules),
             )
             logits = model.logits(hidden)
             keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(

@@ -23,10 +23,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ConfigError, LearnerConfig
-from rljax.kernels.fused_logprobs import token_logprobs_and_entropy
+from rljax.kernels.fused_logprobs import (
+    sharded_token_logprobs_and_entropy,
+    token_logprobs_and_entropy,
+)
 from rljax.learner.batch import TrainBatch
 from rljax.learner.losses import Loss, LossInputs, get_loss
 from rljax.models.sharding import LEARNER_RULES, ShardingRules, state_shardings
+from rljax.models.transformer import kernel_mesh_axes
 
 
 def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
@@ -128,15 +132,30 @@ class Learner:
     def _token_stats(self, params, mb: dict[str, jax.Array]):
         """Log-prob and entropy of each row position's target token, [R, T] each."""
         model = nnx.merge(self.graphdef, params)
-        hidden = model(mb["tokens"], mb["positions"], mb["segment_ids"], impl=self.kernel_impl)
-        r, t, d = hidden.shape
-        logp, ent = token_logprobs_and_entropy(
-            hidden.reshape(r * t, d),
-            model.unembed_dv,
-            mb["targets"].reshape(r * t),
-            temperature=self.temperature,
+        sharding = (self.mesh, self.rules)
+        hidden = model(
+            mb["tokens"],
+            mb["positions"],
+            mb["segment_ids"],
             impl=self.kernel_impl,
+            sharding=sharding,
         )
+        r, t, d = hidden.shape
+        unembed = model.unembed_dv
+        args = (hidden.reshape(r * t, d), unembed, mb["targets"].reshape(r * t))
+        kw = dict(temperature=self.temperature, impl=self.kernel_impl)
+        # Rows are split over the 'batch' axes, so the flattened tokens are too; the vocabulary
+        # is split over the 'vocab' axes when they divide it (vocab-parallel combine).
+        split = kernel_mesh_axes(
+            sharding, self.kernel_impl, (("batch", r * t), ("vocab", unembed.shape[1]))
+        )
+        if split is None:
+            logp, ent = token_logprobs_and_entropy(*args, **kw)
+        else:
+            mesh, (batch_axes, vocab_axis) = split
+            logp, ent = sharded_token_logprobs_and_entropy(
+                mesh, batch_axes, *args, vocab_axis=vocab_axis, **kw
+            )
         return logp.reshape(r, t), ent.reshape(r, t)
 
     def _micro_loss(self, params, ref_params, mb, version):

@@ -13,6 +13,11 @@ Two call paths share the weights:
   return each layer's keys and values, which is how the engine prefills;
 - :meth:`Decoder.decode` runs one new token per slot against a paged KV cache.
 
+Both take ``sharding=(mesh, rules)``. A ``pallas_call`` has no GSPMD partitioning rule, so on a
+multi-device mesh the Pallas attention kernels run per shard under ``shard_map``, split over the
+mesh axes the role's rules give 'batch' and 'heads' (see :func:`kernel_mesh_axes`). The XLA
+path needs no such help: GSPMD partitions it.
+
 Einsum legend: B batch, T query positions, S key positions, D model width, N query heads,
 K key/value heads, G query heads per kv head (N = K * G), H head width, F MLP width, V vocab,
 L layers, P pages in the pool, Z page size.
@@ -25,10 +30,16 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 from rljax.config import ModelConfig
-from rljax.kernels.flash_attention import flash_attention
-from rljax.kernels.paged_attention import paged_decode_attention
+from rljax.kernels import dispatch
+from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
+from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
+from rljax.models.sharding import ShardingRules
+
+# A role's mesh and its logical-axis rules; what the call paths need to shard_map the kernels.
+Sharding = tuple[Mesh, ShardingRules]
 
 # Each parameter's logical axes; models/sharding.py maps them to mesh axes per role.
 PARAM_AXES: dict[str, tuple[str, ...]] = {
@@ -89,6 +100,42 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     x1, x2 = jnp.split(x32, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_bthd.dtype)
+
+
+def kernel_mesh_axes(
+    sharding: Sharding | None, impl: str, dims: tuple[tuple[str, int], ...]
+) -> tuple[Mesh, tuple] | None:
+    """The mesh and per-dimension mesh axes a Pallas kernel's ``shard_map`` splits over.
+
+    Args:
+      sharding: ``(mesh, rules)`` of the role, or None.
+      impl: the kernels' ``impl``; only a Pallas backend needs ``shard_map``.
+      dims: ``(logical name, size)`` for each dimension the kernel can split, in order.
+
+    Returns:
+      None when the kernel should be called directly: no sharding given, a one-device mesh,
+      or the XLA path (GSPMD partitions it). Otherwise ``(mesh, axes)`` with one entry per
+      dimension: the mesh axes the rules map it to, or None (replicated) when those axes are
+      absent from the mesh, do not divide its size (2 kv heads on a 4-way 'tensor' axis, a
+      batch of 1 prefill on a 2-way 'data' axis), or already split an earlier dimension.
+    """
+    if sharding is None:
+        return None
+    mesh, rules = sharding
+    if mesh.size == 1 or not dispatch.resolve_impl(impl).use_pallas:
+        return None
+    used: set[str] = set()
+    out = []
+    for name, size in dims:
+        axes = rules.rules.get(name)
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        split = math.prod(mesh.shape.get(a, 0) for a in axes)
+        if not axes or not split or size % split or used.intersection(axes):
+            out.append(None)
+            continue
+        used.update(axes)
+        out.append(axes[0] if len(axes) == 1 else axes)
+    return mesh, tuple(out)
 
 
 class Decoder(nnx.Module):
@@ -191,18 +238,31 @@ class Decoder(nnx.Module):
         *,
         return_kv: bool = False,
         impl: str = "auto",
+        sharding: Sharding | None = None,
     ):
         """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
 
         ``segment_ids_bt`` separates packed sequences (0 marks padding). With ``return_kv``
         the result is ``(hidden, (k_lbtkh, v_lbtkh))``, keys already rotated. Attention is
         causal within each segment, through :func:`rljax.kernels.flash_attention` (``impl``
-        picks Pallas or XLA).
+        picks Pallas or XLA); with ``sharding=(mesh, rules)`` the Pallas kernel runs under
+        ``shard_map``, rows over the 'batch' axes and heads over the 'heads' axes.
         """
+        split = kernel_mesh_axes(
+            sharding, impl, (("batch", tokens_bt.shape[0]), ("heads", self.cfg.num_kv_heads))
+        )
+
+        def attend(q, k, v):
+            if split is None:
+                return flash_attention(q, k, v, segment_ids_bt, causal=True, impl=impl)
+            mesh, (batch_axes, head_axis) = split
+            return sharded_flash_attention(
+                mesh, batch_axes, head_axis, q, k, v, segment_ids_bt, causal=True, impl=impl
+            )
 
         def block(x_btd, p):
             q, k, v = self._qkv(p, x_btd, positions_bt)
-            attn = flash_attention(q, k, v, segment_ids_bt, causal=True, impl=impl)
+            attn = attend(q, k, v)
             return self._finish_block(p, x_btd, attn), (k, v) if return_kv else None
 
         x_btd, kv = jax.lax.scan(block, self._embed(tokens_bt), self._layers())
@@ -224,14 +284,30 @@ class Decoder(nnx.Module):
         page_table_bm: jax.Array,
         *,
         impl: str = "auto",
+        sharding: Sharding | None = None,
     ):
         """One token per slot against the paged cache; returns (hidden [B, D], k_pages, v_pages).
 
         The cache is [L, K, P, Z, H]. Each slot's new key/value is written at ``positions_b``
         through its page table before attending, so the slot sees ``positions_b + 1`` tokens.
         Free slots point their page table at the reserved page 0, which absorbs their writes.
-        Attention goes through :func:`rljax.kernels.paged_attention` (``impl``: Pallas/XLA).
+        Attention goes through :func:`rljax.kernels.paged_attention` (``impl``: Pallas/XLA);
+        with ``sharding=(mesh, rules)`` the Pallas kernel runs under ``shard_map``, slots over
+        the 'batch' axes, heads and the page pool over the 'heads' axes, the pool replicated
+        over the batch axes (the engine's decode-state layout).
         """
+        split = kernel_mesh_axes(
+            sharding, impl, (("batch", tokens_b.shape[0]), ("heads", self.cfg.num_kv_heads))
+        )
+
+        def attend(q, kp, vp):
+            if split is None:
+                return paged_decode_attention(q, kp, vp, lengths_b, page_table_bm, impl=impl)
+            mesh, (batch_axes, head_axis) = split
+            return sharded_paged_decode_attention(
+                mesh, batch_axes, head_axis, q, kp, vp, lengths_b, page_table_bm, impl=impl
+            )
+
         z = k_pages.shape[3]
         page_b = jnp.take_along_axis(page_table_bm, (positions_b // z)[:, None], axis=1)[:, 0]
         offset_b = positions_b % z
@@ -242,7 +318,7 @@ class Decoder(nnx.Module):
             q, k, v = self._qkv(p, x_btd, positions_b[:, None])
             kp = kp.at[:, page_b, offset_b].set(k[:, 0].transpose(1, 0, 2).astype(kp.dtype))
             vp = vp.at[:, page_b, offset_b].set(v[:, 0].transpose(1, 0, 2).astype(vp.dtype))
-            attn = paged_decode_attention(q[:, 0], kp, vp, lengths_b, page_table_bm, impl=impl)
+            attn = attend(q[:, 0], kp, vp)
             return self._finish_block(p, x_btd, attn[:, None]), (kp, vp)
 
         x_b1d, (k_pages, v_pages) = jax.lax.scan(

@@ -58,13 +58,18 @@ def tiny_engine(
     devices=None,
     seed: int = 0,
     impl: str = "auto",
+    data: int = 1,
     **sampling,
 ) -> TinyEngine:
-    """A TinyEngine; ``sampling`` overrides SamplingConfig fields."""
+    """A TinyEngine; ``sampling`` overrides SamplingConfig fields.
+
+    The sampler mesh spans ``devices`` (default: the first device) as ``data`` slot shards
+    times a 'tensor' axis taking the rest.
+    """
     defaults = dict(max_new_tokens=12, max_prefill_length=16, max_concurrent_decodes=4, page_size=4)
     cfg = SamplingConfig(**{**defaults, **sampling})
     devices = list(devices or jax.devices()[:1])
-    mesh = make_mesh(devices, {"data": 1, "tensor": len(devices)})
+    mesh = make_mesh(devices, {"data": data, "tensor": -1})
     graphdef, params = init_sharded(model, mesh, SAMPLER_RULES, seed)
     engine = Engine(model, cfg, mesh, graphdef, impl=impl)
     return TinyEngine(engine, graphdef, engine.load_params(params))
