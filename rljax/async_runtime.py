@@ -156,7 +156,9 @@ class AsyncDriver:
         requests = []
         with self._cond:
             while self._aborts:
-                self.sampler.abort(self._aborts.popleft())
+                rid = self._aborts.popleft()
+                self.sampler.abort(rid)
+                self._partial.pop(rid, None)
             cap = self.controller.capacity(
                 self.buffer.version, self.buffer.num_pending, self.buffer.accepted
             )
@@ -292,6 +294,8 @@ class AsyncDriver:
         if self.weight_sync.due(self.learner.version):
             sync = self.weight_sync.publish(self.learner.params, self.learner.version)
             self.timeline.add("weight_sync", end, end + sync.seconds, track="learner")
+            with self._cond:  # wake an idle sampler: new weights may unblock admission
+                self._cond.notify_all()
         with self._cond:
             snapshot = self.buffer.snapshot()
         rewards = np.concatenate([g.rewards for g in groups])
