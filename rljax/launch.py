@@ -35,17 +35,22 @@ def main(argv: list[str]) -> None:
 
     from rljax import config as config_lib
     from rljax import runtime
+    from rljax.mesh import distributed
     from rljax.testing.configs import arith_tiny
 
     try:
+        # Joins the hosts of a pod (or JAX_COORDINATOR_ADDRESS world) before any device is used.
+        world = distributed.maybe_initialize()
         cfg = (
             config_lib.from_config_dict(_CONFIG.value)
             if _CONFIG.value is not None
             else arith_tiny()
         )
         summary = runtime.run(cfg, _WORKDIR.value)
-    except config_lib.ConfigError as e:
+    except (config_lib.ConfigError, distributed.DistributedConfigError) as e:
         sys.exit(f"rljax: {e}")
+    if not world.is_primary:
+        return
     print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=float))
 
 

@@ -1,0 +1,149 @@
+"""Joining the hosts of a pod into one JAX program (``jax.distributed``), or not.
+
+A multi-host run is one multi-controller program (option (a) of ``docs/multihost.md``): every
+host runs the same launcher, and :func:`maybe_initialize` joins them before any device is
+touched. How the world is found, in order:
+
+1. **Explicit**: ``JAX_COORDINATOR_ADDRESS=host:port`` together with ``JAX_NUM_PROCESSES`` and
+   ``JAX_PROCESS_ID`` (all three, as on a local test or a custom cluster). On the CPU backend
+   the cross-process collectives are switched to gloo, since the default has none.
+2. **TPU pod**: a TPU VM whose ``TPU_WORKER_HOSTNAMES`` (or ``TPU_PROCESS_ADDRESSES``) lists
+   more than one host, or a multislice job (``MEGASCALE_COORDINATOR_ADDRESS``). JAX's own
+   cluster detection then finds the coordinator, the process count and this host's id.
+3. **Single host**: anything else. Nothing is initialised; process 0 of 1.
+
+``RLJAX_DISTRIBUTED=0`` turns the whole thing off (a single-host debug run on one worker of a
+pod). :func:`detect` is the pure part (environment in, plan out) and is what the tests check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+_EXPLICIT_KEYS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+_TPU_HOST_KEYS = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
+
+
+class DistributedConfigError(ValueError):
+    """The environment asks for a multi-host run but does not describe it completely."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedPlan:
+    """How to join the world: ``mode`` is 'single', 'explicit' or 'tpu_pod'.
+
+    ``coordinator``, ``num_processes`` and ``process_id`` are set only in 'explicit' mode; on a
+    pod JAX's cluster detection supplies them.
+    """
+
+    mode: str
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """This process's place in the world after :func:`maybe_initialize`."""
+
+    index: int
+    count: int
+    mode: str
+
+    @property
+    def is_primary(self) -> bool:
+        """True on process 0, the only one that writes metrics and prints summaries."""
+        return self.index == 0
+
+
+def _int_env(env: Mapping[str, str], key: str) -> int:
+    raw = env[key]
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedConfigError(
+            f"environment variable {key}={raw!r} is not an integer; set it to e.g. 0"
+        ) from None
+
+
+def detect(env: Mapping[str, str] | None = None) -> DistributedPlan:
+    """Reads ``env`` (default ``os.environ``) and says how this process should start."""
+    env = os.environ if env is None else env
+    if env.get("RLJAX_DISTRIBUTED", "").strip().lower() in ("0", "false", "off"):
+        return DistributedPlan("single")
+    present = [k for k in _EXPLICIT_KEYS if env.get(k)]
+    if present:
+        missing = [k for k in _EXPLICIT_KEYS if not env.get(k)]
+        if missing:
+            raise DistributedConfigError(
+                f"{present[0]} is set but {', '.join(missing)} is not; set all of "
+                f"{', '.join(_EXPLICIT_KEYS)} for a multi-process run, or unset {present[0]}"
+            )
+        count = _int_env(env, "JAX_NUM_PROCESSES")
+        pid = _int_env(env, "JAX_PROCESS_ID")
+        if count < 1 or not 0 <= pid < count:
+            raise DistributedConfigError(
+                f"JAX_PROCESS_ID={pid} with JAX_NUM_PROCESSES={count} is invalid; the id must be "
+                f"in [0, {count})"
+            )
+        address = env["JAX_COORDINATOR_ADDRESS"]
+        if ":" not in address:
+            raise DistributedConfigError(
+                f"JAX_COORDINATOR_ADDRESS={address!r} has no port; use host:port, "
+                "e.g. 127.0.0.1:12355"
+            )
+        if count == 1:
+            return DistributedPlan("single")
+        return DistributedPlan("explicit", address, count, pid)
+    if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+        return DistributedPlan("tpu_pod")
+    for key in _TPU_HOST_KEYS:
+        hosts = [h for h in env.get(key, "").split(",") if h.strip()]
+        if len(hosts) > 1:
+            return DistributedPlan("tpu_pod")
+    return DistributedPlan("single")
+
+
+def maybe_initialize(env: Mapping[str, str] | None = None) -> ProcessInfo:
+    """Calls ``jax.distributed.initialize`` when :func:`detect` finds a multi-host world.
+
+    Call it once per process, before anything touches a device (building meshes, creating
+    arrays). A second call, or a call after someone else initialised, only reports the world.
+    """
+    import jax
+
+    plan = detect(env)
+    if plan.mode != "single" and not jax.distributed.is_initialized():
+        if plan.mode == "explicit":
+            # The CPU client has no cross-process collectives unless one is chosen; the flag
+            # touches only the CPU client, so it is harmless next to an accelerator.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jax.distributed.initialize(
+                coordinator_address=plan.coordinator,
+                num_processes=plan.num_processes,
+                process_id=plan.process_id,
+            )
+        else:
+            jax.distributed.initialize()
+    return ProcessInfo(index=jax.process_index(), count=jax.process_count(), mode=plan.mode)
+
+
+def process_index() -> int:
+    """This process's index (0 on a single host)."""
+    import jax
+
+    return jax.process_index()
+
+
+def process_count() -> int:
+    """How many processes form the program (1 on a single host)."""
+    import jax
+
+    return jax.process_count()
+
+
+def data_shard() -> tuple[int, int]:
+    """``(shard_index, shard_count)`` for the prompt stream: one shard per process."""
+    return process_index(), process_count()
