@@ -1,0 +1,98 @@
+"""GRPO on GSM8K from Qwen2.5-1.5B-Instruct, one TPU host: ``:v5e8`` (default) or ``:v6e8``.
+
+    rljax --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8 --workdir=gs://BUCKET/runs/q15_gsm8k \
+      --config.init=gs://BUCKET/models/Qwen2.5-1.5B-Instruct \
+      --config.data.path=gs://BUCKET/data/gsm8k/train.jsonl
+    python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8   # fits?
+
+``init`` must be a Hugging Face directory (config.json, safetensors, tokenizer.json); the
+architecture below is ``model_config('qwen2.5-1.5b')`` and the checkpoint's config.json must
+agree with it. ``data.path`` is a GSM8K JSONL or parquet file (local or gs://).
+
+Mesh split (8 chips, one host, disjoint meshes, ``mode=async``):
+  * sampler: chips 0-3, axes data=4 x tensor=1 (bf16 weights replicated, 64 slots per chip);
+  * learner: chips 4-7, axes fsdp=4 x tensor=1 (f32 master weights and Adam moments sharded).
+Batch: B=32 prompts x G=8 responses = 256 sequences per step, 4 micro-batches; eta = 1
+(decoupled PPO corrects the one-step staleness).
+Expected memory per chip (scripts/plan_memory.py, XLA's memory analysis on a fake mesh;
+see docs/benchmarks.md for the measured table): learner ~6.2 GB of weights + Adam + grads
+(1.54 B params x 16 B / 4) plus activations of one 64-row micro-batch; sampler ~3.1 GB of
+bf16 weights plus the paged KV cache (28 KiB/token x 256 slots x 768 tokens / 4 chips).
+v5e has 16 GiB per chip and v6e 32 GiB; ``:v6e8`` uses the headroom for longer answers.
+"""
+
+from rljax.config import (
+    BufferConfig,
+    DataConfig,
+    LearnerConfig,
+    MeshConfig,
+    MetricsConfig,
+    RewardConfig,
+    RunConfig,
+    SamplingConfig,
+    replace,
+    to_config_dict,
+)
+from rljax.models.families import model_config
+
+# Variant -> (chip in rljax.sim.chips, chips); scripts/plan_memory.py plans against these.
+TARGETS = {"v5e8": ("tpu-v5e", 8), "v6e8": ("tpu-v6e", 8)}
+PRESET = "qwen2.5-1.5b"
+
+
+def run_config(arg: str = "v5e8") -> RunConfig:
+    """The typed config of a variant; ``get_config`` turns it into a ConfigDict."""
+    if arg not in TARGETS:
+        raise ValueError(f"unknown qwen2_5_1_5b_gsm8k variant {arg!r}; use one of {list(TARGETS)}")
+    cfg = RunConfig(
+        model=model_config(PRESET, dtype="bfloat16", param_dtype="float32"),
+        init="gs://YOUR_BUCKET/models/Qwen2.5-1.5B-Instruct",  # override with --config.init
+        tokenizer="init",
+        sampling=SamplingConfig(
+            temperature=1.0,
+            max_new_tokens=512,
+            max_prefill_length=256,
+            max_concurrent_decodes=256,
+            page_size=16,
+        ),
+        learner=LearnerConfig(
+            loss="decoupled_ppo",
+            group_size=8,
+            batch_groups=32,
+            micro_batches=4,
+            learning_rate=1e-6,
+            grad_clip=1.0,
+        ),
+        buffer=BufferConfig(max_staleness=1),
+        mesh=MeshConfig(
+            mode="split",
+            sampler_devices=4,
+            learner_devices=4,
+            sampler_data=4,
+            sampler_tensor=1,
+            learner_fsdp=4,
+            learner_tensor=1,
+        ),
+        data=DataConfig(
+            task="gsm8k",
+            path="gs://YOUR_BUCKET/data/gsm8k/train.jsonl",  # override with --config.data.path
+            train_size=7_217,  # GSM8K train has 7,473 rows: the rest is held out
+            heldout_size=256,
+            prompt_format="chat",
+            prompt_template="{question}\nPlease reason step by step, and put your final answer "
+            "after '####'.",
+        ),
+        reward=RewardConfig(name="math_answer", num_workers=8),
+        metrics=MetricsConfig(progress_bar=True, trace=True),
+        mode="async",
+        num_steps=500,
+        eval_every=50,
+        eval_examples=256,
+    )
+    if arg == "v6e8":
+        cfg = replace(cfg, **{"sampling.max_new_tokens": 1024})
+    return cfg
+
+
+def get_config(arg: str | None = None):
+    return to_config_dict(run_config(arg or "v5e8"))

@@ -1,0 +1,94 @@
+"""GRPO on GSM8K from Qwen3-8B on a v5p-32 pod slice (16 chips on 4 hosts): ``:v5p32``.
+
+    scripts/gcp/launch.sh ... -- rljax --config=configs/qwen3_8b_gsm8k.py:v5p32 \
+      --workdir=gs://BUCKET/runs/q3_8b_gsm8k \
+      --config.init=gs://BUCKET/models/Qwen3-8B \
+      --config.data.path=gs://BUCKET/data/gsm8k/train.jsonl
+    python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5p32   # fits?
+
+Every host runs the same command; ``rljax.mesh.distributed.maybe_initialize`` joins the four
+hosts (TPU_WORKER_HOSTNAMES) into one program. ``init`` is a Hugging Face directory; the
+architecture is ``model_config('qwen3-8b')``.
+
+Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=async``):
+  * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4 (bf16 weights, 16.4 GB, split 4
+    ways; 128 slots per data replica);
+  * learner: chips 8-15 (hosts 2-3), axes fsdp=8 x tensor=1 (f32 weights, grads and Adam
+    moments, 8.2 B params x 16 B / 8 = 16.4 GB per chip).
+Batch: B=32 prompts x G=8 = 256 sequences per step, 8 micro-batches; eta = 1.
+Expected memory per chip: learner ~16 GB of state plus one micro-batch of activations;
+sampler ~4.1 GB of weights plus the KV cache (144 KiB/token x 256 slots x 1280 tokens / 8);
+v5p has 95 GiB per chip, so both sides leave room (measured table in docs/benchmarks.md).
+"""
+
+from rljax.config import (
+    BufferConfig,
+    DataConfig,
+    LearnerConfig,
+    MeshConfig,
+    MetricsConfig,
+    RewardConfig,
+    RunConfig,
+    SamplingConfig,
+    to_config_dict,
+)
+from rljax.models.families import model_config
+
+# Variant -> (chip in rljax.sim.chips, chips); scripts/plan_memory.py plans against these.
+TARGETS = {"v5p32": ("tpu-v5p", 16)}
+PRESET = "qwen3-8b"
+
+
+def run_config(arg: str = "v5p32") -> RunConfig:
+    """The typed config of a variant; ``get_config`` turns it into a ConfigDict."""
+    if arg not in TARGETS:
+        raise ValueError(f"unknown qwen3_8b_gsm8k variant {arg!r}; use one of {list(TARGETS)}")
+    return RunConfig(
+        model=model_config(PRESET, dtype="bfloat16", param_dtype="float32"),
+        init="gs://YOUR_BUCKET/models/Qwen3-8B",  # override with --config.init
+        tokenizer="init",
+        sampling=SamplingConfig(
+            temperature=1.0,
+            max_new_tokens=1024,
+            max_prefill_length=256,
+            max_concurrent_decodes=256,
+            page_size=16,
+        ),
+        learner=LearnerConfig(
+            loss="decoupled_ppo",
+            group_size=8,
+            batch_groups=32,
+            micro_batches=8,
+            learning_rate=1e-6,
+            grad_clip=1.0,
+        ),
+        buffer=BufferConfig(max_staleness=1),
+        mesh=MeshConfig(
+            mode="split",
+            sampler_devices=8,
+            learner_devices=8,
+            sampler_data=2,
+            sampler_tensor=4,
+            learner_fsdp=8,
+            learner_tensor=1,
+        ),
+        data=DataConfig(
+            task="gsm8k",
+            path="gs://YOUR_BUCKET/data/gsm8k/train.jsonl",  # override with --config.data.path
+            train_size=7_217,  # GSM8K train has 7,473 rows: the rest is held out
+            heldout_size=256,
+            prompt_format="chat",
+            prompt_template="{question}\nPlease reason step by step, and put your final answer "
+            "after '####'.",
+        ),
+        reward=RewardConfig(name="math_answer", num_workers=16),
+        metrics=MetricsConfig(progress_bar=True, trace=True),
+        mode="async",
+        num_steps=300,
+        eval_every=50,
+        eval_examples=256,
+    )
+
+
+def get_config(arg: str | None = None):
+    return to_config_dict(run_config(arg or "v5p32"))
