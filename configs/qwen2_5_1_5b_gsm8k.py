@@ -45,7 +45,7 @@ def run_config(arg: str = "v5e8") -> RunConfig:
     if arg not in TARGETS:
         raise ValueError(f"unknown qwen2_5_1_5b_gsm8k variant {arg!r}; use one of {list(TARGETS)}")
     cfg = RunConfig(
-        model=model_config(PRESET, dtype="bfloat16", param_dtype="float32"),
+        model=model_config(PRESET, dtype="float32", param_dtype="float32"),
         init="gs://YOUR_BUCKET/models/Qwen2.5-1.5B-Instruct",  # override with --config.init
         tokenizer="init",
         sampling=SamplingConfig(

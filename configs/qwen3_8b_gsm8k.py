@@ -44,7 +44,7 @@ def run_config(arg: str = "v5p32") -> RunConfig:
     if arg not in TARGETS:
         raise ValueError(f"unknown qwen3_8b_gsm8k variant {arg!r}; use one of {list(TARGETS)}")
     return RunConfig(
-        model=model_config(PRESET, dtype="bfloat16", param_dtype="float32"),
+        model=model_config(PRESET, dtype="float32", param_dtype="float32"),
         init="gs://YOUR_BUCKET/models/Qwen3-8B",  # override with --config.init
         tokenizer="init",
         sampling=SamplingConfig(
