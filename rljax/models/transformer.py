@@ -209,7 +209,8 @@ class Decoder(nnx.Module):
         k = jnp.einsum("BTD,DKH->BTKH", h_btd, p["wk"].astype(h_btd.dtype))
         v = jnp.einsum("BTD,DKH->BTKH", h_btd, p["wv"].astype(h_btd.dtype))
         if cfg.qkv_bias:
-            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+            dt = h_btd.dtype  # f32 biases must not promote bf16 activations
+            q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
         if cfg.qk_norm:
             q = rms_norm(q, p["q_norm"], cfg.norm_eps)
             k = rms_norm(k, p["k_norm"], cfg.norm_eps)
