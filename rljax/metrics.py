@@ -81,6 +81,16 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def offset(self) -> int | None:
+        """The metrics file's length: saved in checkpoints as the metrics cursor."""
+        return None if self._file is None else self._file.tell()
+
+    def rewind(self, offset: int | None) -> None:
+        """Drop records written after ``offset`` (steps a killed run logged past its checkpoint)."""
+        if self._file is not None and offset is not None and offset <= self._file.tell():
+            self._file.truncate(offset)
+            self._file.seek(offset)
+
     def progress(self, n: int = 1, **postfix: float) -> None:
         if self._bar is not None:
             self._bar.update(n)

@@ -263,6 +263,7 @@ class Run:
             "version": self.learner.version,
             "data": self.prompts.get_state(),
             "initial_accuracy": self.initial_accuracy,
+            "metrics_offset": self.metrics.offset(),
             **(extra or {}),
         }
 
@@ -293,6 +294,7 @@ class Run:
         self.learner.version = int(meta["version"])
         self.prompts.set_state(meta["data"])
         self.initial_accuracy = meta["initial_accuracy"]
+        self.metrics.rewind(meta.get("metrics_offset"))
         self.resumed_meta = meta
         self.publish()
         self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")

@@ -1,5 +1,6 @@
 """Kill anywhere, resume from the last checkpoint, and end bitwise where an unkilled run ends."""
 
+import json
 import os
 import pathlib
 import signal
@@ -98,5 +99,9 @@ def test_killed_runs_resume_bitwise(tmp_path):
     want, want_meta = _params_at(clean, STEPS)
     got, got_meta = _params_at(killed, STEPS)
     assert got_meta["data"] == want_meta["data"]
+    # The metrics cursor: each training step is logged exactly once despite the two kills.
+    records = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in records if r["phase"] == "train"]
+    assert train_steps == list(range(STEPS))
     for a, b in zip(want, got, strict=True):
         np.testing.assert_array_equal(a, b)
