@@ -220,12 +220,16 @@ class Engine:
         return jax.device_put(params, self.param_shardings(params), may_alias=False)
 
     def init_decode_state(self) -> DecodeState:
-        cfg, b = self.model_cfg, self.max_concurrent_decodes
+        """Fresh device state, every slot free, and a fresh host page allocator."""
         self.allocator = PageAllocator(self.num_pages)
-        self._slot_pages = [[] for _ in range(b)]
+        self._slot_pages = [[] for _ in range(self.max_concurrent_decodes)]
         self._host_positions[:] = 0
         self._host_active[:] = False
         self._host_table[:] = 0
+        return self._make_state()
+
+    def _empty_state(self) -> DecodeState:
+        cfg, b = self.model_cfg, self.max_concurrent_decodes
         shape = (
             cfg.num_layers,
             cfg.num_kv_heads,
@@ -235,25 +239,21 @@ class Engine:
         )
         dtype = jnp.dtype(cfg.dtype)
         s = SlotSampling.from_config(self.sampling_cfg)
-
-        def make():
-            zeros_i = jnp.zeros(b, jnp.int32)
-            return DecodeState(
-                k_pages=jnp.zeros(shape, dtype),
-                v_pages=jnp.zeros(shape, dtype),
-                tokens=zeros_i,
-                positions=zeros_i,
-                page_table=jnp.zeros((b, self.pages_per_slot), jnp.int32),
-                active=jnp.zeros(b, bool),
-                keys=jnp.zeros((b, 2), jnp.uint32),
-                steps=zeros_i,
-                temperature=jnp.full(b, s.temperature, jnp.float32),
-                top_k=jnp.full(b, s.top_k, jnp.int32),
-                top_p=jnp.full(b, s.top_p, jnp.float32),
-                min_p=jnp.full(b, s.min_p, jnp.float32),
-            )
-
-        return jax.jit(make, out_shardings=self._decode_state_shardings())()
+        zeros_i = jnp.zeros(b, jnp.int32)
+        return DecodeState(
+            k_pages=jnp.zeros(shape, dtype),
+            v_pages=jnp.zeros(shape, dtype),
+            tokens=zeros_i,
+            positions=zeros_i,
+            page_table=jnp.zeros((b, self.pages_per_slot), jnp.int32),
+            active=jnp.zeros(b, bool),
+            keys=jnp.zeros((b, 2), jnp.uint32),
+            steps=zeros_i,
+            temperature=jnp.full(b, s.temperature, jnp.float32),
+            top_k=jnp.full(b, s.top_k, jnp.int32),
+            top_p=jnp.full(b, s.top_p, jnp.float32),
+            min_p=jnp.full(b, s.min_p, jnp.float32),
+        )
 
     def bucket_for(self, length: int) -> int:
         """The padded length a prompt of ``length`` tokens is prefilled at."""
@@ -392,6 +392,8 @@ class Engine:
     def _build_jits(self):
         state_sh = self._decode_state_shardings()
         prefix_sh = self.get_prefix_destination_sharding()
+        # Compiled once per engine: building a Sampler must not re-jit the empty state.
+        self._make_state = jax.jit(self._empty_state, out_shardings=state_sh)
 
         @functools.partial(jax.jit, out_shardings=(prefix_sh.k, prefix_sh.v))
         def prefill(params, tokens_1t, length):
