@@ -161,6 +161,11 @@ def _run(driver: AsyncDriver, start_step: int = 0) -> None:
         watchdog.cancel()
 
 
+def _example_of(group) -> dict:
+    """A buffered group's example, whether the driver encodes groups for JSON or not."""
+    return group["example"] if isinstance(group, dict) else group.example
+
+
 def _check_run(record: Record, driver: AsyncDriver, eta: int) -> set[int]:
     """Asserts the per-run invariants; returns the example ids still pending at stop."""
     assert record.batch_sizes and set(record.batch_sizes) == {BATCH}
@@ -168,7 +173,9 @@ def _check_run(record: Record, driver: AsyncDriver, eta: int) -> set[int]:
     assert len(record.consumed) == len(set(record.consumed)), "a group was consumed twice"
     state = driver.checkpoint_state()
     pending = {e["id"] for e in state["pending"]}
-    buffered = {g["group"].example["id"] for b in state["buffer"]["buffers"] for g in b["groups"]}
+    buffered = {
+        _example_of(g["group"])["id"] for b in state["buffer"]["buffers"] for g in b["groups"]
+    }
     surplus = driver.buffer.surplus_ids
     consumed = set(record.consumed)
     assert not consumed & buffered and not consumed & pending and not buffered & pending
