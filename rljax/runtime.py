@@ -370,9 +370,6 @@ class Run:
         ]
         return self._pack(seqs, self.loss.aggregation)
 
-    def score_group(self, trajs: list[Trajectory]) -> np.ndarray:
-        return self.score(trajs)
-
     def rl_step(self, step: int) -> dict[str, Any]:
         """One synchronous GRPO step: sample, score, advantages, learn, publish."""
         examples = next(self.prompts)
@@ -450,7 +447,7 @@ class Run:
             ),
             prompts=self.prompts,
             make_request=self.make_request,
-            score_group=self.score_group,
+            score_group=self.score,
             make_batch=self.make_batch,
             group_size=cfg.learner.group_size,
             num_steps=cfg.num_steps,
