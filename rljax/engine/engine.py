@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine import sampling
-from rljax.models.sharding import SAMPLER_RULES, ShardingRules, state_shardings
+from rljax.models.sharding import SAMPLER_RULES, ShardingRules, axis_size, state_shardings
 from rljax.models.transformer import Decoder
 
 
@@ -495,9 +495,7 @@ class Engine:
 
 def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
     """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
-    axes = sharding.spec[dim]
-    axes = (axes,) if isinstance(axes, str) else (axes or ())
-    if size % math.prod(sharding.mesh.shape[a] for a in axes) == 0:
+    if size % axis_size(sharding.mesh, sharding.spec[dim]) == 0:
         return sharding
     spec = list(sharding.spec)
     spec[dim] = None

@@ -29,7 +29,7 @@ from rljax.kernels.fused_logprobs import (
 )
 from rljax.learner.batch import TrainBatch
 from rljax.learner.losses import Loss, LossInputs, get_loss
-from rljax.models.sharding import LEARNER_RULES, ShardingRules, state_shardings
+from rljax.models.sharding import LEARNER_RULES, ShardingRules, axis_size, state_shardings
 from rljax.models.transformer import kernel_mesh_axes
 
 
@@ -48,9 +48,7 @@ def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
 
 def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
     """How many ways the learner splits a batch's rows."""
-    axes = rules.rules["batch"]
-    axes = (axes,) if isinstance(axes, str) else (axes or ())
-    return int(np.prod([mesh.shape[a] for a in axes if a in mesh.shape]))
+    return axis_size(mesh, rules.rules["batch"])
 
 
 def optimizer_shardings(tx, params, param_shardings, replicated):

@@ -21,6 +21,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax.config import ModelConfig
 
 
+def axis_names(entry) -> tuple[str, ...]:
+    """A rule-table or PartitionSpec entry (None, one axis name, or several) as a tuple."""
+    return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
+def axis_size(mesh: Mesh, entry) -> int:
+    """How many ways ``entry``'s mesh axes split a dimension (1 when it is replicated)."""
+    return math.prod(mesh.shape[a] for a in axis_names(entry) if a in mesh.shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingRules:
     """One role's mapping from logical axis names to mesh axis names (or None: replicate)."""
@@ -38,7 +48,7 @@ class ShardingRules:
                     f"{self.role} sharding rules have no entry for logical axis {axis!r} of "
                     f"{name}; add it to the rule table (None to replicate)"
                 )
-            for m in (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ()):
+            for m in axis_names(mesh_axes):
                 if m in used:
                     raise ValueError(
                         f"{self.role} sharding rules map both {used[m]!r} and {axis!r} of {name} "
@@ -53,8 +63,7 @@ class ShardingRules:
         spec = self.spec(logical, name=name)
         if shape is not None:
             for dim, mesh_axes in enumerate(spec):
-                axes = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
-                size = math.prod(mesh.shape[a] for a in axes)
+                axes, size = axis_names(mesh_axes), axis_size(mesh, mesh_axes)
                 if shape[dim] % size:
                     raise ValueError(
                         f"{name} dimension {dim} ({logical[dim]}) has size {shape[dim]}, not "
@@ -107,8 +116,7 @@ def _degrade(mesh: Mesh, rules: ShardingRules, logical, shape, name) -> NamedSha
     """
     spec = list(rules.spec(logical, name=name))
     for dim, mesh_axes in enumerate(spec):
-        axes = (mesh_axes,) if isinstance(mesh_axes, str) else (mesh_axes or ())
-        if shape[dim] % math.prod(mesh.shape[a] for a in axes):
+        if shape[dim] % axis_size(mesh, mesh_axes):
             spec[dim] = None
     return NamedSharding(mesh, PartitionSpec(*spec))
 
