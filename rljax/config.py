@@ -28,7 +28,11 @@ LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
 SWAP_MODES = ("inflight", "recompute", "drain")
 TASKS = ("arithmetic", "gsm8k", "math")
 MESH_MODES = ("colocated", "split")
+# Activation rematerialisation of the training decoder block: 'none' keeps every activation,
+# 'full' recomputes the block in the backward pass, the rest name jax.checkpoint_policies.
+REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RUN_MODES = ("sync", "async")
+SFT_TEACHERS = ("reference", "drops_carries")
 
 
 class ConfigError(ValueError):
@@ -192,6 +196,7 @@ class LearnerConfig:
     micro_batches: int = 1  # gradient accumulation steps per learner step
     ppo_epochs: int = 1  # optimiser updates per batch (PPO reuse; the clip bounds the drift)
     pack_length: int = 0  # row length for sequence packing; 0 = model max
+    remat: str = "none"  # activation rematerialisation per decoder block: one of REMAT
     epsilon_low: float = 0.2
     epsilon_high: float = 0.28
     beta: float = 0.0  # KL(pi || pi_ref) coefficient; 0 disables the reference model
@@ -218,6 +223,7 @@ class LearnerConfig:
         _positive("learner.micro_batches", self.micro_batches)
         _positive("learner.ppo_epochs", self.ppo_epochs)
         _positive("learner.pack_length", self.pack_length, allow_zero=True)
+        _one_of("learner.remat", self.remat, REMAT)
         if self.micro_batches > self.batch_groups * self.group_size:
             _fail(
                 "learner.micro_batches",
@@ -249,18 +255,32 @@ class LearnerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    """Supervised warm start before RL (cross-entropy on reference answers)."""
+    """Supervised warm start before RL: cross-entropy on a teacher's answers.
+
+    ``teacher='reference'`` imitates the task's reference answers. ``teacher='drops_carries'``
+    (addition only) imitates a careless teacher that forgets each carry with probability
+    ``teacher_slip``, fresh on every visit: the student learns to carry but rarely does it
+    greedily, the regime where a verifier reward has a lot to fix.
+    """
 
     steps: int = 0  # 0 skips the warm start
     batch_size: int = 64
     learning_rate: float = 1e-3
     num_examples: int = 0  # train on the first n training examples; 0 = all
+    teacher: str = "reference"
+    teacher_slip: float = 0.0
 
     def __post_init__(self):
         _positive("sft.steps", self.steps, allow_zero=True)
         _positive("sft.batch_size", self.batch_size)
         _positive_float("sft.learning_rate", self.learning_rate)
         _positive("sft.num_examples", self.num_examples, allow_zero=True)
+        _one_of("sft.teacher", self.teacher, SFT_TEACHERS)
+        slip = self.teacher_slip
+        if isinstance(slip, bool) or not isinstance(slip, int | float) or not 0.0 <= slip < 1.0:
+            _fail("sft.teacher_slip", self.teacher_slip, "a probability in [0, 1)")
+        if self.teacher == "reference" and self.teacher_slip:
+            _fail("sft.teacher_slip", self.teacher_slip, "0 with sft.teacher='reference'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,6 +441,14 @@ class RunConfig:
                 "buffer.max_staleness",
                 self.buffer.max_staleness,
                 "0 in sync mode (set mode='async' to train off-policy)",
+            )
+        if self.sft.teacher == "drops_carries" and (
+            self.data.task != "arithmetic" or self.data.ops != "+"
+        ):
+            _fail(
+                "sft.teacher",
+                self.sft.teacher,
+                "'reference' unless data.task='arithmetic' and data.ops='+' (only sums carry)",
             )
         if self.sampling.max_concurrent_decodes < self.learner.group_size:
             _fail(

@@ -24,7 +24,7 @@ from rljax.async_runtime import AsyncDriver, Group
 from rljax.buffer import StalenessBuffer, StalenessController
 from rljax.checkpoint import Checkpointer, abstract_like
 from rljax.config import ConfigError, RunConfig
-from rljax.data.arithmetic import ArithmeticTask
+from rljax.data.arithmetic import ArithmeticTask, careless_sum
 from rljax.data.pipeline import prompt_iterator
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import FINISH_STOP, Request, Sampler, Trajectory
@@ -309,7 +309,7 @@ class Run:
     # -- phases -----------------------------------------------------------------------------
 
     def warm_start(self) -> dict[str, float]:
-        """Supervised cross-entropy on reference answers before RL (``cfg.sft``)."""
+        """Supervised cross-entropy on the teacher's answers before RL (``cfg.sft``)."""
         s = self.cfg.sft
         if s.steps == 0:
             return {}
@@ -328,10 +328,14 @@ class Run:
         metrics: dict[str, float] = {}
         for step in range(s.steps):
             batch = next(data)
+            teacher = np.random.default_rng((self.cfg.seed, step))
             seqs = []
             for ex in batch:
                 prompt = self.encode_prompt(ex)
-                answer = self.tokenizer.encode(ex["answer"], add_bos=False) + [eos]
+                target = ex["answer"]
+                if s.teacher == "drops_carries":
+                    target = careless_sum(ex["prompt"], s.teacher_slip, teacher)
+                answer = self.tokenizer.encode(target, add_bos=False) + [eos]
                 seqs.append(TrainSequence(prompt + answer, len(prompt)))
             with self.timeline.span("sft_step"):
                 metrics = learner.step(self._pack(seqs, "token_mean"))

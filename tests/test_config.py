@@ -34,6 +34,14 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
         ),
         ({"buffer.max_staleness": 2}, "buffer.max_staleness", "mode='async'"),
         ({"data.task": "gsm8k"}, "data.path", "JSONL"),
+        ({"sft.teacher": "oracle"}, "sft.teacher", "drops_carries"),
+        ({"sft.teacher": "drops_carries", "sft.teacher_slip": 1.0}, "sft.teacher_slip", "[0, 1)"),
+        ({"sft.teacher_slip": 0.5}, "sft.teacher_slip", "teacher='reference'"),
+        (
+            {"sft.teacher": "drops_carries", "sft.teacher_slip": 0.5, "data.ops": "+-"},
+            "sft.teacher",
+            "only sums carry",
+        ),
     ],
 )
 def test_bad_values_name_key_and_fix(changes, key, fix):

@@ -139,3 +139,26 @@ class ArithmeticTask:
     def heldout(self) -> list[dict]:
         """Returns the held-out examples."""
         return self.splits()[1]
+
+
+def careless_sum(prompt: str, slip: float, rng) -> str:
+    """The answer to ``"a+b="`` from a teacher that forgets each carry with probability ``slip``.
+
+    Column addition from the units up; whenever a column carries, ``rng.random() < slip`` drops
+    the carry. With ``slip=0`` this is the exact sum. ``rng`` is a ``random.Random`` or a NumPy
+    ``Generator``.
+    """
+    question = prompt.rstrip("= ")
+    a_text, plus, b_text = question.partition("+")
+    if not plus or not a_text.isdigit() or not b_text.isdigit():
+        raise ValueError(f"careless_sum needs a prompt like '37+45=', got {prompt!r}.")
+    a, b = int(a_text), int(b_text)
+    digits, carry = [], 0
+    while a or b or carry:
+        column = a % 10 + b % 10 + carry
+        digits.append(column % 10)
+        carry = column // 10
+        if carry and rng.random() < slip:
+            carry = 0
+        a, b = a // 10, b // 10
+    return "".join(str(d) for d in reversed(digits)).lstrip("0") or "0"

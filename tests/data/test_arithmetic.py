@@ -2,12 +2,13 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 
 import pytest
 
-from rljax.data.arithmetic import ArithmeticTask
+from rljax.data.arithmetic import ArithmeticTask, careless_sum
 
 
 def _check_example(example):
@@ -90,3 +91,30 @@ def test_bad_arguments(kwargs, message):
 def test_problem_id_out_of_range():
     with pytest.raises(ValueError, match="problem_id=400 is out of range"):
         ArithmeticTask(num_digits=1, ops="+-*", train_size=1, heldout_size=1).problem(400)
+
+
+def test_careless_sum_is_exact_without_slips():
+    for a in range(0, 1000, 37):
+        for b in range(0, 1000, 53):
+            assert careless_sum(f"{a}+{b}=", 0.0, random.Random(0)) == str(a + b)
+
+
+def test_careless_sum_drops_each_carry_independently():
+    rng = random.Random(0)
+    # 37+85: units carry and tens carry; every combination of dropped carries is possible.
+    counts = {}
+    for _ in range(4000):
+        answer = careless_sum("37+85=", 0.6, rng)
+        counts[answer] = counts.get(answer, 0) + 1
+    assert set(counts) == {"122", "112", "22", "12"}
+    assert abs(counts["122"] / 4000 - 0.4 * 0.4) < 0.03  # both carries kept
+    assert abs(counts["12"] / 4000 - 0.6 * 0.6) < 0.03  # both dropped
+    assert abs(counts["22"] / 4000 - 0.4 * 0.6) < 0.03  # units carry kept, tens carry dropped
+    # No carry, nothing to drop; a dropped carry never leaves a leading zero.
+    assert careless_sum("12+34=", 0.99, rng) == "46"
+    assert careless_sum("50+50=", 0.999999, rng) == "0"
+
+
+def test_careless_sum_rejects_other_prompts():
+    with pytest.raises(ValueError, match="like '37\\+45='"):
+        careless_sum("37-45=", 0.5, random.Random(0))
