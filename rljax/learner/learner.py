@@ -137,6 +137,7 @@ class Learner:
             mb["segment_ids"],
             impl=self.kernel_impl,
             sharding=sharding,
+            remat=self.cfg.remat,
         )
         r, t, d = hidden.shape
         unembed = model.unembed_dv

@@ -64,6 +64,13 @@ PARAM_AXES: dict[str, tuple[str, ...]] = {
 
 LAYER_PARAMS = tuple(k for k, axes in PARAM_AXES.items() if axes[0] == "layers")
 
+# learner.remat -> the jax.checkpoint policy of the scanned training block ('none': no remat).
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm computed in float32, cast back to the input dtype."""
@@ -240,6 +247,7 @@ class Decoder(nnx.Module):
         return_kv: bool = False,
         impl: str = "auto",
         sharding: Sharding | None = None,
+        remat: str = "none",
     ):
         """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
 
@@ -248,7 +256,14 @@ class Decoder(nnx.Module):
         causal within each segment, through :func:`rljax.kernels.flash_attention` (``impl``
         picks Pallas or XLA); with ``sharding=(mesh, rules)`` the Pallas kernel runs under
         ``shard_map``, rows over the 'batch' axes and heads over the 'heads' axes.
+
+        ``remat`` (a key of :data:`REMAT_POLICIES`, or 'none') wraps each scanned block in
+        ``jax.checkpoint``: the backward pass then keeps only what the policy saves (with
+        'full', each layer's input) and recomputes the rest, trading FLOPs for activation
+        memory. The values and gradients are unchanged.
         """
+        if remat != "none" and remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={remat!r}; expected 'none' or one of {list(REMAT_POLICIES)}")
         split = kernel_mesh_axes(
             sharding, impl, (("batch", tokens_bt.shape[0]), ("heads", self.cfg.num_kv_heads))
         )
@@ -266,6 +281,9 @@ class Decoder(nnx.Module):
             attn = attend(q, k, v)
             return self._finish_block(p, x_btd, attn), (k, v) if return_kv else None
 
+        if remat != "none":
+            # prevent_cse=False: inside a scan XLA cannot CSE the recomputation away anyway.
+            block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=False)
         x_btd, kv = jax.lax.scan(block, self._embed(tokens_bt), self._layers())
         hidden = rms_norm(x_btd, self.final_norm[...], self.cfg.norm_eps)
         return (hidden, kv) if return_kv else hidden
