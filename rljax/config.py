@@ -304,6 +304,12 @@ class MeshConfig:
     ``colocated`` puts every device in one mesh shared by both roles. ``split`` gives the first
     ``sampler_devices`` devices to the sampler and the next ``learner_devices`` to the learner.
     Axis sizes of -1 absorb the remaining devices.
+
+    With ``reallocate`` on (split mode, async runs), every ``reallocate_every`` learner steps
+    the runtime hands the measured phase (busy/idle seconds per role, buffer fill, switch cost)
+    to :class:`rljax.mesh.reallocator.Reallocator` and resizes the two meshes when it answers
+    with a new split (``Run.resize``); chips move ``reallocate_granularity`` at a time and
+    neither side shrinks below its ``reallocate_min_*``.
     """
 
     mode: str = "colocated"
@@ -313,6 +319,11 @@ class MeshConfig:
     learner_tensor: int = 1
     sampler_data: int = -1
     sampler_tensor: int = 1
+    reallocate: bool = False
+    reallocate_every: int = 5  # learner steps per reallocation phase
+    reallocate_granularity: int = 1  # chips per move (a host's chips on a pod slice)
+    reallocate_min_sampler: int = 1
+    reallocate_min_learner: int = 1
 
     def __post_init__(self):
         _one_of("mesh.mode", self.mode, MESH_MODES)
@@ -325,6 +336,22 @@ class MeshConfig:
             v = getattr(self, k)
             if not (isinstance(v, int) and (v == -1 or v > 0)):
                 _fail(f"mesh.{k}", v, "a positive integer, or -1 to use the remaining devices")
+        if not isinstance(self.reallocate, bool):
+            _fail("mesh.reallocate", self.reallocate, "True or False")
+        if self.reallocate and self.mode != "split":
+            _fail(
+                "mesh.reallocate",
+                self.reallocate,
+                "False in colocated mode (reallocation moves chips between the two meshes of "
+                "mesh.mode='split')",
+            )
+        for k in (
+            "reallocate_every",
+            "reallocate_granularity",
+            "reallocate_min_sampler",
+            "reallocate_min_learner",
+        ):
+            _positive(f"mesh.{k}", getattr(self, k))
 
 
 @dataclasses.dataclass(frozen=True)

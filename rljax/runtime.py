@@ -8,6 +8,7 @@ is measured after it and at the end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -32,6 +33,15 @@ from rljax.learner.advantages import group_advantages
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss, get_loss
+from rljax.mesh.reallocator import Split
+from rljax.mesh.resize import (
+    MeshCache,
+    Reallocation,
+    attach_sampler,
+    detach_sampler,
+    move_learner,
+    plan_resize,
+)
 from rljax.mesh.topology import Topology, build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.metrics import MetricsWriter, Timeline
@@ -133,7 +143,8 @@ class Run:
         self.cfg = cfg
         self.workdir = check_workdir(workdir)
         self.loss = get_loss(loss or cfg.learner.loss)
-        self.topology: Topology = build_topology(cfg.mesh, devices)
+        self.devices = list(jax.devices() if devices is None else devices)
+        self.topology: Topology = build_topology(cfg.mesh, self.devices)
         self.model_cfg, self.graphdef, params = load_initial_params(cfg, self.topology.learner)
         self.tokenizer = load_tokenizer(cfg)
         self.tokenizer.check_fits(self.model_cfg.vocab_size)
@@ -161,6 +172,18 @@ class Run:
         if cfg.sft.steps:
             check_divisible("sft.batch_size", cfg.sft.batch_size, self.learner.dp)
         self.weight_sync = WeightSync(self.engine.param_shardings)
+        # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
+        self.engines, self.learners = MeshCache(), MeshCache()
+        self.engines.put(self.topology.sampler, self.engine)
+        self.learners.put(self.topology.learner, self.learner)
+        # Called as hook(run, step) on the learner thread at each step boundary (see resize).
+        self.step_hooks: list[Callable[[Run, int], None]] = []
+        if cfg.mesh.reallocate and cfg.mode != "async":
+            raise ConfigError(
+                "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
+                "each role idles while the other works); set mode='async' or turn it off"
+            )
+        self.reallocation = Reallocation(cfg.mesh) if cfg.mesh.reallocate else None
         self.sampler = Sampler(
             self.engine,
             self.engine.load_params(self.learner.params),
@@ -306,6 +329,102 @@ class Run:
         if self.driver is not None:
             self.driver.stop()
 
+    # -- resizing ---------------------------------------------------------------------------
+
+    def resize(self, split: Split) -> dict[str, Any] | None:
+        """Move to ``split`` (sampler chips, learner chips) at a safe point.
+
+        Call it between steps: from a ``step_hooks`` hook (an async run calls them after the
+        learner step, before its weights go out), before or after ``train``, or from another
+        thread during an async run (it then waits for the next step boundary). In-flight
+        requests are interrupted and resumed as partial rollouts; learner params, optimizer
+        state and reference params are resharded onto the new learner mesh; the engine is
+        rebuilt on the new sampler mesh (one per mesh, reused on a return) and the weights
+        re-published. The buffer is untouched. A split that cannot work raises a one-line error
+        before anything moves. Returns the record logged to metrics.jsonl (phase 'resize'), or
+        None when ``split`` is the current split.
+        """
+        return self._resize(split, cause="api")
+
+    def _resize(self, split: Split, cause: str) -> dict[str, Any] | None:
+        driver = self.driver
+        if driver is not None and driver.running and not driver.on_learner_thread():
+            return driver.call_at_boundary(lambda: self._resize(split, cause))
+        topology = plan_resize(
+            self.cfg.mesh, split, self.devices, batch=self.cfg.learner.batch_size
+        )
+        old = self.topology.split
+        if split == old:
+            return None
+        start = time.perf_counter()
+        live = driver is not None and driver.running
+        with driver.safe_point() if live else contextlib.nullcontext([]) as interrupted:
+            detach_sampler(self.sampler)
+            self.learner = move_learner(self.learner, topology.learner, self.learners)
+            cfg, graphdef = self.cfg, self.graphdef
+            self.engine = self.engines.get(
+                topology.sampler,
+                lambda: Engine(
+                    self.model_cfg, cfg.sampling, topology.sampler, graphdef, impl=cfg.kernel_impl
+                ),
+            )
+            self.weight_sync.retarget(self.engine.param_shardings)
+            sync = self.weight_sync.publish(self.learner.params, self.learner.version)
+            attach_sampler(self.sampler, self.engine, *self.weight_sync.acquire())
+            self.topology = topology
+            if driver is not None:
+                driver.learner = self.learner
+        seconds = time.perf_counter() - start
+        record = {
+            "from": f"{old.sampler_chips}/{old.learner_chips}",
+            "to": f"{split.sampler_chips}/{split.learner_chips}",
+            "sampler_devices": split.sampler_chips,
+            "learner_devices": split.learner_chips,
+            "seconds": seconds,
+            "cause": cause,
+            "interrupted_requests": len(interrupted),
+            "sync_bytes": sync.bytes,
+            "engines_built": self.engines.builds,
+            "learners_built": self.learners.builds,
+            "version": self.learner.version,
+        }
+        self.timeline.add("resize", start, start + seconds, track="learner", **record)
+        self.metrics.write(self.learner.version, "resize", record)
+        self.metrics.print(
+            f"resized sampler/learner chips {record['from']} -> {record['to']} in {seconds:.2f} s"
+        )
+        if self.reallocation is not None:
+            self.reallocation.switch_cost_s = seconds
+        return record
+
+    def _at_boundary(self, step: int, sampler: dict | None = None, learner: dict | None = None):
+        """The safe point after each learner step: step hooks, then the reallocation policy."""
+        for hook in list(self.step_hooks):
+            hook(self, step)
+        if self.reallocation is None or sampler is None or learner is None:
+            return
+        r = self.reallocation
+        r.record(sampler, learner)
+        if not r.due:
+            return
+        # Until a resize is measured: moving params and two Adam moments once (>= 3 syncs).
+        history = self.weight_sync.history
+        stats = r.phase(
+            split=self.topology.split,
+            buffer_rows=self.driver.buffer_rows(),
+            batch_groups=self.cfg.learner.batch_groups,
+            estimated_switch_s=3 * history[-1].seconds if history else 0.0,
+        )
+        target = r.policy.decide(stats)
+        if target is None:
+            return
+        try:
+            plan_resize(self.cfg.mesh, target, self.devices, batch=self.cfg.learner.batch_size)
+        except ValueError as e:  # ConfigError too: the policy proposed a split that can't work
+            self.metrics.print(f"reallocator proposed {target}; staying ({e})")
+            return
+        self._resize(target, cause="reallocator")
+
     # -- phases -----------------------------------------------------------------------------
 
     def warm_start(self) -> dict[str, float]:
@@ -420,6 +539,7 @@ class Run:
         cfg = self.cfg
         for step in range(self.learner.version, cfg.num_steps):
             self._log_step(step, self.rl_step(step))
+            self._at_boundary(step)
             self.maybe_save()
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.num_steps:
                 acc = self.evaluate(step + 1)
@@ -462,6 +582,7 @@ class Run:
             requeue=requeue,
             next_request_id=next_id,
             encode_group=encode_group,
+            on_boundary=self._at_boundary,
         )
         self.driver.run(start_step=self.learner.version)
         # Rollouts still in flight belong to versions nobody will train; evaluation needs the

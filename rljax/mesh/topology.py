@@ -17,6 +17,7 @@ import jax
 from jax.sharding import Mesh
 
 from rljax.config import ConfigError, MeshConfig
+from rljax.mesh.reallocator import Split
 from rljax.models.sharding import make_mesh
 
 
@@ -35,6 +36,13 @@ class Topology:
     @property
     def learner_devices(self) -> int:
         return self.learner.devices.size
+
+    @property
+    def split(self) -> Split | None:
+        """Chips per role, or None when both roles share every device (colocated)."""
+        if self.colocated:
+            return None
+        return Split(self.sampler_devices, self.learner_devices)
 
 
 def _axes_mesh(devices, axes: dict[str, int], key: str) -> Mesh:

@@ -50,6 +50,16 @@ class WeightSync:
             )
         )
 
+    def retarget(self, target_shardings: Callable) -> None:
+        """Publish onto new sampler shardings from now on (a resize rebuilt the sampler mesh).
+
+        The held copy lives on the old mesh, so it is dropped: ``acquire()`` returns None until
+        the next ``publish``. The history is kept.
+        """
+        with self._lock:
+            self._target_shardings = target_shardings
+            self._latest = None
+
     def due(self, version: int) -> bool:
         """Whether ``version`` should be published (every ``every`` learner steps)."""
         return version % self.every == 0

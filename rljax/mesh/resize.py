@@ -1,0 +1,278 @@
+"""Resizing the two meshes mid-run: the mechanism behind a Reallocator decision.
+
+``Run.resize(split)`` does, at a safe point (between learner steps, with the sampler thread
+parked between two ``generate`` calls):
+
+1. interrupt every in-flight request; its samples keep the tokens, log-probs and per-token
+   versions generated so far (partial rollouts, host memory only);
+2. build the new :class:`~rljax.mesh.topology.Topology` (:func:`plan_resize`, which validates
+   the split before anything changes);
+3. reshard the learner's params, optimizer state and reference params onto the new learner mesh
+   with ``jax.device_put`` (:func:`move_learner`);
+4. rebuild the engine on the new sampler mesh and move the sampler to it
+   (:func:`detach_sampler` before the learner moves, :func:`attach_sampler` after), publish the
+   current weights there, and resume the partial rollouts, which re-prefill their prompt plus
+   tokens so far under those weights.
+
+The staleness buffer is host-side and untouched, so no group is lost or duplicated and its
+staleness accounting carries on. Engines and learners are kept per mesh in a :class:`MeshCache`:
+going back to a mesh already used (6/2 -> 4/4 -> 6/2) reuses its compiled functions.
+
+:class:`Reallocation` is the config-driven trigger (``mesh.reallocate``): it sums the measured
+per-step role clocks into phases and asks the pure :class:`Reallocator` policy for a split.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rljax.config import ConfigError, MeshConfig
+from rljax.learner.learner import Learner, data_parallel_size, optimizer_shardings
+from rljax.mesh.reallocator import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.mesh.topology import Topology, build_topology
+from rljax.models.sharding import LEARNER_RULES, ShardingRules
+
+T = TypeVar("T")
+
+
+def mesh_key(mesh: Mesh) -> tuple:
+    """Identifies a mesh for caching: its devices in order, axis names and shape."""
+    return (tuple(d.id for d in mesh.devices.flat), mesh.axis_names, mesh.devices.shape)
+
+
+class MeshCache:
+    """Objects built for one mesh (engines, learners), so a mesh used before compiles nothing.
+
+    Attributes:
+      builds: how many objects ``get`` had to build (a cache miss each).
+    """
+
+    def __init__(self):
+        self._items: dict[tuple, Any] = {}
+        self.builds = 0
+
+    def put(self, mesh: Mesh, item: Any) -> None:
+        self._items[mesh_key(mesh)] = item
+
+    def get(self, mesh: Mesh, build: Callable[[], T]) -> T:
+        """The object held for ``mesh``, building (and keeping) it on a miss."""
+        key = mesh_key(mesh)
+        if key not in self._items:
+            self._items[key] = build()
+            self.builds += 1
+        return self._items[key]
+
+    def peek(self, mesh: Mesh) -> Any | None:
+        return self._items.get(mesh_key(mesh))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def plan_resize(
+    cfg: MeshConfig,
+    split: Split,
+    devices: Sequence[jax.Device],
+    *,
+    batch: int,
+    rules: ShardingRules = LEARNER_RULES,
+) -> Topology:
+    """The topology for ``split`` over ``devices``; raises a one-line error when it can't work.
+
+    Args:
+      cfg: the run's mesh config (its axis sizes are kept; only the split changes).
+      split: chips per role (``Split`` itself rejects a side with no chip).
+      devices: every device the run may use, in the order the first split took them.
+      batch: sequences per learner step; the new learner mesh's data-parallel size must divide
+        it.
+    """
+    if not isinstance(split, Split):
+        raise TypeError(f"resize takes a Split(sampler_chips, learner_chips), got {split!r}")
+    if cfg.mode != "split":
+        raise ConfigError(
+            "resize needs config key 'mesh.mode' = 'split' (colocated roles share every "
+            "device, so there are no chips to move)"
+        )
+    if split.total > len(devices):
+        raise ConfigError(
+            f"cannot resize to {split.sampler_chips}/{split.learner_chips}: it needs "
+            f"{split.total} devices and the run has {len(devices)}; keep sampler + learner "
+            f"chips <= {len(devices)}"
+        )
+    topology = build_topology(
+        dataclasses.replace(
+            cfg, sampler_devices=split.sampler_chips, learner_devices=split.learner_chips
+        ),
+        devices,
+    )
+    dp = data_parallel_size(topology.learner, rules)
+    if batch % dp:
+        raise ConfigError(
+            f"cannot resize to {split.sampler_chips}/{split.learner_chips}: the learner mesh "
+            f"splits a batch {dp} ways and learner.batch_groups * learner.group_size = {batch} "
+            f"is not a multiple of {dp}; pick a learner side whose data-parallel size divides "
+            f"{batch}"
+        )
+    return topology
+
+
+def move_learner(
+    current: Learner,
+    mesh: Mesh,
+    cache: MeshCache,
+    *,
+    learning_rate: float | None = None,
+) -> Learner:
+    """The learner for ``mesh``, holding ``current``'s params, optimizer state, reference
+    params and version, each resharded with ``jax.device_put``; ``current`` lets go of its
+    arrays so the chips it leaves are free for the sampler.
+
+    A learner built for ``mesh`` before is reused with its compiled step. A new one is built
+    like ``current``: pass the ``learning_rate`` override ``current`` was built with (None:
+    the config's).
+    """
+    if mesh_key(mesh) == mesh_key(current.mesh):
+        return current
+    fresh = cache.peek(mesh) is None
+    target = cache.get(
+        mesh,
+        lambda: Learner(
+            current.cfg,
+            current.graphdef,
+            current.params,
+            mesh,
+            rules=current.rules,
+            loss=current.loss,
+            learning_rate=learning_rate,
+            temperature=current.temperature,
+            ref_params=current.ref_params,
+            kernel_impl=current.kernel_impl,
+        ),
+    )
+    if not fresh:  # a new learner copied them in its constructor
+        target.params = jax.device_put(current.params, target.param_shardings, may_alias=False)
+        if current.ref_params is not None:
+            target.ref_params = jax.device_put(
+                current.ref_params, target.param_shardings, may_alias=False
+            )
+    # The same shardings the learner's step was compiled for, so its jit cache still hits.
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_sh = optimizer_shardings(target.tx, target.params, target.param_shardings, replicated)
+    target.opt_state = jax.device_put(current.opt_state, opt_sh, may_alias=False)
+    target.version = current.version
+    jax.block_until_ready((target.params, target.opt_state, target.ref_params))
+    current.params = current.opt_state = current.ref_params = None
+    return target
+
+
+def detach_sampler(sampler) -> None:
+    """Drop an idle sampler's device arrays (decode state, params) before its mesh changes.
+
+    Its chips may go to the learner; freeing the KV pages first keeps peak memory at one
+    copy. The sampler must have no sample in a slot (interrupt its requests first); queued
+    and held samples are host data and survive.
+    """
+    if sampler.busy_slots:
+        raise RuntimeError(
+            f"the sampler has {sampler.busy_slots} sequences in slots; interrupt every "
+            "in-flight request before moving it to a new mesh"
+        )
+    sampler.state = None
+    sampler.params = None
+
+
+def attach_sampler(sampler, engine, params, version: int) -> None:
+    """Bind a detached sampler to ``engine`` (built on the new sampler mesh).
+
+    ``params`` must already live on the engine's mesh. Held samples re-prefill there when
+    resumed.
+    """
+    if engine.max_concurrent_decodes != sampler.engine.max_concurrent_decodes:
+        raise ValueError(
+            f"the new engine has {engine.max_concurrent_decodes} slots, the sampler "
+            f"{sampler.engine.max_concurrent_decodes}; build it from the same SamplingConfig"
+        )
+    sampler.engine = engine
+    sampler.state = engine.init_decode_state()
+    sampler.set_params(params, version)  # no busy slot: applies at once, drops any staged copy
+
+
+class Reallocation:
+    """Config-driven resizing: measured phases in, a split (or None) out.
+
+    The driver reports each learner step's role clocks (``record``); every ``every`` steps
+    ``phase`` turns their sums into :class:`PhaseStats` and the pure :class:`Reallocator`
+    decides. Seconds the sampler spent parked for a resize count as neither busy nor idle; the
+    resize itself is the ``switch_cost_s`` the next decision weighs.
+    """
+
+    def __init__(self, cfg: MeshConfig, policy: Reallocator | None = None):
+        self.every = cfg.reallocate_every
+        self.granularity = cfg.reallocate_granularity
+        self.policy = policy or Reallocator(
+            ReallocatorConfig(
+                min_sampler_chips=cfg.reallocate_min_sampler,
+                min_learner_chips=cfg.reallocate_min_learner,
+            )
+        )
+        self.switch_cost_s: float | None = None  # measured by the last resize
+        self.phases: list[PhaseStats] = []
+        self._totals: collections.Counter = collections.Counter()
+        self._steps = 0
+
+    def record(self, sampler: dict[str, float], learner: dict[str, float]) -> None:
+        """Add one step's role clocks (the driver's ``RoleClock.take()`` dicts)."""
+        self._steps += 1
+        for role, clock in (("sampler", sampler), ("learner", learner)):
+            self._totals[f"{role}_busy_s"] += clock["busy_s"]
+            self._totals[f"{role}_idle_s"] += clock["idle_s"]
+        occupancy = sampler.get("occupancy")
+        if occupancy is not None:
+            self._totals["occupancy_weighted"] += occupancy * sampler["busy_s"]
+            self._totals["occupancy_busy_s"] += sampler["busy_s"]
+
+    @property
+    def due(self) -> bool:
+        return self._steps >= self.every
+
+    def phase(
+        self,
+        *,
+        split: Split,
+        buffer_rows: list[dict[str, int]],
+        batch_groups: int,
+        estimated_switch_s: float,
+    ) -> PhaseStats:
+        """The phase since the last call, as PhaseStats; starts the next phase.
+
+        ``estimated_switch_s`` stands in for the switch cost until a resize has been measured.
+        """
+        t = self._totals
+        held = sum(row["occupied"] for row in buffer_rows)
+        seats = batch_groups * max(1, len(buffer_rows))
+        occupancy = (
+            t["occupancy_weighted"] / t["occupancy_busy_s"] if t["occupancy_busy_s"] > 0 else 1.0
+        )
+        switch = self.switch_cost_s if self.switch_cost_s is not None else estimated_switch_s
+        stats = PhaseStats(
+            sampler_busy_s=t["sampler_busy_s"],
+            sampler_idle_s=t["sampler_idle_s"],
+            learner_busy_s=t["learner_busy_s"],
+            learner_idle_s=t["learner_idle_s"],
+            buffer_fill=min(1.0, held / seats),
+            queued_groups=held,
+            split=split,
+            switch_cost_s=max(0.0, switch),
+            granularity=self.granularity,
+            sampler_occupancy=min(1.0, max(0.0, occupancy)),
+        )
+        self._totals.clear()
+        self._steps = 0
+        self.phases.append(stats)
+        return stats
