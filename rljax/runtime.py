@@ -140,6 +140,11 @@ class Run:
         loss: str | Loss | None = None,
         devices: Sequence[jax.Device] | None = None,
     ):
+        if cfg.mesh.reallocate and cfg.mode != "async":
+            raise ConfigError(
+                "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
+                "each role idles while the other works); set mode='async' or turn it off"
+            )
         self.cfg = cfg
         self.workdir = check_workdir(workdir)
         self.loss = get_loss(loss or cfg.learner.loss)
@@ -178,11 +183,6 @@ class Run:
         self.learners.put(self.topology.learner, self.learner)
         # Called as hook(run, step) on the learner thread at each step boundary (see resize).
         self.step_hooks: list[Callable[[Run, int], None]] = []
-        if cfg.mesh.reallocate and cfg.mode != "async":
-            raise ConfigError(
-                "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
-                "each role idles while the other works); set mode='async' or turn it off"
-            )
         self.reallocation = Reallocation(cfg.mesh) if cfg.mesh.reallocate else None
         self.sampler = Sampler(
             self.engine,

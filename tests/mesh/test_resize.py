@@ -1,0 +1,358 @@
+"""Run.resize: the real async runtime moves chips between the meshes mid-training.
+
+Acceptance: a run that resizes 6/2 -> 4/4 -> 6/2 on the 8 fake CPU devices ends with the same
+learner params as the same run without resizing, and consumes every group exactly once. With
+eta = 0 the comparison is exact up to float reduction order: request ids (and so sampling seeds)
+do not depend on thread timing, batches are in request-id order, and a resize at the step
+boundary runs before the next batch is admitted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from rljax.config import ConfigError, MeshConfig, replace
+from rljax.mesh.reallocator import PhaseStats, Split
+from rljax.mesh.resize import MeshCache, Reallocation, plan_resize
+from rljax.runtime import Run
+from rljax.testing.configs import arith_tiny
+
+GROUP, BATCH_GROUPS = 8, 4
+
+
+@pytest.fixture(scope="module")
+def shared_compiles(tmp_path_factory):
+    """The runs here compile the same functions; share them through a persistent cache."""
+    settings = {
+        "jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    old = {k: getattr(jax.config, k) for k in settings}
+    compilation_cache.reset_cache()
+    for k, v in settings.items():
+        jax.config.update(k, v)
+    yield
+    for k, v in old.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
+def _cfg(**overrides):
+    return replace(
+        arith_tiny("test"),
+        **{
+            "mode": "async",
+            "buffer.max_staleness": 0,
+            "mesh.mode": "split",
+            "mesh.sampler_devices": 6,
+            "mesh.learner_devices": 2,
+            "sft.steps": 0,
+            "eval_examples": 4,
+            "metrics.trace": True,
+            "num_steps": 3,
+            **overrides,
+        },
+    )
+
+
+def _length_reward(text: str, example: dict) -> float:
+    # Varies within a group, so every step has a gradient to compare.
+    return len(text) / 5.0
+
+
+class Recorder:
+    """Wraps a Run's request and batch builders to see every dispatched and consumed group."""
+
+    def __init__(self, run: Run):
+        self.dispatched: list[int] = []
+        self.batches: list[list[int]] = []
+        self.groups: dict[int, list] = {}
+        make_request, make_batch = run.make_request, run.make_batch
+
+        def request(example, rid, **kw):
+            self.dispatched.append(rid)
+            return make_request(example, rid, **kw)
+
+        def batch(groups):
+            self.batches.append([g.request_id for g in groups])
+            for g in groups:
+                self.groups[g.request_id] = g.trajectories
+            return make_batch(groups)
+
+        run.make_request, run.make_batch = request, batch
+
+    def check_complete(self) -> list[int]:
+        """Every consumed group once, with all of its samples; returns the consumed ids."""
+        consumed = [rid for b in self.batches for rid in b]
+        assert len(consumed) == len(set(consumed)), "a group was consumed twice"
+        for rid, trajs in self.groups.items():
+            assert sorted(t.sample_index for t in trajs) == list(range(GROUP)), rid
+            for t in trajs:
+                assert len(t.versions) == len(t.logprobs) == len(t.response_tokens) > 0
+        return consumed
+
+
+def _records(workdir, phase):
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["phase"] == phase]
+
+
+def _train(cfg, workdir, plan=None, **kwargs):
+    run = Run(cfg, str(workdir), **kwargs)
+    recorder = Recorder(run)
+    if plan:
+        run.step_hooks.append(lambda r, step: r.resize(plan[step]) if step in plan else None)
+    try:
+        run.train()
+    finally:
+        run.close()
+    return run, recorder
+
+
+def _host(tree):
+    return jax.tree.leaves(jax.device_get(tree))
+
+
+def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compiles):
+    cfg = _cfg()
+    base, base_rec = _train(cfg, tmp_path / "base", reward_fn=_length_reward)
+    plan = {0: Split(4, 4), 1: Split(6, 2)}
+    run, rec = _train(cfg, tmp_path / "resized", plan, reward_fn=_length_reward)
+
+    # Same data, same steps, nothing lost or duplicated: ids 0..11 in three batches of four.
+    expected = [list(range(i * BATCH_GROUPS, (i + 1) * BATCH_GROUPS)) for i in range(3)]
+    assert base_rec.batches == rec.batches == expected
+    rec.check_complete()
+    for rid, trajs in rec.groups.items():
+        assert [t.response_tokens for t in trajs] == [
+            t.response_tokens for t in base_rec.groups[rid]
+        ]
+    assert [r["grad_norm"] > 0 for r in _records(tmp_path / "resized", "train")] == [True] * 3
+
+    assert run.learner.version == base.learner.version == 3
+    for a, b in zip(_host(run.learner.params), _host(base.learner.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(_host(run.learner.opt_state), _host(base.learner.opt_state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    # Back on 6/2 the first engine and learner are reused: only 4/4 was ever built anew.
+    assert run.topology.split == Split(6, 2)
+    assert run.engines.builds == run.learners.builds == 1
+    assert len(run.engines) == len(run.learners) == 2
+    # Compiled once each, by the first 6/2 engine and learner, though used again after 4/4.
+    assert run.engine._generate._cache_size() == 1
+    assert run.learner._step_fn._cache_size() == 1
+    resizes = _records(tmp_path / "resized", "resize")
+    assert [(r["from"], r["to"], r["step"]) for r in resizes] == [
+        ("6/2", "4/4", 1),
+        ("4/4", "6/2", 2),
+    ]
+    assert all(r["seconds"] > 0 and r["cause"] == "api" for r in resizes)
+    assert [r["interrupted_requests"] for r in resizes] == [0, 0]  # eta = 0: none in flight
+    trace = json.loads((tmp_path / "resized" / "trace.json").read_text())["traceEvents"]
+    assert [e["args"]["to"] for e in trace if e["name"] == "resize"] == ["4/4", "6/2"]
+
+
+class ScriptedPolicy:
+    """Stands in for the Reallocator: records each phase, answers from a script.
+
+    Before answering with a split it waits until the sampler has sequences in its slots, so
+    the resize must interrupt in-flight requests (eta = 2 lets the sampler run ahead).
+    """
+
+    def __init__(self, run: Run, answers: list[Split | None]):
+        self.run, self.answers = run, list(answers)
+        self.phases: list[PhaseStats] = []
+
+    def decide(self, stats: PhaseStats) -> Split | None:
+        self.phases.append(stats)
+        answer = self.answers.pop(0) if self.answers else None
+        deadline = time.monotonic() + 30
+        while answer is not None and not self.run.sampler.busy_slots:
+            assert time.monotonic() < deadline, "the sampler never had work in flight"
+            time.sleep(0.005)
+        return answer
+
+
+def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles):
+    eta = 2
+    cfg = _cfg(
+        **{
+            "buffer.max_staleness": eta,
+            "learner.loss": "decoupled_ppo",
+            "mesh.reallocate": True,
+            "mesh.reallocate_every": 1,
+            "num_steps": 4,
+        }
+    )
+    run = Run(cfg, str(tmp_path))
+    rec = Recorder(run)
+    policy = ScriptedPolicy(run, [Split(4, 4), None, Split(6, 2)])
+    run.reallocation.policy = policy
+    try:
+        run.train()
+    finally:
+        run.close()
+
+    # The policy saw one measured phase per step, on the split in force at the time.
+    assert [p.split for p in policy.phases] == [Split(6, 2), Split(4, 4), Split(4, 4), Split(6, 2)]
+    resizes = _records(tmp_path, "resize")
+    assert [(r["from"], r["to"], r["cause"]) for r in resizes] == [
+        ("6/2", "4/4", "reallocator"),
+        ("4/4", "6/2", "reallocator"),
+    ]
+    assert policy.phases[1].switch_cost_s == pytest.approx(resizes[0]["seconds"])
+    for p in policy.phases:
+        assert p.sampler_busy_s > 0 and p.learner_busy_s > 0
+        assert 0 < p.sampler_occupancy <= 1 and p.granularity == 1
+
+    # Requests were in flight at each move, and every one of them came through whole.
+    assert all(r["interrupted_requests"] > 0 for r in resizes)
+    assert run.driver.counters["interrupted_samples"] > 0
+    consumed = rec.check_complete()
+    assert len(consumed) == 4 * BATCH_GROUPS
+    state = run.driver.buffer.state_dict()
+    still_held = {
+        item["request_id"] for b in state["buffers"] for item in b["groups"] + b["reservations"]
+    }
+    assert set(rec.dispatched) == set(consumed) | still_held
+    assert not set(consumed) & still_held
+    assert len(rec.dispatched) == len(set(rec.dispatched))
+    for r in _records(tmp_path, "train"):
+        assert r["staleness_max"] <= eta
+        assert sum(r["staleness_hist"].values()) == BATCH_GROUPS
+
+
+def test_resize_round_trip_before_training_reuses_mesh_objects(tmp_path):
+    run = Run(_cfg(**{"mode": "sync"}), str(tmp_path))
+    try:
+        engine, learner = run.engine, run.learner
+        params, opt = _host(learner.params), _host(learner.opt_state)
+        record = run.resize(Split(4, 4))
+        assert record["from"] == "6/2" and record["to"] == "4/4"
+        assert run.topology.sampler_devices == 4 and run.learner.dp == 4
+        assert run.learner is not learner and learner.params is None  # old chips let go
+        assert run.sampler.engine is run.engine is not engine
+        assert run.resize(Split(4, 4)) is None  # already there
+        run.resize(Split(6, 2))
+        assert run.engine is engine and run.learner is learner and run.sampler.engine is engine
+        assert run.engines.builds == run.learners.builds == 1
+        for a, b in zip(_host(run.learner.params), params, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(_host(run.learner.opt_state), opt, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert run.sampler.version == run.learner.version == 0
+        assert [r["to"] for r in _records(tmp_path, "resize")] == ["4/4", "6/2"]
+
+        # A bad split fails in one line and leaves the run where it was.
+        with pytest.raises(ConfigError, match="needs 10 devices and the run has 8"):
+            run.resize(Split(6, 4))
+        with pytest.raises(ConfigError, match="splits a batch 3 ways"):
+            run.resize(Split(5, 3))
+        assert run.topology.split == Split(6, 2) and run.learner is learner
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize(
+    "split, error, match",
+    [
+        (Split(7, 2), ConfigError, r"needs 9 devices and the run has 8; keep sampler \+ learner"),
+        (Split(5, 3), ConfigError, r"learner.batch_groups \* learner.group_size = 32 is not a"),
+        ((6, 2), TypeError, r"resize takes a Split\(sampler_chips, learner_chips\)"),
+    ],
+)
+def test_plan_resize_rejects_splits_that_cannot_work(split, error, match):
+    cfg = MeshConfig(mode="split", sampler_devices=6, learner_devices=2)
+    with pytest.raises(error, match=match):
+        plan_resize(cfg, split, jax.devices(), batch=GROUP * BATCH_GROUPS)
+
+
+def test_plan_resize_builds_the_new_topology():
+    cfg = MeshConfig(mode="split", sampler_devices=6, learner_devices=2)
+    topology = plan_resize(cfg, Split(4, 4), jax.devices(), batch=32)
+    assert topology.split == Split(4, 4)
+    assert [d.id for d in topology.learner.devices.flat] == [4, 5, 6, 7]
+    with pytest.raises(ConfigError, match="mesh.mode' = 'split'"):
+        plan_resize(MeshConfig(), Split(4, 4), jax.devices(), batch=32)
+    fixed = MeshConfig(mode="split", sampler_devices=6, learner_devices=2, learner_fsdp=2)
+    with pytest.raises(ConfigError, match="mesh.learner_"):
+        plan_resize(fixed, Split(5, 3), jax.devices(), batch=32)
+
+
+def test_split_needs_a_chip_on_each_side():
+    with pytest.raises(ValueError, match="at least one chip per role"):
+        Split(8, 0)
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"reallocate": True}, "mesh.reallocate' = True is invalid: expected False in colocated"),
+        ({"mode": "split", "sampler_devices": 6, "learner_devices": 2, "reallocate": 1}, "True or"),
+        ({"reallocate_every": 0}, "mesh.reallocate_every' = 0"),
+        ({"reallocate_granularity": -1}, "mesh.reallocate_granularity' = -1"),
+        ({"reallocate_min_learner": 0}, "mesh.reallocate_min_learner' = 0"),
+    ],
+)
+def test_mesh_config_validates_reallocation(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        MeshConfig(**changes)
+
+
+def test_reallocation_needs_async_mode(tmp_path):
+    cfg = _cfg(**{"mode": "sync", "mesh.reallocate": True})
+    with pytest.raises(ConfigError, match="'mesh.reallocate' = True needs mode='async'"):
+        Run(cfg, str(tmp_path))
+
+
+def test_mesh_cache_builds_once_per_mesh():
+    cfg = MeshConfig(mode="split", sampler_devices=6, learner_devices=2)
+    a = plan_resize(cfg, Split(6, 2), jax.devices(), batch=32)
+    b = plan_resize(cfg, Split(4, 4), jax.devices(), batch=32)
+    again = plan_resize(cfg, Split(6, 2), jax.devices(), batch=32)
+    cache, built = MeshCache(), []
+
+    def build(name):
+        built.append(name)
+        return name
+
+    assert cache.get(a.sampler, lambda: build("62")) == "62"
+    assert cache.get(b.sampler, lambda: build("44")) == "44"
+    assert cache.get(again.sampler, lambda: build("62 again")) == "62"
+    assert built == ["62", "44"] and cache.builds == 2 and len(cache) == 2
+    assert cache.peek(again.learner) is None
+
+
+def test_reallocation_sums_a_phase_of_step_clocks():
+    cfg = MeshConfig(mode="split", sampler_devices=6, learner_devices=2, reallocate=True)
+    r = Reallocation(replace(cfg, reallocate_every=2, reallocate_granularity=2))
+    rows = [
+        {"version": 3, "reserved": 1, "occupied": 2},
+        {"version": 4, "reserved": 2, "occupied": 1},
+    ]
+    r.record({"busy_s": 1.0, "idle_s": 0.5, "occupancy": 1.0}, {"busy_s": 0.2, "idle_s": 1.0})
+    assert not r.due
+    r.record({"busy_s": 3.0, "idle_s": 0.0, "occupancy": 0.5}, {"busy_s": 0.4, "idle_s": 2.0})
+    assert r.due
+    stats = r.phase(split=Split(6, 2), buffer_rows=rows, batch_groups=4, estimated_switch_s=0.3)
+    assert (stats.sampler_busy_s, stats.sampler_idle_s) == (4.0, 0.5)
+    assert stats.learner_busy_s == pytest.approx(0.6)
+    assert stats.learner_idle_s == pytest.approx(3.0)
+    assert stats.sampler_occupancy == pytest.approx((1.0 * 1 + 0.5 * 3) / 4)  # busy-weighted
+    assert (stats.buffer_fill, stats.queued_groups) == (3 / 8, 3)
+    assert stats.switch_cost_s == 0.3 and stats.granularity == 2
+    assert not r.due  # a new phase began
+    r.switch_cost_s = 1.25  # a resize was measured: it replaces the estimate
+    r.record({"busy_s": 1.0, "idle_s": 0.0}, {"busy_s": 1.0, "idle_s": 0.0})
+    r.record({"busy_s": 1.0, "idle_s": 0.0}, {"busy_s": 1.0, "idle_s": 0.0})
+    stats = r.phase(split=Split(6, 2), buffer_rows=rows, batch_groups=4, estimated_switch_s=0.3)
+    assert stats.switch_cost_s == 1.25 and stats.sampler_occupancy == 1.0
+    assert r.phases[-1] is stats and len(r.phases) == 2
