@@ -1,14 +1,25 @@
 """Per-chip memory of a real config's learner step and sampler generate, compiled on the CPU.
 
     python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8
+    python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v6e8
     python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5p32
 
 The config file's ``TARGETS[arg]`` names the chip (rljax.sim.chips) and chip count. The script
-fakes that many CPU devices, builds the learner and sampler states as abstract arrays (nothing
-is materialised), lowers and compiles ``Learner._train_step`` and ``Engine.generate`` with
-their real shardings, and reads XLA's ``memory_analysis()`` per device. CPU compilation is a
-proxy for the TPU one: same shardings and buffers, different fusion, so read it as a plan.
-Prints a table, then one JSON line; exits 1 when a role does not fit the chip's HBM.
+fakes that many CPU devices, builds the learner and the engine with abstract arrays
+(``Learner.abstract``: nothing is allocated), and compiles ``Learner.lower_step`` for the
+largest batch the config can pack and ``Engine.lower_generate`` with their real shardings. It
+reads XLA's ``memory_analysis()`` per device:
+
+- learner: params, optimiser state and batch (the step's arguments, exact from the shardings),
+  temp (gradients, their accumulator and the activations of one micro-batch), peak;
+- sampler: weights, KV page pool (exact), temp, peak, plus a second copy of the weights that
+  lives while an in-flight weight update is staged (async mode), which the fit must include.
+
+CPU compilation is a proxy for the TPU one: the same shardings and buffers, a different fusion
+and scheduler, and the XLA attention (which materialises [T, T] scores per layer) where the
+TPU runs the Pallas kernel, so read it as a plan, not a measurement. It prints a table, then
+one JSON line holding every figure; it exits 1, with the reason on stderr, when a role does
+not fit the chip's HBM (or ``--hbm_gib``).
 """
 
 from __future__ import annotations
@@ -16,148 +27,201 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 
+GIB = 1024**3
+
 
 def load_config_module(spec: str):
-    """(module, arg) for ``path.py[:arg]``."""
+    """(module, arg) for ``path.py[:arg]``; the module must define TARGETS and get_config."""
     path, _, arg = spec.partition(":")
+    if not path.endswith(".py") or not os.path.exists(path):
+        raise SystemExit(
+            f"plan_memory: --config={spec!r}: no such file; pass configs/NAME.py[:arg]"
+        )
     mod_spec = importlib.util.spec_from_file_location("plan_target", path)
-    if mod_spec is None or not os.path.exists(path):
-        sys.exit(f"plan_memory: --config={spec!r}: no such file; pass configs/<name>.py[:arg]")
     module = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(module)
     if not hasattr(module, "TARGETS"):
-        sys.exit(f"plan_memory: {path} has no TARGETS table; add {{arg: (chip, chips)}}")
+        raise SystemExit(f"plan_memory: {path} has no TARGETS table; add {{arg: (chip, chips)}}")
     arg = arg or next(iter(module.TARGETS))
     if arg not in module.TARGETS:
-        sys.exit(f"plan_memory: unknown variant {arg!r}; use one of {list(module.TARGETS)}")
+        raise SystemExit(
+            f"plan_memory: unknown variant {arg!r} of {path}; use one of {list(module.TARGETS)}"
+        )
     return module, arg
 
 
-def _bytes(analysis) -> dict[str, int]:
-    return {
-        "argument": int(analysis.argument_size_in_bytes),
-        "output": int(analysis.output_size_in_bytes),
-        "temp": int(analysis.temp_size_in_bytes),
-        "alias": int(analysis.alias_size_in_bytes),
-    }
-
-
-def plan(cfg, chip_name: str) -> dict:
-    """Compiles both roles abstractly; returns per-device bytes and the fit verdict."""
+def _per_device_bytes(tree) -> int:
+    """Bytes one device holds of ``tree``'s ShapeDtypeStructs, from their shardings."""
     import jax
-    import jax.numpy as jnp
+
+    total = 0
+    for x in jax.tree.leaves(tree):
+        if x is None:
+            continue
+        shard = x.sharding.shard_shape(x.shape)
+        total += math.prod(shard) * x.dtype.itemsize
+    return total
+
+
+def _analysis(compiled) -> dict[str, int]:
+    a = compiled.memory_analysis()
+    out = {
+        "argument": int(a.argument_size_in_bytes),
+        "output": int(a.output_size_in_bytes),
+        "temp": int(a.temp_size_in_bytes),
+        "alias": int(a.alias_size_in_bytes),
+    }
+    # Donated inputs count as arguments and as outputs; the alias size removes them once.
+    out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
+
+
+def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -> dict:
+    """Compiles both roles of ``cfg`` abstractly; per-device bytes and the fit verdict.
+
+    Args:
+      cfg: a RunConfig.
+      chip_name: a chip of rljax.sim.chips; its HBM is the budget unless ``hbm_bytes`` is set.
+      devices: the devices to lay the meshes on (default: all visible).
+      hbm_bytes: budget per chip in bytes, overriding the chip's HBM.
+    """
+    import jax
     from flax import nnx
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from rljax.engine.engine import Engine
-    from rljax.learner.batch import _FLOATS, FIELDS
-    from rljax.learner.learner import (
-        Learner,
-        data_parallel_size,
-        make_optimizer,
-        optimizer_shardings,
-    )
-    from rljax.learner.losses import get_loss
+    from rljax.learner.learner import Learner
     from rljax.mesh.topology import build_topology
-    from rljax.models.sharding import LEARNER_RULES, state_shardings
-    from rljax.models.transformer import Decoder
+    from rljax.models.sharding import with_shardings
+    from rljax.models.transformer import abstract_decoder
     from rljax.sim.chips import get_chip
 
-    hbm = get_chip(chip_name).hbm_bytes
-    topo = build_topology(cfg.mesh)
-    abstract = nnx.eval_shape(lambda: Decoder(cfg.model, rngs=nnx.Rngs(0)))
-    graphdef, abstract_params = nnx.split(abstract)
+    hbm = int(get_chip(chip_name).hbm_bytes if hbm_bytes is None else hbm_bytes)
+    topo = build_topology(cfg.mesh, devices)
+    graphdef, abstract_params = nnx.split(abstract_decoder(cfg.model))
 
-    def with_sharding(tree, shardings):
-        # The sharding trees hold bare NamedShardings where the state holds nnx Variables.
-        leaves, treedef = jax.tree.flatten(tree)
-        sh = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
-        if len(sh) != len(leaves):
-            raise ValueError(f"{len(sh)} shardings for {len(leaves)} arrays")
-        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(leaves, sh)]
-        return treedef.unflatten(structs)
-
-    # Learner: the object is assembled without its constructor, which would place real arrays.
-    mesh = topo.learner
-    learner = Learner.__new__(Learner)
-    learner.cfg, learner.loss, learner.mesh = cfg.learner, get_loss(cfg.learner.loss), mesh
-    learner.rules, learner.graphdef, learner.kernel_impl = LEARNER_RULES, graphdef, cfg.kernel_impl
-    learner.temperature = cfg.sampling.temperature or 1.0
-    learner.dp = data_parallel_size(mesh, LEARNER_RULES)
-    learner.tx, _ = make_optimizer(cfg.learner)
-    p_sh = state_shardings(abstract_params, mesh, LEARNER_RULES)
-    params = with_sharding(abstract_params, p_sh)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    opt_abstract = jax.eval_shape(learner.tx.init, params)
-    opt_sh = optimizer_shardings(learner.tx, params, p_sh, replicated)
-    opt_state = with_sharding(opt_abstract, opt_sh)
-    rows = cfg.learner.batch_size * cfg.learner.ppo_epochs // cfg.learner.ppo_epochs
+    learner = Learner.abstract(
+        cfg.learner,
+        graphdef,
+        abstract_params,
+        topo.learner,
+        temperature=cfg.sampling.temperature,
+        kernel_impl="xla",  # the CPU cannot compile Pallas TPU kernels
+    )
     row_len = cfg.learner.pack_length or (
         cfg.sampling.max_prefill_length + cfg.sampling.max_new_tokens
     )
-    per_mb = max(rows // cfg.learner.micro_batches, learner.dp)
-    batch_sh = NamedSharding(mesh, PartitionSpec(None, LEARNER_RULES.rules["batch"]))
-    batch = {
-        name: jax.ShapeDtypeStruct(
-            (cfg.learner.micro_batches, per_mb, row_len),
-            jnp.float32 if name in _FLOATS else jnp.int32,
-            sharding=batch_sh,
-        )
-        for name in FIELDS
-    }
-    step = jax.jit(learner._train_step, donate_argnums=(0, 1))
-    version = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-    learn = step.lower(params, opt_state, None, batch, version).compile().memory_analysis()
+    batch_shape = learner.batch_shape(cfg.learner.batch_size, row_len)
+    learn = _analysis(learner.lower_step(batch_shape).compile())
+    params = _per_device_bytes(learner.params)
+    refs = _per_device_bytes(learner.ref_params)
+    optimizer = _per_device_bytes(learner.opt_state)
+    learn.update(
+        params=params + refs,
+        optimizer=optimizer,
+        batch=learn["argument"] - params - refs - optimizer,
+        batch_shape=list(batch_shape),
+        devices=topo.learner_devices,
+    )
+    learn["total"] = learn["peak"]
 
-    # Sampler: decode state and bf16 weights on the sampler mesh.
     engine = Engine(cfg.model, cfg.sampling, topo.sampler, graphdef, impl="xla")
-    s_params = with_sharding(abstract_params, engine.param_shardings(abstract_params))
-    state = jax.eval_shape(engine.init_decode_state)
-    state = with_sharding(state, engine._decode_state_shardings())
-    gen = engine._generate.lower(s_params, state).compile().memory_analysis()
+    gen = _analysis(engine.lower_generate(abstract_params).compile())
+    weights = _per_device_bytes(
+        with_shardings(abstract_params, engine.param_shardings(abstract_params))
+    )
+    state = with_shardings(
+        jax.eval_shape(engine.init_decode_state), engine.decode_state_shardings()
+    )
+    pool = _per_device_bytes((state.k_pages, state.v_pages))
+    gen.update(
+        weights=weights,
+        kv_pool=pool,
+        kv_shards=engine.kv_shards,
+        weights_in_flight=weights,
+        devices=topo.sampler_devices,
+    )
+    gen["total"] = gen["peak"] + weights
 
-    out = {}
-    for role, analysis, devices in (
-        ("learner", learn, topo.learner_devices),
-        ("sampler", gen, topo.sampler_devices),
-    ):
-        b = _bytes(analysis)
-        # Donated inputs are counted both as arguments and outputs; alias subtracts them once.
-        peak = b["argument"] + b["output"] + b["temp"] - b["alias"]
-        out[role] = {**b, "peak": peak, "devices": devices, "fits": peak <= hbm}
-    return {"chip": chip_name, "hbm": int(hbm), **out}
+    out = {"chip": chip_name, "hbm": hbm}
+    for role, r in (("learner", learn), ("sampler", gen)):
+        r["fits"] = r["total"] <= hbm
+        r["headroom"] = hbm - r["total"]
+        out[role] = r
+    out["fits"] = out["learner"]["fits"] and out["sampler"]["fits"]
+    return out
+
+
+def report(result: dict, title: str) -> str:
+    """The human-readable table of :func:`plan`'s result."""
+
+    def g(x):
+        return f"{x / GIB:7.2f}"
+
+    hbm = result["hbm"]
+    lrn, smp = result["learner"], result["sampler"]
+    lines = [
+        f"{title}: {result['chip']} ({hbm / GIB:.1f} GiB HBM per chip); GiB per chip",
+        f"learner ({lrn['devices']} chips, batch {lrn['batch_shape']} = [micro, rows, len]):",
+        f"  params {g(lrn['params'])}  optimizer {g(lrn['optimizer'])}  batch {g(lrn['batch'])}"
+        f"  temp {g(lrn['temp'])}  total {g(lrn['total'])} of {hbm / GIB:.1f}"
+        f"  {'fits' if lrn['fits'] else 'DOES NOT FIT'} (headroom {g(lrn['headroom'])})",
+        f"sampler ({smp['devices']} chips, {smp['kv_shards']} kv shard(s)):",
+        f"  weights {g(smp['weights'])}  kv pool {g(smp['kv_pool'])}  temp {g(smp['temp'])}"
+        f"  peak {g(smp['peak'])}  + staged weights {g(smp['weights_in_flight'])}"
+        f"  = total {g(smp['total'])} of {hbm / GIB:.1f}"
+        f"  {'fits' if smp['fits'] else 'DOES NOT FIT'} (headroom {g(smp['headroom'])})",
+    ]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="configs/<name>.py[:arg]")
+    parser.add_argument("--config", required=True, help="configs/NAME.py[:arg]")
+    parser.add_argument(
+        "--hbm_gib", type=float, default=None, help="budget per chip in GiB (default: the chip's)"
+    )
     args = parser.parse_args(argv)
     module, arg = load_config_module(args.config)
     chip, chips = module.TARGETS[arg]
-    # The fake devices must exist before JAX starts its CPU backend.
+    # The fake devices must exist before JAX starts its CPU backend (importing jax does not
+    # start it). Where a backend has started already (a test), the devices it has must do.
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["JAX_NUM_CPU_DEVICES"] = str(chips)
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={chips}"
-    cfg = module.run_config(arg)
-    result = plan(cfg, chip)
-    gib = 1024**3
-    print(f"{args.config}: {chips} x {chip} ({result['hbm'] / gib:.1f} GiB HBM per chip)")
-    print(
-        f"{'role':8} {'devices':>7} {'args GiB':>9} {'out GiB':>8} {'temp GiB':>9} "
-        f"{'peak GiB':>9} fits"
-    )
+    import jax
+
+    from rljax.config import from_config_dict
+
+    if len(jax.devices()) < chips:
+        raise SystemExit(
+            f"plan_memory: {args.config} needs {chips} devices but JAX has {len(jax.devices())}; "
+            f"run it in a fresh process (it sets JAX_NUM_CPU_DEVICES={chips})"
+        )
+    cfg = from_config_dict(module.get_config(arg))
+    hbm = None if args.hbm_gib is None else args.hbm_gib * GIB
+    result = plan(cfg, chip, devices=jax.devices()[:chips], hbm_bytes=hbm)
+    print(report(result, f"{args.config} on {chips} chips"))
+    print(json.dumps({"config": args.config, "chips": chips, **result}))
     for role in ("learner", "sampler"):
         r = result[role]
-        print(
-            f"{role:8} {r['devices']:>7} {r['argument'] / gib:>9.2f} {r['output'] / gib:>8.2f} "
-            f"{r['temp'] / gib:>9.2f} {r['peak'] / gib:>9.2f} {'yes' if r['fits'] else 'NO'}"
-        )
-    fits = result["learner"]["fits"] and result["sampler"]["fits"]
-    print(json.dumps({"config": args.config, "fits": fits, **result}))
-    return 0 if fits else 1
+        if not r["fits"]:
+            print(
+                f"plan_memory: {args.config}: the {role} needs {r['total'] / GIB:.2f} GiB per chip "
+                f"but {result['chip']} budgets {result['hbm'] / GIB:.2f} GiB; lower "
+                + (
+                    "the rows per micro-batch (raise learner.micro_batches), set learner.remat, "
+                    "or give the learner more chips"
+                    if role == "learner"
+                    else "sampling.max_concurrent_decodes or max_new_tokens, or give the "
+                    "sampler more chips (mesh.sampler_data / sampler_tensor)"
+                ),
+                file=sys.stderr,
+            )
+    return 0 if result["fits"] else 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ sequences grow and takes them back when a slot is freed, so memory follows the t
 held rather than slots x maximum length. Page 0 is never handed out: free slots point at it and
 their (discarded) writes land there.
 
+The slots and the pool are split into ``kv_shards`` equal shards, one per device group of the
+sampler's 'batch' mesh axes (the 'data' axis): each shard's slots use its own pages only, with
+its own allocator, null page and shard-local page tables. So the pool is sharded over P, not
+replicated, and a data-parallel sampler holds 1/data of the cache per device. When the slots do
+not divide over the 'batch' axes there is one shard.
+
 One deliberate difference from JetStream: ``prefill`` caches the prompt up to, but not
 including, its last token, and samples nothing. The first ``generate`` after ``insert`` feeds
 that last token. So G samples that share one prefill draw their first tokens independently,
@@ -30,7 +36,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine import sampling
-from rljax.models.sharding import SAMPLER_RULES, ShardingRules, axis_size, state_shardings
+from rljax.models.sharding import (
+    SAMPLER_RULES,
+    ShardingRules,
+    axis_size,
+    state_shardings,
+    with_shardings,
+)
 from rljax.models.transformer import Decoder
 
 
@@ -150,8 +162,14 @@ class Engine:
         self.max_seq_len = sampling_cfg.max_prefill_length + sampling_cfg.max_new_tokens
         self.pages_per_slot = math.ceil(self.max_seq_len / z)
         b = sampling_cfg.max_concurrent_decodes
-        self.num_pages = sampling_cfg.num_pages or b * self.pages_per_slot + 1
-        self.allocator = PageAllocator(self.num_pages)
+        shards = axis_size(mesh, rules.rules.get("batch"))
+        self.kv_shards = shards if b % shards == 0 else 1
+        self.slots_per_shard = b // self.kv_shards
+        # sampling.num_pages counts all shards; each gets an equal share (rounded up).
+        wanted = sampling_cfg.num_pages or b * self.pages_per_slot + self.kv_shards
+        self.pages_per_shard = -(-wanted // self.kv_shards)
+        self.num_pages = self.pages_per_shard * self.kv_shards
+        self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(self.kv_shards)]
         self._slot_pages: list[list[int]] = [[] for _ in range(b)]
         self._host_positions = np.zeros(b, np.int64)
         self._host_active = np.zeros(b, bool)
@@ -203,11 +221,31 @@ class Engine:
         rep = self._replicated()
         return Prefix(k=kv, v=kv, length=rep, next_token=rep)
 
-    def _decode_state_shardings(self) -> DecodeState:
-        pages = self._sharding(None, "kv_heads", None, None, None)
+    def decode_state_shardings(self) -> DecodeState:
+        """Where each DecodeState array lives: the pool over kv heads and (with several
+        kv_shards) pages, the per-slot arrays over the 'batch' axes with their slots."""
+        if self.kv_shards > 1:
+            pages = self._sharding(None, "kv_heads", "batch", None, None)
+            slot = self._sharding("batch")
+            table = self._sharding("batch", None)
+        else:
+            pages = self._sharding(None, "kv_heads", None, None, None)
+            slot = table = self._replicated()
         pages = _divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
-        rep = self._replicated()
-        return DecodeState(pages, pages, *([rep] * 10))
+        return DecodeState(
+            k_pages=pages,
+            v_pages=pages,
+            tokens=slot,
+            positions=slot,
+            page_table=table,
+            active=slot,
+            keys=table,
+            steps=slot,
+            temperature=slot,
+            top_k=slot,
+            top_p=slot,
+            min_p=slot,
+        )
 
     # -- API --------------------------------------------------------------------------------
 
@@ -220,8 +258,8 @@ class Engine:
         return jax.device_put(params, self.param_shardings(params), may_alias=False)
 
     def init_decode_state(self) -> DecodeState:
-        """Fresh device state, every slot free, and a fresh host page allocator."""
-        self.allocator = PageAllocator(self.num_pages)
+        """Fresh device state, every slot free, and fresh host page allocators."""
+        self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(self.kv_shards)]
         self._slot_pages = [[] for _ in range(self.max_concurrent_decodes)]
         self._host_positions[:] = 0
         self._host_active[:] = False
@@ -321,7 +359,8 @@ class Engine:
         z = self.sampling_cfg.page_size
         length = int(prefix.length)
         per_slot = length // z + 1
-        if per_slot * len(slots) > self.allocator.free_count:
+        wanted = np.bincount([self.shard_of(s) for s in slots], minlength=self.kv_shards)
+        if any(n * per_slot > a.free_count for n, a in zip(wanted, self.allocators, strict=True)):
             raise OutOfPages(slots)
         # Pad to a power of two so only log2(slots) shapes ever compile; padding writes to the
         # null page and to slot index B, which the scatters drop.
@@ -330,7 +369,7 @@ class Engine:
         slot_ids = np.full(width, self.max_concurrent_decodes, np.int32)
         seed_arr = np.zeros(width, np.uint32)
         for i, (slot, seed) in enumerate(zip(slots, seeds, strict=True)):
-            pages = self.allocator.allocate(per_slot)
+            pages = self.allocators[self.shard_of(slot)].allocate(per_slot)
             self._slot_pages[slot] = pages
             self._host_table[slot] = 0
             self._host_table[slot, :per_slot] = pages
@@ -352,11 +391,20 @@ class Engine:
 
     def free_slot(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Return ``slot``'s pages to the pool and park the slot on the null page."""
-        self.allocator.release(self._slot_pages[slot])
+        self.allocators[self.shard_of(slot)].release(self._slot_pages[slot])
         self._slot_pages[slot] = []
         self._host_table[slot] = 0
         self._host_active[slot] = False
         return self._free(decode_state, jnp.int32(slot))
+
+    def shard_of(self, slot: int) -> int:
+        """The kv shard whose pages ``slot`` uses."""
+        return int(slot) // self.slots_per_shard
+
+    @property
+    def free_pages(self) -> int:
+        """Pages not held by any slot, over all shards (each shard's null page excluded)."""
+        return sum(a.free_count for a in self.allocators)
 
     def slot_length(self, slot: int) -> int:
         """Tokens cached for ``slot`` (prompt and generated)."""
@@ -370,10 +418,16 @@ class Engine:
             for s in np.flatnonzero(self._host_active)
             if self._host_positions[s] // z >= len(self._slot_pages[s])
         ]
-        if len(need) > self.allocator.free_count:
-            raise OutOfPages([int(s) for s in need])
-        for s in need:
-            self._slot_pages[s] += self.allocator.allocate(1)
+        shard = [self.shard_of(s) for s in need]
+        short = [
+            int(s)
+            for s, d in zip(need, shard, strict=True)
+            if shard.count(d) > self.allocators[d].free_count
+        ]
+        if short:
+            raise OutOfPages(short)
+        for s, d in zip(need, shard, strict=True):
+            self._slot_pages[s] += self.allocators[d].allocate(1)
             self._host_table[s, len(self._slot_pages[s]) - 1] = self._slot_pages[s][-1]
         if need:  # one small host->device copy of the whole table: no per-shape recompiles
             table = jax.device_put(self._host_table, decode_state.page_table.sharding)
@@ -384,13 +438,25 @@ class Engine:
         result = ResultTokens(tokens, self._host_active.copy(), steps, logprobs)
         return decode_state, result
 
+    def lower_generate(self, params: nnx.State) -> jax.stages.Lowered:
+        """The device step of :meth:`generate` lowered for ``params`` and an empty decode state.
+
+        ``params`` may be arrays or abstract (``nnx.eval_shape``) ShapeDtypeStructs: only their
+        shapes and dtypes count, placed by :meth:`param_shardings`. The decode state is
+        abstract too, so nothing is allocated. ``.compile().memory_analysis()`` gives
+        per-device bytes.
+        """
+        params = with_shardings(params, self.param_shardings(params))
+        state = with_shardings(jax.eval_shape(self._empty_state), self.decode_state_shardings())
+        return self._generate.lower(params, state)
+
     # -- compiled pieces --------------------------------------------------------------------
 
     def _model(self, params) -> Decoder:
         return nnx.merge(self._graphdef, params)
 
     def _build_jits(self):
-        state_sh = self._decode_state_shardings()
+        state_sh = self.decode_state_shardings()
         prefix_sh = self.get_prefix_destination_sharding()
         # Compiled once per engine: building a Sampler must not re-jit the empty state.
         self._make_state = jax.jit(self._empty_state, out_shardings=state_sh)
@@ -415,7 +481,11 @@ class Engine:
             z = state.k_pages.shape[3]
             pos_t = jnp.arange(prefix.k.shape[1])
             col_t = jnp.minimum(pos_t // z, rows_wm.shape[1] - 1)
-            page_wt = jnp.where(pos_t < prefix.length, rows_wm[:, col_t], 0)
+            # Page tables hold shard-local ids; the pool is indexed globally. Padding rows
+            # (slot index B) land on the last shard's null page.
+            shard_w = jnp.minimum(slots_w // self.slots_per_shard, self.kv_shards - 1)
+            null_w1 = (shard_w * self.pages_per_shard)[:, None]  # each shard's page 0
+            page_wt = jnp.where(pos_t < prefix.length, rows_wm[:, col_t] + null_w1, null_w1)
             off_wt = jnp.broadcast_to(pos_t % z, page_wt.shape)
             # [L, T, K, H] -> [L, K, W, T, H], one copy of the prompt per slot.
             k = jnp.broadcast_to(
@@ -465,6 +535,7 @@ class Engine:
                 state.page_table,
                 impl=self.impl,
                 sharding=(self._mesh, self._rules),
+                kv_shards=self.kv_shards,
             )
             logits = model.logits(hidden)
             keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(

@@ -27,9 +27,15 @@ from rljax.kernels.fused_logprobs import (
     sharded_token_logprobs_and_entropy,
     token_logprobs_and_entropy,
 )
-from rljax.learner.batch import TrainBatch
+from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
 from rljax.learner.losses import Loss, LossInputs, get_loss
-from rljax.models.sharding import LEARNER_RULES, ShardingRules, axis_size, state_shardings
+from rljax.models.sharding import (
+    LEARNER_RULES,
+    ShardingRules,
+    axis_size,
+    state_shardings,
+    with_shardings,
+)
 from rljax.models.transformer import kernel_mesh_axes
 
 
@@ -99,31 +105,98 @@ class Learner:
         kernel_impl: str = "auto",
         version: int = 0,
     ):
-        self.cfg = cfg
-        self.loss = get_loss(loss or cfg.loss)
-        self.mesh = mesh
-        self.rules = rules
-        self.graphdef = graphdef
-        self.temperature = temperature if temperature > 0 else 1.0
+        self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.kernel_impl = kernel_impl
-        self.dp = data_parallel_size(mesh, rules)
+        self.version = version
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
         self.params = jax.device_put(params, self.param_shardings, may_alias=False)
         self.ref_params = None
         if ref_params is not None and cfg.beta > 0:
             self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
+        self.opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings())(self.params)
+        self._build_step()
+
+    def _configure(self, cfg, graphdef, mesh, rules, loss, learning_rate, temperature):
+        """Everything but the arrays: shared by the constructor and :meth:`abstract`."""
+        self.cfg = cfg
+        self.loss = get_loss(loss or cfg.loss)
+        self.mesh = mesh
+        self.rules = rules
+        self.graphdef = graphdef
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.dp = data_parallel_size(mesh, rules)
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        opt_shardings = optimizer_shardings(self.tx, self.params, self.param_shardings, replicated)
-        self.opt_state = jax.jit(self.tx.init, out_shardings=opt_shardings)(self.params)
-        self.version = version
+        self._replicated = NamedSharding(mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
+
+    def _opt_shardings(self):
+        return optimizer_shardings(self.tx, self.params, self.param_shardings, self._replicated)
+
+    def _build_step(self):
         self._step_fn = jax.jit(
             self._train_step,
             donate_argnums=(0, 1),
-            out_shardings=(self.param_shardings, opt_shardings, replicated),
+            out_shardings=(self.param_shardings, self._opt_shardings(), self._replicated),
         )
+
+    @classmethod
+    def abstract(
+        cls,
+        cfg: LearnerConfig,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        mesh: Mesh,
+        *,
+        rules: ShardingRules = LEARNER_RULES,
+        loss: str | Loss | None = None,
+        temperature: float = 1.0,
+        kernel_impl: str = "auto",
+    ) -> Learner:
+        """A learner whose state is ``jax.ShapeDtypeStruct``s: nothing is allocated.
+
+        ``params`` is an abstract params state (``nnx.eval_shape`` of the model). The result
+        holds abstract params, optimiser state (and reference params when ``cfg.beta > 0``)
+        carrying their learner shardings; it can :meth:`lower_step` for a memory plan or an
+        ahead-of-time compile, but not :meth:`step`.
+        """
+        self = cls.__new__(cls)
+        self._configure(cfg, graphdef, mesh, rules, loss, None, temperature)
+        self.kernel_impl = kernel_impl
+        self.version = 0
+        self.param_shardings = state_shardings(params, mesh, rules)
+        self.params = with_shardings(params, self.param_shardings)
+        self.ref_params = self.params if cfg.beta > 0 else None
+        opt_state = jax.eval_shape(self.tx.init, self.params)
+        self.opt_state = with_shardings(opt_state, self._opt_shardings())
+        self._build_step()
+        return self
+
+    def batch_shape(self, batch_sequences: int, row_len: int) -> tuple[int, int, int]:
+        """[micro_batches, rows, row_len] of the largest batch ``batch_sequences`` can pack to.
+
+        The worst case puts each sequence in a row of its own; rows are then padded like
+        :func:`rljax.learner.batch.pack_batch` does, to micro_batches x dp x a power of two.
+        """
+        multiple = self.cfg.micro_batches * self.dp
+        units = -(-batch_sequences // multiple)
+        rows = multiple * (1 << (units - 1).bit_length())
+        return (self.cfg.micro_batches, rows // self.cfg.micro_batches, row_len)
+
+    def lower_step(self, batch_shape: tuple[int, int, int]) -> jax.stages.Lowered:
+        """The train step lowered for a batch of ``[micro_batches, rows, row_len]``.
+
+        Works on a real or an :meth:`abstract` learner; ``.compile().memory_analysis()`` on the
+        result gives the step's per-device bytes.
+        """
+        # The field names and dtypes pack_batch produces, read off a one-sequence batch.
+        example = pack_batch([TrainSequence([0, 0], 1)], row_len=2).arrays
+        batch = {
+            name: jax.ShapeDtypeStruct(batch_shape, a.dtype, sharding=self._batch_sharding)
+            for name, a in example.items()
+        }
+        version = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
+        return self._step_fn.lower(self.params, self.opt_state, self.ref_params, batch, version)
 
     # -- forward ----------------------------------------------------------------------------
 

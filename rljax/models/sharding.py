@@ -135,6 +135,21 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules) -> nnx.S
     return jax.tree_util.tree_unflatten(treedef, [one(path, var) for path, var in flat])
 
 
+def with_shardings(tree, shardings):
+    """``tree``'s arrays as ``jax.ShapeDtypeStruct``s placed by ``shardings``.
+
+    ``tree`` holds arrays or ShapeDtypeStructs (an ``nnx.eval_shape`` state works); only shapes
+    and dtypes are read. ``shardings`` has one NamedSharding per array, in the same order (as
+    :func:`state_shardings` gives, with bare shardings where ``tree`` holds nnx Variables).
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    flat = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    if len(flat) != len(leaves):
+        raise ValueError(f"{len(flat)} shardings for {len(leaves)} arrays")
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(leaves, flat)]
+    return treedef.unflatten(structs)
+
+
 def make_mesh(devices, axes: dict[str, int]) -> Mesh:
     """A Mesh over ``devices`` with the given axis sizes (-1 absorbs the remainder)."""
     devices = list(devices)

@@ -25,18 +25,20 @@ L layers, P pages in the pool, Z page size.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from rljax.config import ModelConfig
 from rljax.kernels import dispatch
 from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
 from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
-from rljax.models.sharding import ShardingRules
+from rljax.kernels.sharding import run_sharded
+from rljax.models.sharding import ShardingRules, axis_size
 
 # A role's mesh and its logical-axis rules; what the call paths need to shard_map the kernels.
 Sharding = tuple[Mesh, ShardingRules]
@@ -304,28 +306,81 @@ class Decoder(nnx.Module):
         *,
         impl: str = "auto",
         sharding: Sharding | None = None,
+        kv_shards: int = 1,
     ):
         """One token per slot against the paged cache; returns (hidden [B, D], k_pages, v_pages).
 
         The cache is [L, K, P, Z, H]. Each slot's new key/value is written at ``positions_b``
         through its page table before attending, so the slot sees ``positions_b + 1`` tokens.
-        Free slots point their page table at the reserved page 0, which absorbs their writes.
-        Attention goes through :func:`rljax.kernels.paged_attention` (``impl``: Pallas/XLA);
-        with ``sharding=(mesh, rules)`` the Pallas kernel runs under ``shard_map``, slots over
-        the 'batch' axes, heads and the page pool over the 'heads' axes, the pool replicated
-        over the batch axes (the engine's decode-state layout).
+        Free slots point their page table at page 0, which absorbs their writes.
+
+        ``kv_shards`` splits the slots and the pool's pages into that many equal, contiguous
+        shards: slot b belongs to shard ``b // (B / kv_shards)``, owns pages of that shard only,
+        and its page table holds page indices local to the shard (each shard's page 0 is its
+        null page). The engine picks the size of the sampler's 'batch' mesh axes, so each data
+        shard keeps its own slots and pages and the pool is sharded over P instead of
+        replicated. The write and the XLA attention run per shard under ``vmap`` (GSPMD keeps
+        each shard on its devices); the Pallas kernel runs under ``shard_map``, slots and pages
+        over the 'batch' axes, heads and the pool's K over the 'heads' axes.
         """
-        split = kernel_mesh_axes(
-            sharding, impl, (("batch", tokens_b.shape[0]), ("heads", self.cfg.num_kv_heads))
-        )
+        b = tokens_b.shape[0]
+        if kv_shards < 1 or b % kv_shards or k_pages.shape[2] % kv_shards:
+            raise ValueError(
+                f"kv_shards={kv_shards} must divide the {b} slots and the {k_pages.shape[2]} pages"
+            )
+        split = kernel_mesh_axes(sharding, impl, (("batch", b), ("heads", self.cfg.num_kv_heads)))
+        if split is not None and kv_shards > 1:
+            mesh, (batch_axes, _) = split
+            if axis_size(mesh, batch_axes) != kv_shards:
+                raise ValueError(
+                    f"kv_shards={kv_shards} differs from the {axis_size(mesh, batch_axes)} "
+                    f"shards of the 'batch' mesh axes {batch_axes!r}; they must match"
+                )
+
+        def per_shard(x):  # [B, ...] -> [kv_shards, B / kv_shards, ...]
+            return x.reshape(kv_shards, b // kv_shards, *x.shape[1:])
+
+        def by_shard(pages):  # [K, P, Z, H] -> [K, kv_shards, P / kv_shards, Z, H]
+            k_, p, z_, h = pages.shape
+            return pages.reshape(k_, kv_shards, p // kv_shards, z_, h)
+
+        def write(pages, new_bkh):
+            def one(pages_kpzh, page, offset, new):
+                return pages_kpzh.at[:, page, offset].set(new.transpose(1, 0, 2))
+
+            new_bkh = new_bkh.astype(pages.dtype)
+            if kv_shards == 1:
+                return one(pages, page_b, offset_b, new_bkh)
+            out = jax.vmap(one, in_axes=(1, 0, 0, 0), out_axes=1)(
+                by_shard(pages), per_shard(page_b), per_shard(offset_b), per_shard(new_bkh)
+            )
+            return out.reshape(pages.shape)
 
         def attend(q, kp, vp):
-            if split is None:
+            if split is not None:
+                mesh, (batch_axes, head_axis) = split
+                if kv_shards == 1:
+                    return sharded_paged_decode_attention(
+                        mesh, batch_axes, head_axis, q, kp, vp, lengths_b, page_table_bm, impl=impl
+                    )
+                # Each device holds its shard's pages: the pool is split over P by batch_axes.
+                pages = PartitionSpec(head_axis, batch_axes, None, None)
+                slots = PartitionSpec(batch_axes)
+                specs = (PartitionSpec(batch_axes, head_axis, None), pages, pages, slots, slots)
+                fn = functools.partial(paged_decode_attention, impl=impl)
+                out = PartitionSpec(batch_axes, head_axis, None)
+                return run_sharded(fn, mesh, specs, out, (q, kp, vp, lengths_b, page_table_bm))
+            if kv_shards == 1:
                 return paged_decode_attention(q, kp, vp, lengths_b, page_table_bm, impl=impl)
-            mesh, (batch_axes, head_axis) = split
-            return sharded_paged_decode_attention(
-                mesh, batch_axes, head_axis, q, kp, vp, lengths_b, page_table_bm, impl=impl
+            fn = functools.partial(paged_decode_attention, impl=impl)
+            out = jax.vmap(fn, in_axes=(0, 1, 1, 0, 0))(
+                per_shard(q),
+                by_shard(kp),
+                by_shard(vp),
+                per_shard(lengths_b),
+                per_shard(page_table_bm),
             )
+            return out.reshape(q.shape)
 
         z = k_pages.shape[3]
         page_b = jnp.take_along_axis(page_table_bm, (positions_b // z)[:, None], axis=1)[:, 0]
@@ -335,8 +390,7 @@ class Decoder(nnx.Module):
         def block(x_btd, layer):
             p, kp, vp = layer
             q, k, v = self._qkv(p, x_btd, positions_b[:, None])
-            kp = kp.at[:, page_b, offset_b].set(k[:, 0].transpose(1, 0, 2).astype(kp.dtype))
-            vp = vp.at[:, page_b, offset_b].set(v[:, 0].transpose(1, 0, 2).astype(vp.dtype))
+            kp, vp = write(kp, k[:, 0]), write(vp, v[:, 0])
             attn = attend(q[:, 0], kp, vp)
             return self._finish_block(p, x_btd, attn[:, None]), (kp, vp)
 

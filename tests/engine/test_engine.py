@@ -57,7 +57,7 @@ def test_jetstream_orchestrator_sequence(tiny):
         assert not result.valid[[0, 1, 3]].any()
         out.append(token)
     state = eng.free_slot(state, 2)
-    assert eng.allocator.free_count == eng.num_pages - 1
+    assert eng.free_pages == eng.num_pages - 1
     assert out == tiny.greedy_reference(prompt, 6)
 
 
@@ -210,3 +210,55 @@ def test_pallas_paged_attention_engine_matches_reference():
     tiny = tiny_engine(temperature=0.0, impl="pallas", max_new_tokens=4, max_prefill_length=8)
     (t,) = Sampler(tiny.engine, tiny.params).run([Request([1, 4, 6, 2, 3], max_new_tokens=4)])
     assert t.response_tokens == tiny.greedy_reference([1, 4, 6, 2, 3], 4)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_kv_pool_sharded_over_data_decodes_like_full_recompute(impl):
+    """data=2 x tensor=2: each data shard owns half the slots and half the page pool."""
+    tiny = tiny_engine(
+        temperature=0.0,
+        impl=impl,
+        devices=jax.devices()[:4],
+        data=2,
+        max_concurrent_decodes=4,
+        max_new_tokens=6,
+        max_prefill_length=8,
+    )
+    eng = tiny.engine
+    assert eng.kv_shards == 2 and eng.slots_per_shard == 2
+    assert eng.num_pages == 2 * eng.pages_per_shard
+    state = eng.init_decode_state()
+    spec = state.k_pages.sharding.spec
+    assert spec[1] == "tensor" and spec[2] == "data"  # [L, K, P, Z, H]: K and P both split
+    shard_bytes = {s.data.nbytes for s in state.k_pages.addressable_shards}
+    assert shard_bytes == {state.k_pages.nbytes // 4}
+    # A group of 3 spans both shards; 5 samples over 4 slots reuse freed slots.
+    requests = [
+        Request([1, 4, 6, 2, 3], max_new_tokens=6, num_samples=3),
+        Request([5, 9, 7, 7, 7, 2, 8], max_new_tokens=5, num_samples=2),
+    ]
+    sampler = Sampler(eng, tiny.params)
+    trajs = sampler.run(requests)
+    assert len(trajs) == 5
+    for t in trajs:
+        assert t.response_tokens == tiny.greedy_reference(t.prompt_tokens, len(t.response_tokens))
+    assert eng.free_pages == eng.num_pages - eng.kv_shards  # every shard got its pages back
+
+
+def test_sharded_pool_runs_out_of_pages_per_shard():
+    """A slot grows from its own shard's pages only, even while another shard has some free."""
+    tiny = tiny_engine(devices=jax.devices()[:2], data=2, num_pages=8, max_concurrent_decodes=2)
+    eng = tiny.engine
+    assert eng.kv_shards == 2 and eng.pages_per_shard == 4  # 3 usable pages per shard
+    state = eng.init_decode_state()
+    long, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 10), true_length=9)
+    short, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 3), true_length=2)
+    state = eng.insert(long, state, 0)  # 8 cached tokens + the next: 3 pages of shard 0
+    state = eng.insert(short, state, 1)  # 1 page of shard 1
+    assert [a.free_count for a in eng.allocators] == [0, 2]
+    for _ in range(4):  # slot 0 fills positions 8..11, its third page; slot 1 takes a second
+        state, _ = eng.generate(tiny.params, state)
+    with pytest.raises(OutOfPages) as exc:
+        eng.generate(tiny.params, state)
+    assert exc.value.slots == [0]
+    assert [a.free_count for a in eng.allocators] == [0, 1]  # shard 1's page cannot help
