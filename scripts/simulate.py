@@ -2,6 +2,7 @@
 
   python scripts/simulate.py --config=configs/sim/pod_compare.py[:runlocal]
   python scripts/simulate.py --config=configs/sim/verl_async_h20.py
+  python scripts/simulate.py --config=configs/sim/growing_v5p128.py
 
 Prints throughput ratios against the sync colocated baseline measured in the same run, the
 gain of reallocation over the best static split, the validation figure when the config has
@@ -101,22 +102,100 @@ def sweep(c, cost: CostModel) -> tuple[list[dict], dict]:
     return rows, for_plot
 
 
+def _timed_run(cfg: SimConfig, cost: CostModel, lengths: LengthModel):
+    start = time.perf_counter()
+    res = _run(cfg, cost, lengths)
+    return res, time.perf_counter() - start
+
+
 def growth_gain(c, cost: CostModel) -> dict:
-    """Reallocation vs the best static split when response lengths grow over training."""
+    """Reallocation vs the best static split when response lengths grow over training.
+
+    Every static split in ``c.growth.splits`` (default: the sweep's) runs the same workload;
+    reallocation starts from each split in ``c.growth.starts`` (default: the smallest).
+    """
     g = c.growth
-    lengths = _lengths(c, g.tail, median=g.median, growth=g.growth, growth_steps=c.steps)
-    static = {n: _run(_sim_config(c, "async", g.eta, n), cost, lengths) for n in _splits(c, cost)}
+    overrides = dict(median=g.median, growth=g.growth, growth_steps=c.steps)
+    overrides.update({k: g[k] for k in ("sigma", "max_tokens") if k in g})
+    lengths = _lengths(c, g.tail, **overrides)
+    splits = list(g.splits) if "splits" in g else _splits(c, cost)
+    static, cpu = {}, {}
+    for n in splits:
+        static[n], cpu[f"static {n}"] = _timed_run(_sim_config(c, "async", g.eta, n), cost, lengths)
+        print(
+            f"static {n}:{c.total_chips - n}: {static[n].samples_per_s:.3f} samples/s, "
+            f"{cpu[f'static {n}']:.1f} s CPU",
+            flush=True,
+        )
     best_n = max(static, key=lambda n: static[n].samples_per_s)
-    start = min(static)  # tuned for the short early responses
-    realloc = _run(_sim_config(c, "realloc", g.eta, start), cost, lengths)
-    return {
+    runs = {}
+    for start in list(g.starts) if "starts" in g else [min(static)]:
+        res, cpu[f"realloc from {start}"] = _timed_run(
+            _sim_config(c, "realloc", g.eta, start), cost, lengths
+        )
+        runs[start] = res
+        print(
+            f"realloc from {start}: {res.samples_per_s:.3f} samples/s, "
+            f"moves {[m[1] for m in res.moves]}, {cpu[f'realloc from {start}']:.1f} s CPU",
+            flush=True,
+        )
+    best = static[best_n].samples_per_s
+    figures = {
+        "mean_response_tokens": [round(lengths.mean(v)) for v in (0, c.steps // 2, c.steps)],
+        "static_samples_per_s": {str(n): round(r.samples_per_s, 3) for n, r in static.items()},
         "best_static_split": best_n,
-        "best_static_samples_per_s": round(static[best_n].samples_per_s, 3),
-        "realloc_start_split": start,
-        "realloc_samples_per_s": round(realloc.samples_per_s, 3),
-        "realloc_vs_best_static": round(realloc.samples_per_s / static[best_n].samples_per_s, 3),
-        "realloc_moves": [list(m[1:]) for m in realloc.moves],
+        "best_static_samples_per_s": round(best, 3),
+        "realloc": [
+            {
+                "start_split": start,
+                "samples_per_s": round(res.samples_per_s, 3),
+                "vs_best_static": round(res.samples_per_s / best, 3),
+                "moves": [[round(m[0]), m[1]] for m in res.moves],
+            }
+            for start, res in runs.items()
+        ],
+        "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
+        "switch_cost_s": round(
+            Simulator(
+                _sim_config(c, "realloc", g.eta, best_n), cost, lengths
+            ).estimated_switch_cost_s(),
+            1,
+        ),
     }
+    if g.get("plot"):
+        try:
+            plot_growth(static, runs, c.total_chips, g.plot)
+            figures["plot"] = g.plot
+        except ImportError:
+            print("matplotlib is not installed; skipping the growth plot")
+    return figures
+
+
+def plot_growth(static: dict, runs: dict, total: int, path: str) -> None:
+    """Throughput of every static split and of reallocation, and reallocation's split over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    splits = sorted(static)
+    left.plot(splits, [static[n].samples_per_s for n in splits], "o-", label="static split")
+    for start, res in runs.items():
+        left.axhline(res.samples_per_s, ls="--", color="tab:red", alpha=0.6)
+        left.annotate(f"realloc from {start}", (splits[0], res.samples_per_s), fontsize=8)
+        times = [0.0] + [m[0] for m in res.moves] + [res.wall_s]
+        chips = [start] + [m[1] for m in res.moves]
+        right.step(
+            times[:-1] + [times[-1]], chips + [chips[-1]], where="post", label=f"from {start}"
+        )
+    left.set_xlabel(f"sampler chips (of {total})")
+    left.set_ylabel("samples/s over the run")
+    right.set_xlabel("simulated seconds")
+    right.set_ylabel("sampler chips")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
 
 
 def validate(c, cost: CostModel) -> dict:

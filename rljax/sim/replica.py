@@ -6,10 +6,16 @@ completion, a pause) the live set is fixed, every live sequence gains one token 
 the step time is the roofline ``max(C(n), a + c * (base + n * P))``: constant compute side,
 memory side growing linearly as the KV cache grows. The time to advance ``x`` steps is then a
 closed-form integral, and so is its inverse; each event costs O(log n).
+
+Slots are filled one sequence at a time, as the runtime's ``Sampler`` does: a group routed to a
+replica with fewer free slots than samples waits in the replica's queue for the rest, and each
+finished sequence frees its slot for the next queued one. A group's prompt is prefilled once,
+on arrival; queued samples reuse that prefix.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -22,10 +28,11 @@ _TIEBREAK = itertools.count()  # heap entries never compare requests
 class Replica:
     """A decode engine of ``cost.tp`` chips with ``slots`` concurrent sequences.
 
-    Live sequences sit in a heap keyed by the step count at which they finish. A request's
-    sequences are admitted together and share ``start`` and ``prompt``; aborting a request
-    removes its live sequences from the speed model and leaves dead heap entries behind,
-    skipped when they surface.
+    Live sequences sit in a heap keyed by the step count at which they finish. A request
+    tracks ``live`` (sequences in slots), ``queued`` (samples waiting here for a slot) and
+    ``kv_base`` (sum over its live sequences of ``prompt - start step``). Aborting a request
+    removes it from the speed model and leaves dead heap and queue entries behind, skipped when
+    they surface (a dead request has ``live == queued == 0``).
     """
 
     def __init__(self, index: int, cost: CostModel, slots: int, now: float, record: bool = False):
@@ -37,7 +44,10 @@ class Replica:
         self.pause_until = now
         self.n = 0
         self.base = 0.0  # sum over live sequences of (prompt - start); KV tokens = base + n * P
-        self.heap: list[tuple[float, int, object]] = []
+        self.heap: list[tuple[float, int, object, float]] = []
+        self.waiting: collections.deque = collections.deque()  # (request, length) pairs
+        self.queued = 0  # live samples in ``waiting``
+        self.counted = 0  # ``n`` as the simulator last counted it
         self.epoch = 0
         self.busy_acc = 0.0
         self.slot_seconds = 0.0  # integral of live sequences over time, up to t0
@@ -51,6 +61,11 @@ class Replica:
     @property
     def free(self) -> int:
         return self.slots - self.n
+
+    @property
+    def headroom(self) -> int:
+        """Free slots not yet promised to queued samples (negative when the queue is longer)."""
+        return self.slots - self.n - self.queued
 
     def _shape(self) -> tuple[float, float, float]:
         """(memory-side step time now, its slope per step, compute-side step time)."""
@@ -104,25 +119,43 @@ class Replica:
         self.epoch += 1
 
     def admit(self, now: float, request, lengths: list[int], prompt: int, prefill_s: float):
-        """Adds a request's sequences (all decoding from step ``p0``) after a prefill stall."""
+        """Routes a request here: prefill its prompt once, then start its samples (decoding from
+        step ``p0``) in free slots; the rest wait in the queue for slots to free up."""
         self.advance(now)
-        if self.n == 0:
-            self.busy_since = now
-        request.start = self.p0
-        for length in lengths:
-            heapq.heappush(self.heap, (self.p0 + length, next(_TIEBREAK), request))
-        self.n += len(lengths)
-        self.base += len(lengths) * (prompt - self.p0)
-        request.live = len(lengths)
+        request.live = request.queued = 0
+        request.kv_base = 0.0
+        self.waiting.extend((request, length) for length in lengths)
+        request.queued = len(lengths)
+        self.queued += len(lengths)
         self.pause(now, prefill_s)
+        self._fill(now, prompt)
+
+    def _fill(self, now: float, prompt: int) -> None:
+        """Moves queued samples of live requests into free slots (``advance`` already ran)."""
+        while self.waiting and self.n < self.slots:
+            request, length = self.waiting.popleft()
+            if request.queued == 0:
+                continue  # aborted
+            request.queued -= 1
+            self.queued -= 1
+            if self.n == 0:
+                self.busy_since = now
+            heapq.heappush(self.heap, (self.p0 + length, next(_TIEBREAK), request, self.p0))
+            self.n += 1
+            self.base += prompt - self.p0
+            request.live += 1
+            request.kv_base += prompt - self.p0
 
     def remove(self, now: float, request, prompt: int) -> None:
-        """Drops the live sequences of an aborted request (their heap entries go dead)."""
+        """Drops the live and queued samples of an aborted request (their entries go dead)."""
         self.advance(now)
         self.n -= request.live
-        self.base -= request.live * (prompt - request.start)
-        request.live = 0
+        self.base -= request.kv_base
+        self.queued -= request.queued
+        request.live = request.queued = 0
+        request.kv_base = 0.0
         self.epoch += 1
+        self._fill(now, prompt)
         self._maybe_idle(now)
 
     def _maybe_idle(self, now: float) -> None:
@@ -136,26 +169,31 @@ class Replica:
     def next_finish_time(self) -> float | None:
         """Time at which the next live sequence finishes, or None if nothing is live."""
         while self.heap and self.heap[0][2].live == 0:
-            heapq.heappop(self.heap)
+            heapq.heappop(self.heap)  # aborted
         if not self.heap:
             return None
         start = max(self.t0, self.pause_until)
         return start + self._time_for(self.heap[0][0] - self.p0)
 
     def pop_finished(self, now: float, prompt: int) -> list:
-        """Retires every sequence done by ``now``; returns one request per retired sequence."""
+        """Retires every sequence done by ``now`` and refills the freed slots from the queue.
+
+        Returns one request per retired sequence.
+        """
         self.advance(now)
         done = []
         while self.heap and (self.heap[0][2].live == 0 or self.heap[0][0] <= self.p0 + 1e-6):
-            finish, _, request = heapq.heappop(self.heap)
+            finish, _, request, start = heapq.heappop(self.heap)
             if request.live == 0:
                 continue
             self.p0 = max(self.p0, finish)
             request.live -= 1
+            request.kv_base -= prompt - start
             self.n -= 1
-            self.base -= prompt - request.start
+            self.base -= prompt - start
             done.append(request)
         self.epoch += 1
+        self._fill(now, prompt)
         self._maybe_idle(now)
         return done
 

@@ -11,10 +11,13 @@ Modes:
   realloc:  async, plus the Reallocator is consulted every ``phase_steps`` learner steps and a
             move pays ``switch_cost_s`` of stall on the learner and on the added replicas.
 
-A group is dispatched to one replica (its G samples share a prefill), its lengths are drawn
-at dispatch from the ``LengthModel`` at the sampler's version, and the group is complete when
-its last sample finishes. In-flight groups keep decoding across a weight swap (PipelineRL-style
-in-flight update), so a group's staleness is ``learner version - dispatch version``.
+A group is dispatched to the replica with the most free slots (its G samples share a prefill;
+samples that find no free slot wait there for one), its lengths are drawn at dispatch from the
+``LengthModel`` at the sampler's version, and the group is complete when its last sample
+finishes. The sampler dispatches while some replica has a slot that no queued sample claims,
+so a few long stragglers never hold a replica's other slots empty. In-flight groups keep
+decoding across a weight swap (PipelineRL-style in-flight update), so a group's staleness is
+``learner version - dispatch version``.
 """
 
 from __future__ import annotations
@@ -98,12 +101,14 @@ class SimConfig:
 
 
 class _Request:
-    __slots__ = ("rid", "prompt_id", "version", "replica", "start", "live", "tokens")
+    __slots__ = ("rid", "prompt_id", "version", "replica", "tokens", "remaining")
+    __slots__ += ("live", "queued", "kv_base")  # the replica's bookkeeping
 
-    def __init__(self, rid, prompt_id, version, replica, tokens):
+    def __init__(self, rid, prompt_id, version, replica, tokens, samples):
         self.rid, self.prompt_id, self.version = rid, prompt_id, version
-        self.replica, self.tokens = replica, tokens
-        self.start, self.live = 0.0, 0
+        self.replica, self.tokens, self.remaining = replica, tokens, samples
+        self.live = self.queued = 0
+        self.kv_base = 0.0
 
 
 class Simulator:
@@ -153,7 +158,10 @@ class Simulator:
         return Split(self.sampler_chips, self.learner_chips)
 
     def _make_controller(self) -> StalenessController:
-        concurrent = max(1, len(self.replicas) * (self.slots // self.cfg.group_size))
+        # Free slots gate dispatch (see _dispatch), so the controller's cap on groups in flight
+        # is only the slot count: a cap of slots // G groups would count a group with one
+        # straggler left as G busy slots and idle the replicas behind long tails.
+        concurrent = max(1, len(self.replicas) * self.slots)
         return StalenessController(
             max_staleness=self.cfg.max_staleness,
             batch_groups=self.cfg.batch_groups,
@@ -175,8 +183,11 @@ class Simulator:
         heapq.heappush(self.events, (time, next(self._seq), kind, payload))
 
     def _schedule_replica(self, rep: Replica) -> None:
-        # Every change to a replica's live set ends here, so this keeps ``open`` exact.
-        if rep.free >= self.cfg.group_size and rep.epoch >= 0:
+        # Every change to a replica's live set ends here, so this keeps ``open`` and ``_live``
+        # (live sequences over all replicas) exact.
+        self._live += rep.n - rep.counted
+        rep.counted = rep.n
+        if rep.headroom > 0 and rep.epoch >= 0:
             self.open.add(rep)
         else:
             self.open.discard(rep)
@@ -189,9 +200,21 @@ class Simulator:
             self.spans.append(Span(role, lane, kind, start, end))
 
     def _dispatch(self, now: float) -> None:
+        """Dispatches what the policies allow; notes the free slots they hold back."""
+        denied = self._dispatch_groups(now)
+        self._blocked_free = len(self.replicas) * self.slots - self._live if denied else 0
+
+    def _account_blocked(self, now: float) -> None:
+        # Free slot-seconds the staleness controller or the buffer held back: the sampler's
+        # idle capacity (PhaseStats.sampler_idle_s). Free slots are constant between events.
+        self.blocked_slot_s += (now - self._blocked_t) * self._blocked_free
+        self._blocked_t = now
+
+    def _dispatch_groups(self, now: float) -> bool:
+        """Returns whether the policies denied a group while a replica had a free slot."""
         cfg = self.cfg
         if self.colocated and self.learner_busy:
-            return
+            return False
         g = cfg.group_size
         while self.open:
             # The policies are pure: if nothing they read changed since they last said no, they
@@ -205,27 +228,28 @@ class Simulator:
                 id(self.controller),
             )
             if key == self._denied:
-                return
+                return True
             cap = self.controller.capacity(
                 self.buffer.version, len(self.running), self.buffer.accepted
             )
             if cap <= 0:
                 self._denied = key
-                return
+                return True
             rid = next(self._rid)
             if self.buffer.reserve(rid, self.sampler_version) is None:
                 self._denied = key
-                return
+                return True
             # Prefer a replica that is decoding now over one still rebuilding after a resize.
-            rep = max(self.open, key=lambda r: (r.pause_until <= now, r.free, -r.index))
+            rep = max(self.open, key=lambda r: (r.pause_until <= now, r.headroom, -r.index))
             prompt_id = self.requeue.pop() if self.requeue else next(self._prompt_ids)
             lengths = [self.draw(self.sampler_version) for _ in range(g)]
-            req = _Request(rid, prompt_id, self.sampler_version, rep, sum(lengths))
+            req = _Request(rid, prompt_id, self.sampler_version, rep, sum(lengths), g)
             self.running[rid] = req
             self.dispatched += 1
             prefill = self.cost.prefill_s(cfg.prompt_tokens)  # shared prefix: prefill once
             rep.admit(now, req, lengths, cfg.prompt_tokens, prefill)
             self._schedule_replica(rep)
+        return False
 
     def _abort(self, now: float, rid, requeue: bool) -> None:
         req = self.running.pop(rid)
@@ -240,7 +264,8 @@ class Simulator:
         if epoch != rep.epoch:
             return
         for req in rep.pop_finished(now, self.cfg.prompt_tokens):
-            if req.live > 0 or req.rid not in self.running:
+            req.remaining -= 1
+            if req.remaining > 0 or req.rid not in self.running:
                 continue
             del self.running[req.rid]
             group = (
@@ -300,25 +325,28 @@ class Simulator:
     # ----- reallocation ----------------------------------------------------------------------
 
     def _phase_stats(self, now: float) -> PhaseStats:
+        # The sampler's idle time is its capacity the policies held back: free slot-seconds
+        # while dispatch was denied, over the slots. Counting only time with no live sequence
+        # would call a sampler busy while one straggler per replica keeps it alive and the
+        # staleness window keeps every other slot empty.
         length = now - self.phase_start
-        busy = sum(r.busy_seconds(now) for r in self.replicas) + self.retired_busy
+        self._account_blocked(now)
+        slots = len(self.replicas) * self.slots
+        idle = min(length, (self.blocked_slot_s - self.phase_blocked0) / slots)
         for rep in self.replicas:
             rep.advance(now)
         filled = sum(r.slot_seconds for r in self.replicas) + self.retired_slots
-        occupancy = (filled - self.phase_filled0) / max(
-            1e-9, (busy - self.phase_busy0) * self.slots
-        )
-        self.phase_filled0 = filled
-        sampler_busy = (busy - self.phase_busy0) * self.cost.tp / self.sampler_chips
+        occupancy = (filled - self.phase_filled0) / max(1e-9, (length - idle) * slots)
+        self.phase_filled0, self.phase_blocked0 = filled, self.blocked_slot_s
         learner_busy = self.learner_train + self.learner_sync - self.phase_learner0
-        self.phase_start, self.phase_busy0 = now, busy
+        self.phase_start = now
         self.phase_learner0 = self.learner_train + self.learner_sync
         rows = self.buffer.snapshot()
         held = sum(row["occupied"] for row in rows)
         seats = self.cfg.batch_groups * len(rows)
         return PhaseStats(
-            sampler_busy_s=min(sampler_busy, length),
-            sampler_idle_s=max(0.0, length - sampler_busy),
+            sampler_busy_s=length - idle,
+            sampler_idle_s=idle,
             learner_busy_s=min(learner_busy, length),
             learner_idle_s=max(0.0, length - learner_busy),
             buffer_fill=min(1.0, held / seats),
@@ -337,6 +365,7 @@ class Simulator:
     def _retire(self, now: float, rep: Replica) -> None:
         self._account_replicas(now)
         self.retired_busy += rep.busy_seconds(now)
+        self._live -= rep.counted
         rep.advance(now)
         self.retired_slots += rep.slot_seconds
         rep.epoch = -1  # its pending finish events are now stale
@@ -383,6 +412,8 @@ class Simulator:
         self.replicas = self._new_replicas(self.sampler_chips // self.cost.tp, 0.0, 0.0)
         self.open = set(self.replicas)  # replicas with room for one more group
         self._denied = None
+        self._live = self._blocked_free = 0
+        self.blocked_slot_s = self._blocked_t = self.phase_blocked0 = 0.0
         self.buffer = StalenessBuffer(
             batch_groups=cfg.batch_groups,
             max_staleness=cfg.max_staleness,
@@ -404,7 +435,7 @@ class Simulator:
         self.replica_seconds = self._replicas_since = 0.0
         self.retired: list[Replica] = []
         self.learner_train = self.learner_sync = 0.0
-        self.phase_start = self.phase_busy0 = self.phase_learner0 = self.retired_busy = 0.0
+        self.phase_start = self.phase_learner0 = self.retired_busy = 0.0
         self.phase_filled0 = self.retired_slots = 0.0
         self.steps_done = self.dispatched = self.aborted = 0
         self.staleness, self.consumed_prompts, self.moves, self.spans = [], [], [], []
@@ -412,6 +443,7 @@ class Simulator:
         self._dispatch(now)
         while self.events and self.steps_done < cfg.steps:
             now, _, kind, payload = heapq.heappop(self.events)
+            self._account_blocked(now)
             if kind == "finish":
                 self._on_finish(now, *payload)
             elif kind == "trained":

@@ -204,3 +204,47 @@ def test_bad_input_messages(tmp_path):
         load_histogram(bad)
     with pytest.raises(ValueError, match="not a multiple of tp=2"):
         Simulator(small("async", sampler_chips=7), dataclasses.replace(COST, tp=2), LENGTHS)
+
+
+def test_replica_queues_samples_beyond_free_slots_and_refills_freed_slots():
+    # Slots are filled per sequence, as the runtime's Sampler does: a group larger than the
+    # free slots waits in the queue, and each finished sequence frees a slot for the next.
+    from rljax.sim.replica import Replica
+
+    class Req:
+        pass
+
+    rep = Replica(0, COST, 4, 0.0)
+    long, short = Req(), Req()
+    rep.admit(0.0, long, [1000, 1000, 1000], prompt=10, prefill_s=0.0)
+    rep.admit(0.0, short, [10, 20, 30], prompt=10, prefill_s=0.0)
+    assert (rep.n, rep.queued, rep.headroom) == (4, 2, -2)
+    first = rep.next_finish_time()
+    done = rep.pop_finished(first, 10)
+    assert done == [short] and (rep.n, rep.queued) == (4, 1)  # the freed slot was refilled
+    rep.remove(first, long, prompt=10)
+    assert (rep.n, rep.queued, long.live) == (2, 0, 0)  # short's last sample took a slot
+    while (t := rep.next_finish_time()) is not None:
+        rep.pop_finished(t, 10)
+    assert (rep.n, rep.queued, rep.base) == (0, 0, 0.0)
+
+
+def test_held_back_slots_count_as_sampler_idle_and_send_chips_to_the_learner():
+    # Expensive training on 4 of 16 chips with a long tail: a straggler keeps every replica
+    # alive, so only the slots the staleness window holds empty show that the sampler waits.
+    config = small(
+        "realloc",
+        steps=40,
+        sampler_chips=12,
+        phase_steps=4,
+        switch_cost_s=0.1,
+        train_flops_per_param=200.0,
+        reallocator=ReallocatorConfig(patience=1, cooldown=1),
+    )
+    sim = Simulator(config, COST, LENGTHS)
+    result = sim.run()
+    check_invariants(result, config)
+    assert sim.blocked_slot_s > 0
+    assert result.moves and result.final_split[0] < 12
+    static = run(dataclasses.replace(config, mode="async"))
+    assert result.samples_per_s > static.samples_per_s
