@@ -76,9 +76,10 @@ class Recorder:
         self.groups: dict[int, list] = {}
         make_request, make_batch = run.make_request, run.make_batch
 
-        def request(example, rid, **kw):
-            self.dispatched.append(rid)
-            return make_request(example, rid, **kw)
+        def request(example, rid, *, greedy=False):
+            if not greedy:  # greedy ones are held-out evaluation
+                self.dispatched.append(rid)
+            return make_request(example, rid, greedy=greedy)
 
         def batch(groups):
             self.batches.append([g.request_id for g in groups])
@@ -161,24 +162,24 @@ def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compile
 
 
 class ScriptedPolicy:
-    """Stands in for the Reallocator: records each phase, answers from a script.
+    """Stands in for the Reallocator: records each measured phase and answers the next split
+    of its script at the first boundary where the sampler has sequences in its slots, so that
+    each resize must interrupt requests in flight."""
 
-    Before answering with a split it waits until the sampler has sequences in its slots, so
-    the resize must interrupt in-flight requests (eta = 2 lets the sampler run ahead).
-    """
-
-    def __init__(self, run: Run, answers: list[Split | None]):
-        self.run, self.answers = run, list(answers)
+    def __init__(self, run: Run, splits: list[Split]):
+        self.run, self.splits = run, list(splits)
         self.phases: list[PhaseStats] = []
+        self.answered: list[int] = []  # phase index of each move
 
     def decide(self, stats: PhaseStats) -> Split | None:
         self.phases.append(stats)
-        answer = self.answers.pop(0) if self.answers else None
-        deadline = time.monotonic() + 30
-        while answer is not None and not self.run.sampler.busy_slots:
-            assert time.monotonic() < deadline, "the sampler never had work in flight"
-            time.sleep(0.005)
-        return answer
+        deadline = time.monotonic() + 1.0
+        while self.splits and time.monotonic() < deadline:
+            if self.run.sampler.busy_slots:
+                self.answered.append(len(self.phases) - 1)
+                return self.splits.pop(0)
+            time.sleep(0.002)
+        return None
 
 
 def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles):
@@ -186,38 +187,51 @@ def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles)
     cfg = _cfg(
         **{
             "buffer.max_staleness": eta,
-            "learner.loss": "decoupled_ppo",
             "mesh.reallocate": True,
             "mesh.reallocate_every": 1,
-            "num_steps": 4,
+            "num_steps": 6,
         }
     )
     run = Run(cfg, str(tmp_path))
     rec = Recorder(run)
-    policy = ScriptedPolicy(run, [Split(4, 4), None, Split(6, 2)])
+    policy = ScriptedPolicy(run, [Split(4, 4), Split(6, 2)])
     run.reallocation.policy = policy
+    step = run.sampler.step
+
+    def slow_step():
+        # A slower sampler than learner keeps requests in flight at step boundaries.
+        time.sleep(0.02)
+        return step()
+
+    run.sampler.step = slow_step
     try:
         run.train()
     finally:
         run.close()
 
     # The policy saw one measured phase per step, on the split in force at the time.
-    assert [p.split for p in policy.phases] == [Split(6, 2), Split(4, 4), Split(4, 4), Split(6, 2)]
+    first, second = policy.answered
+    splits = [p.split for p in policy.phases]
+    assert len(splits) == 6
+    assert splits[: first + 1] == [Split(6, 2)] * (first + 1)
+    assert splits[first + 1 : second + 1] == [Split(4, 4)] * (second - first)
+    assert splits[second + 1 :] == [Split(6, 2)] * (5 - second)
     resizes = _records(tmp_path, "resize")
     assert [(r["from"], r["to"], r["cause"]) for r in resizes] == [
         ("6/2", "4/4", "reallocator"),
         ("4/4", "6/2", "reallocator"),
     ]
-    assert policy.phases[1].switch_cost_s == pytest.approx(resizes[0]["seconds"])
+    assert policy.phases[first + 1].switch_cost_s == pytest.approx(resizes[0]["seconds"])
     for p in policy.phases:
-        assert p.sampler_busy_s > 0 and p.learner_busy_s > 0
+        # A sampler held back by the staleness bound for a whole phase is idle all of it.
+        assert p.sampler_busy_s + p.sampler_idle_s > 0 and p.learner_busy_s > 0
         assert 0 < p.sampler_occupancy <= 1 and p.granularity == 1
 
     # Requests were in flight at each move, and every one of them came through whole.
     assert all(r["interrupted_requests"] > 0 for r in resizes)
     assert run.driver.counters["interrupted_samples"] > 0
     consumed = rec.check_complete()
-    assert len(consumed) == 4 * BATCH_GROUPS
+    assert len(consumed) == 6 * BATCH_GROUPS
     state = run.driver.buffer.state_dict()
     still_held = {
         item["request_id"] for b in state["buffers"] for item in b["groups"] + b["reservations"]
