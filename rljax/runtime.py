@@ -145,6 +145,11 @@ class Run:
                 "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
                 "each role idles while the other works); set mode='async' or turn it off"
             )
+        if cfg.mesh.reallocate and jax.process_count() > 1:
+            raise ConfigError(
+                "config key 'mesh.reallocate' = True is single-host for now: each host measures "
+                "its own phase times, and hosts that decided differently would hang; turn it off"
+            )
         self.cfg = cfg
         self.workdir = check_workdir(workdir)
         self.loss = get_loss(loss or cfg.learner.loss)
