@@ -340,21 +340,28 @@ class Decoder(nnx.Module):
         def per_shard(x):  # [B, ...] -> [kv_shards, B / kv_shards, ...]
             return x.reshape(kv_shards, b // kv_shards, *x.shape[1:])
 
-        def by_shard(pages):  # [K, P, Z, H] -> [K, kv_shards, P / kv_shards, Z, H]
-            k_, p, z_, h = pages.shape
-            return pages.reshape(k_, kv_shards, p // kv_shards, z_, h)
+        def by_shard(pages):  # [..., P, Z, H] -> [..., kv_shards, P / kv_shards, Z, H]
+            *lead, p, z_, h = pages.shape
+            return pages.reshape(*lead, kv_shards, p // kv_shards, z_, h)
 
-        def write(pages, new_bkh):
-            def one(pages_kpzh, page, offset, new):
-                return pages_kpzh.at[:, page, offset].set(new.transpose(1, 0, 2))
+        def write(pool, layer, new_bkh):
+            """Each slot's new key (or value) into layer ``layer`` of the [L, K, P, Z, H] pool.
 
-            new_bkh = new_bkh.astype(pages.dtype)
+            The whole pool is the scan's carry and is updated in place: a pool passed as the
+            scan's xs and ys would need a second pool-sized buffer.
+            """
+
+            def one(pool_lkpzh, page, offset, new_bkh):
+                # Scalar layer + two index arrays around a slice: indexed dims lead, [B, K, H].
+                return pool_lkpzh.at[layer, :, page, offset].set(new_bkh)
+
+            new_bkh = new_bkh.astype(pool.dtype)
             if kv_shards == 1:
-                return one(pages, page_b, offset_b, new_bkh)
-            out = jax.vmap(one, in_axes=(1, 0, 0, 0), out_axes=1)(
-                by_shard(pages), per_shard(page_b), per_shard(offset_b), per_shard(new_bkh)
+                return one(pool, page_b, offset_b, new_bkh)
+            out = jax.vmap(one, in_axes=(2, 0, 0, 0), out_axes=2)(
+                by_shard(pool), per_shard(page_b), per_shard(offset_b), per_shard(new_bkh)
             )
-            return out.reshape(pages.shape)
+            return out.reshape(pool.shape)
 
         def attend(q, kp, vp):
             if split is not None:
@@ -387,16 +394,17 @@ class Decoder(nnx.Module):
         offset_b = positions_b % z
         lengths_b = positions_b + 1
 
-        def block(x_btd, layer):
-            p, kp, vp = layer
+        def block(carry, layer):
+            x_btd, kp, vp = carry
+            p, i = layer
             q, k, v = self._qkv(p, x_btd, positions_b[:, None])
-            kp, vp = write(kp, k[:, 0]), write(vp, v[:, 0])
-            attn = attend(q[:, 0], kp, vp)
-            return self._finish_block(p, x_btd, attn[:, None]), (kp, vp)
+            kp, vp = write(kp, i, k[:, 0]), write(vp, i, v[:, 0])
+            attn = attend(q[:, 0], kp[i], vp[i])
+            return (self._finish_block(p, x_btd, attn[:, None]), kp, vp), None
 
-        x_b1d, (k_pages, v_pages) = jax.lax.scan(
-            block, self._embed(tokens_b[:, None]), (self._layers(), k_pages, v_pages)
-        )
+        layers = (self._layers(), jnp.arange(k_pages.shape[0]))
+        carry = (self._embed(tokens_b[:, None]), k_pages, v_pages)
+        (x_b1d, k_pages, v_pages), _ = jax.lax.scan(block, carry, layers)
         hidden = rms_norm(x_b1d[:, 0], self.final_norm[...], self.cfg.norm_eps)
         return hidden, k_pages, v_pages
 
