@@ -362,8 +362,9 @@ class Run:
         if split == old:
             return None
         start = time.perf_counter()
-        live = driver is not None and driver.running
-        with driver.safe_point() if live else contextlib.nullcontext([]) as interrupted:
+        # The driver's in-flight requests need interrupting even once its threads have stopped.
+        pause = driver.safe_point() if driver is not None else contextlib.nullcontext([])
+        with pause as interrupted:
             detach_sampler(self.sampler)
             self.learner = move_learner(self.learner, topology.learner, self.learners)
             cfg, graphdef = self.cfg, self.graphdef
