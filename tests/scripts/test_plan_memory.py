@@ -1,0 +1,116 @@
+"""scripts/plan_memory.py on a tiny split config over the 8 fake devices, in-process.
+
+Checks the report's figures against what they must be from the shapes (params and optimiser
+bytes, the KV pool sharded over the sampler's data axis), that the fit verdict follows from the
+numbers, and that the last line is the JSON of the figures.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import pathlib
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+GIB = 1024**3
+
+# A tiny run split 4/4: sampler data=2 x tensor=2, learner fsdp=4. The model is wide enough
+# (vocab 256) that every figure is well above XLA's bookkeeping bytes.
+CONFIG = """
+from rljax.config import MeshConfig, ModelConfig, LearnerConfig, SamplingConfig, replace
+from rljax.config import to_config_dict
+from rljax.testing.configs import arith_tiny
+
+TARGETS = {"cpu8": ("tpu-v5e", 8)}
+
+
+def get_config(arg):
+    cfg = arith_tiny("test")
+    cfg = replace(
+        cfg,
+        model=ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                          num_heads=4, num_kv_heads=2, head_dim=16),
+        sampling=SamplingConfig(max_new_tokens=16, max_prefill_length=16,
+                                max_concurrent_decodes=8, page_size=8),
+        learner=LearnerConfig(group_size=4, batch_groups=4, micro_batches=2, remat="full"),
+        mesh=MeshConfig(mode="split", sampler_devices=4, learner_devices=4, sampler_data=2,
+                        sampler_tensor=2, learner_fsdp=4, learner_tensor=1),
+    )
+    return to_config_dict(cfg)
+"""
+
+
+@pytest.fixture(scope="module")
+def planner():
+    spec = importlib.util.spec_from_file_location("plan_memory", REPO / "scripts/plan_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "tiny_split.py"
+    path.write_text(CONFIG)
+    return path
+
+
+def _run(planner, argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = planner.main(argv)
+    return code, out.getvalue().splitlines(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def fitting(planner, config_file):
+    return _run(planner, [f"--config={config_file}:cpu8"])
+
+
+def test_report_fits_and_ends_with_its_json(fitting):
+    code, lines, err = fitting
+    assert code == 0 and err == ""
+    assert "learner (4 chips" in "\n".join(lines) and "sampler (4 chips" in "\n".join(lines)
+    result = json.loads(lines[-1])
+    assert result["chips"] == 8 and result["chip"] == "tpu-v5e" and result["hbm"] == 16 * GIB
+    assert result["fits"] is True
+
+
+def test_figures_are_positive_and_match_the_shapes(fitting):
+    result = json.loads(fitting[1][-1])
+    lrn, smp = result["learner"], result["sampler"]
+    for role in (lrn, smp):
+        for key in ("argument", "output", "temp", "peak", "total"):
+            assert role[key] > 0, key
+        assert role["fits"] == (role["total"] <= result["hbm"])
+        assert role["headroom"] == result["hbm"] - role["total"]
+    # Learner: f32 params, 2 f32 Adam moments, all sharded 4 ways (fsdp=4 divides every dim).
+    n_params = 256 * 64 + 64 * 256 + 64 + 2 * (2 * 64 + 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128)
+    assert lrn["params"] == pytest.approx(n_params * 4 / 4, rel=0.02)
+    assert lrn["optimizer"] == pytest.approx(2 * lrn["params"], rel=0.01)
+    assert lrn["argument"] == lrn["params"] + lrn["optimizer"] + lrn["batch"]
+    assert lrn["total"] == lrn["peak"] >= lrn["argument"]
+    # 16 sequences of up to 32 tokens, one per row: 2 micro-batches of 8 rows.
+    assert lrn["batch_shape"] == [2, 8, 32]
+    # Sampler: the pool [L, K, P, Z, H] = [2, 2, 8 slots * 4 pages + 2 null, 8, 16] f32, K and
+    # V, split over tensor=2 (kv heads) and data=2 (the kv shards).
+    assert smp["kv_shards"] == 2
+    assert smp["kv_pool"] == 2 * (2 * 2 * 34 * 8 * 16 * 4) // 4
+    assert smp["weights"] == smp["weights_in_flight"] > 0
+    assert smp["total"] == smp["peak"] + smp["weights"]
+    assert smp["peak"] >= smp["weights"] + smp["kv_pool"]
+
+
+def test_a_budget_too_small_exits_1_naming_the_role(planner, config_file):
+    code, lines, err = _run(planner, [f"--config={config_file}:cpu8", "--hbm_gib=0.0001"])
+    assert code == 1
+    result = json.loads(lines[-1])
+    assert result["fits"] is False and not result["learner"]["fits"]
+    assert "the learner needs" in err and "learner.micro_batches" in err
+
+
+def test_unknown_variant_is_a_clear_error(planner, config_file):
+    with pytest.raises(SystemExit, match="unknown variant 'v9'.*cpu8"):
+        planner.main([f"--config={config_file}:v9"])
