@@ -10,15 +10,26 @@ architecture below is ``model_config('qwen2.5-1.5b')`` and the checkpoint's conf
 agree with it. ``data.path`` is a GSM8K JSONL or parquet file (local or gs://).
 
 Mesh split (8 chips, one host, disjoint meshes, ``mode=async``):
-  * sampler: chips 0-3, axes data=4 x tensor=1 (bf16 weights replicated, 64 slots per chip);
+  * sampler: chips 0-3, axes data=2 x tensor=2 (``:v6e8``: data=4 x tensor=1). Each data shard
+    owns 128 of the 256 decode slots and their own half of the KV page pool; 'tensor' splits
+    the weights, the 2 kv heads and so the pool again. On v5e the tensor split is what makes
+    room: weights stay f32 on the sampler (the runtime's WeightSync does not cast to bf16),
+    and an in-flight update holds a second copy of them while it is staged;
   * learner: chips 4-7, axes fsdp=4 x tensor=1 (f32 master weights and Adam moments sharded).
-Batch: B=32 prompts x G=8 responses = 256 sequences per step, 4 micro-batches; eta = 1
-(decoupled PPO corrects the one-step staleness).
-Expected memory per chip (scripts/plan_memory.py, XLA's memory analysis on a fake mesh;
-see docs/benchmarks.md for the measured table): learner ~6.2 GB of weights + Adam + grads
-(1.54 B params x 16 B / 4) plus activations of one 64-row micro-batch; sampler ~3.1 GB of
-bf16 weights plus the paged KV cache (28 KiB/token x 256 slots x 768 tokens / 4 chips).
-v5e has 16 GiB per chip and v6e 32 GiB; ``:v6e8`` uses the headroom for longer answers.
+Batch: B=32 prompts x G=8 responses = 256 sequences per step, in 16 micro-batches of 16 rows x
+768 tokens (``:v6e8``: 8 of 32 x 1280), ``learner.remat='full'``; eta = 1 (decoupled PPO
+corrects the one-step staleness).
+Expected memory per chip (``scripts/plan_memory.py``: XLA's memory analysis of the learner
+step and the engine's generate, compiled on a fake CPU mesh; the table is in
+docs/benchmarks.md), GiB:
+  * ``:v5e8`` (16 GiB): learner params 1.44 + Adam 2.88 + temp (grads, accumulator,
+    activations) 6.91 = 11.23; sampler weights 2.88 + KV pool 2.63 (f32, 56 KiB/token x 256
+    slots x 768 tokens / 4) + temp 2.75 + staged weights 2.88 = 11.13.
+  * ``:v6e8`` (32 GiB): learner params 1.44 + Adam 2.88 + temp 17.24 = 21.56; sampler
+    weights 5.75 + KV pool 4.38 (56 KiB/token x 256 slots x 1280 tokens / 4) + temp 0.32 +
+    staged weights 5.75 = 16.20.
+The plan is a CPU proxy, not a TPU measurement: the same shardings and buffers, but another
+fusion, and the XLA attention (with [T, T] scores) where the TPU runs the Pallas kernel.
 """
 
 from rljax.config import (
@@ -59,7 +70,8 @@ def run_config(arg: str = "v5e8") -> RunConfig:
             loss="decoupled_ppo",
             group_size=8,
             batch_groups=32,
-            micro_batches=4,
+            micro_batches=16,  # v6e8: 8
+            remat="full",
             learning_rate=1e-6,
             grad_clip=1.0,
         ),
@@ -68,8 +80,8 @@ def run_config(arg: str = "v5e8") -> RunConfig:
             mode="split",
             sampler_devices=4,
             learner_devices=4,
-            sampler_data=4,
-            sampler_tensor=1,
+            sampler_data=2,  # v6e8: 4
+            sampler_tensor=2,  # v6e8: 1
             learner_fsdp=4,
             learner_tensor=1,
         ),
@@ -90,7 +102,15 @@ def run_config(arg: str = "v5e8") -> RunConfig:
         eval_examples=256,
     )
     if arg == "v6e8":
-        cfg = replace(cfg, **{"sampling.max_new_tokens": 1024})
+        cfg = replace(
+            cfg,
+            **{
+                "sampling.max_new_tokens": 1024,
+                "learner.micro_batches": 8,
+                "mesh.sampler_data": 4,
+                "mesh.sampler_tensor": 1,
+            },
+        )
     return cfg
 
 

@@ -11,14 +11,18 @@ hosts (TPU_WORKER_HOSTNAMES) into one program. ``init`` is a Hugging Face direct
 architecture is ``model_config('qwen3-8b')``.
 
 Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=async``):
-  * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4 (bf16 weights, 16.4 GB, split 4
-    ways; 128 slots per data replica);
+  * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4: f32 weights split 4 ways, each
+    data shard owns 128 of the 256 slots and half of the KV page pool, whose 8 kv heads
+    'tensor' splits 4 ways;
   * learner: chips 8-15 (hosts 2-3), axes fsdp=8 x tensor=1 (f32 weights, grads and Adam
-    moments, 8.2 B params x 16 B / 8 = 16.4 GB per chip).
-Batch: B=32 prompts x G=8 = 256 sequences per step, 8 micro-batches; eta = 1.
-Expected memory per chip: learner ~16 GB of state plus one micro-batch of activations;
-sampler ~4.1 GB of weights plus the KV cache (144 KiB/token x 256 slots x 1280 tokens / 8);
-v5p has 95 GiB per chip, so both sides leave room (measured table in docs/benchmarks.md).
+    moments sharded 8 ways).
+Batch: B=32 prompts x G=8 = 256 sequences per step, in 8 micro-batches of 32 rows x 1280
+tokens, ``learner.remat='full'``; eta = 1.
+Expected memory per chip (``scripts/plan_memory.py``, XLA's memory analysis on a fake 16-device
+CPU mesh; table in docs/benchmarks.md), GiB of v5p's 95: learner params 3.81 + Adam 7.63 +
+temp (grads, accumulator, activations) 28.07 = 39.51; sampler weights 7.63 + KV pool 11.25
+(f32, 288 KiB/token x 256 slots x 1280 tokens / 8) + temp 0.48 + a staged weight update 7.63
+= 26.99. Both leave over half the HBM free, room for longer answers or more slots.
 """
 
 from rljax.config import (
@@ -59,6 +63,7 @@ def run_config(arg: str = "v5p32") -> RunConfig:
             group_size=8,
             batch_groups=32,
             micro_batches=8,
+            remat="full",
             learning_rate=1e-6,
             grad_clip=1.0,
         ),
