@@ -165,12 +165,16 @@ class AsyncDriver:
         From the learner thread itself, or when no run is in progress, ``fn`` runs at once. Work
         still queued when the run ends runs then, after the threads have stopped.
         """
-        if self.on_learner_thread() or not self._running:
+        if self.on_learner_thread():
             return fn()
         done, box = threading.Event(), {}
-        with self._cond:
-            self._boundary_calls.append((fn, done, box))
-            self._cond.notify_all()
+        with self._cond:  # checked and queued under the lock: run() drains after it stops
+            queued = self._running
+            if queued:
+                self._boundary_calls.append((fn, done, box))
+                self._cond.notify_all()
+        if not queued:
+            return fn()
         done.wait()
         if "error" in box:
             raise box["error"]
@@ -190,8 +194,9 @@ class AsyncDriver:
 
     @contextlib.contextmanager
     def safe_point(self):
-        """Park the sampler thread and interrupt every in-flight request; yields their ids.
+        """Park the sampler thread and interrupt every in-flight request.
 
+        Yields the ids of the requests it interrupted (those with samples still generating).
         Call on the learner thread between steps. Inside, nothing touches the sampler but the
         caller: each interrupted request is held with its partial rollout (tokens, log-probs and
         versions so far), and groups already complete or being scored are untouched. On exit the
@@ -207,9 +212,9 @@ class AsyncDriver:
             with self._cond:
                 self._apply_aborts()
                 ids = list(self._inflight)
-            held = sum(self.sampler.interrupt(rid) for rid in ids)
-            self.counters["interrupted_samples"] += held
-            yield ids
+            held = {rid: self.sampler.interrupt(rid) for rid in ids}
+            self.counters["interrupted_samples"] += sum(held.values())
+            yield [rid for rid, n in held.items() if n]
         finally:
             for rid in ids:
                 self.sampler.resume(rid)
