@@ -258,13 +258,21 @@ def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles)
 
 
 def test_resize_round_trip_before_training_reuses_mesh_objects(tmp_path):
-    run = Run(_cfg(**{"mode": "sync"}), str(tmp_path))
+    run = Run(_cfg(**{"mode": "sync", "learner.beta": 0.05}), str(tmp_path))
     try:
         engine, learner = run.engine, run.learner
         params, opt = _host(learner.params), _host(learner.opt_state)
+        ref = _host(learner.ref_params)
         record = run.resize(Split(4, 4))
         assert record["from"] == "6/2" and record["to"] == "4/4"
         assert run.topology.sampler_devices == 4 and run.learner.dp == 4
+        learner_devices = set(run.topology.learner.devices.flat)
+        for tree in (run.learner.params, run.learner.opt_state, run.learner.ref_params):
+            assert all(x.sharding.device_set == learner_devices for x in jax.tree.leaves(tree))
+        assert all(
+            x.sharding.device_set == set(run.topology.sampler.devices.flat)
+            for x in jax.tree.leaves(run.sampler.params)
+        )
         assert run.learner is not learner and learner.params is None  # old chips let go
         assert run.sampler.engine is run.engine is not engine
         assert run.resize(Split(4, 4)) is None  # already there
@@ -274,6 +282,8 @@ def test_resize_round_trip_before_training_reuses_mesh_objects(tmp_path):
         for a, b in zip(_host(run.learner.params), params, strict=True):
             np.testing.assert_array_equal(a, b)
         for a, b in zip(_host(run.learner.opt_state), opt, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(_host(run.learner.ref_params), ref, strict=True):
             np.testing.assert_array_equal(a, b)
         assert run.sampler.version == run.learner.version == 0
         assert [r["to"] for r in _records(tmp_path, "resize")] == ["4/4", "6/2"]
