@@ -204,14 +204,13 @@ def main(argv=None) -> int:
     cfg = from_config_dict(module.get_config(arg))
     hbm = None if args.hbm_gib is None else args.hbm_gib * GIB
     result = plan(cfg, chip, devices=jax.devices()[:chips], hbm_bytes=hbm)
-    print(report(result, f"{args.config} on {chips} chips"))
-    print(json.dumps({"config": args.config, "chips": chips, **result}))
+    print(report(result, f"{args.config} on {chips} chips"), flush=True)
     for role in ("learner", "sampler"):
         r = result[role]
         if not r["fits"]:
             print(
                 f"plan_memory: {args.config}: the {role} needs {r['total'] / GIB:.2f} GiB per chip "
-                f"but {result['chip']} budgets {result['hbm'] / GIB:.2f} GiB; lower "
+                f"but the budget is {result['hbm'] / GIB:.2f} GiB ({result['chip']}); lower "
                 + (
                     "the rows per micro-batch (raise learner.micro_batches), set learner.remat, "
                     "or give the learner more chips"
@@ -220,7 +219,10 @@ def main(argv=None) -> int:
                     "sampler more chips (mesh.sampler_data / sampler_tensor)"
                 ),
                 file=sys.stderr,
+                flush=True,
             )
+    # Last, so `| tail -1` gives the figures even when stderr is merged in.
+    print(json.dumps({"config": args.config, "chips": chips, **result}), flush=True)
     return 0 if result["fits"] else 1
 
 
