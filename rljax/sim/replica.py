@@ -67,16 +67,19 @@ class Replica:
         """Free slots not yet promised to queued samples (negative when the queue is longer)."""
         return self.slots - self.n - self.queued
 
-    def _shape(self) -> tuple[float, float, float]:
-        """(memory-side step time now, its slope per step, compute-side step time)."""
-        m0 = self._mem0 + self._kv_slope * (self.base + self.n * self.p0)
-        return m0, self._kv_slope * self.n, self._compute[self.n]
+    # The two clock functions below run once per simulated sequence (a million times in a
+    # pod-scale run), so they inline the step-time shape: the memory-side step time now
+    # ``m0 = a + c * (base + n * P)``, its slope per step ``c * n`` and the compute-side ``C(n)``.
 
     def _time_for(self, x: float) -> float:
         """Seconds to advance ``x`` decode steps from ``p0``."""
-        if x <= 0 or self.n == 0:
+        n = self.n
+        if x <= 0 or n == 0:
             return 0.0
-        m0, slope, comp = self._shape()
+        kv = self._kv_slope
+        m0 = self._mem0 + kv * (self.base + n * self.p0)
+        slope = kv * n
+        comp = self._compute[n]
         if m0 >= comp:
             return m0 * x + 0.5 * slope * x * x
         if slope == 0:
@@ -89,9 +92,13 @@ class Replica:
 
     def _steps_for(self, e: float) -> float:
         """Decode steps completed in ``e`` seconds from ``p0`` (inverse of ``_time_for``)."""
-        if e <= 0 or self.n == 0:
+        n = self.n
+        if e <= 0 or n == 0:
             return 0.0
-        m0, slope, comp = self._shape()
+        kv = self._kv_slope
+        m0 = self._mem0 + kv * (self.base + n * self.p0)
+        slope = kv * n
+        comp = self._compute[n]
         if m0 >= comp:
             # Root of slope/2 x^2 + m0 x - e = 0, in the cancellation-free form.
             return 2.0 * e / (m0 + math.sqrt(m0 * m0 + 2.0 * slope * e))
@@ -105,11 +112,12 @@ class Replica:
 
     def advance(self, now: float) -> None:
         """Brings ``p0`` and the busy clock up to time ``now``."""
-        start = max(self.t0, self.pause_until)
+        t0 = self.t0
+        start = t0 if t0 >= self.pause_until else self.pause_until
         if now > start:
             self.p0 += self._steps_for(now - start)
-        if now > self.t0:
-            self.slot_seconds += self.n * (now - self.t0)
+        if now > t0:
+            self.slot_seconds += self.n * (now - t0)
             self.t0 = now
 
     def pause(self, now: float, seconds: float) -> None:
@@ -122,29 +130,34 @@ class Replica:
         """Routes a request here: prefill its prompt once, then start its samples (decoding from
         step ``p0``) in free slots; the rest wait in the queue for slots to free up."""
         self.advance(now)
-        request.live = request.queued = 0
+        request.live = 0
         request.kv_base = 0.0
-        self.waiting.extend((request, length) for length in lengths)
+        self.waiting.extend([(request, length) for length in lengths])
         request.queued = len(lengths)
         self.queued += len(lengths)
-        self.pause(now, prefill_s)
+        # pause(now, prefill_s), whose advance(now) would be a no-op here.
+        self.pause_until = max(self.pause_until, now) + prefill_s
+        self.epoch += 1
         self._fill(now, prompt)
 
     def _fill(self, now: float, prompt: int) -> None:
         """Moves queued samples of live requests into free slots (``advance`` already ran)."""
-        while self.waiting and self.n < self.slots:
-            request, length = self.waiting.popleft()
+        waiting, heap, p0, slots = self.waiting, self.heap, self.p0, self.slots
+        n = self.n
+        while waiting and n < slots:
+            request, length = waiting.popleft()
             if request.queued == 0:
                 continue  # aborted
             request.queued -= 1
             self.queued -= 1
-            if self.n == 0:
+            if n == 0:
                 self.busy_since = now
-            heapq.heappush(self.heap, (self.p0 + length, next(_TIEBREAK), request, self.p0))
-            self.n += 1
-            self.base += prompt - self.p0
+            heapq.heappush(heap, (p0 + length, next(_TIEBREAK), request, p0))
+            n += 1
+            self.base += prompt - p0
             request.live += 1
-            request.kv_base += prompt - self.p0
+            request.kv_base += prompt - p0
+        self.n = n
 
     def remove(self, now: float, request, prompt: int) -> None:
         """Drops the live and queued samples of an aborted request (their entries go dead)."""
@@ -168,12 +181,14 @@ class Replica:
 
     def next_finish_time(self) -> float | None:
         """Time at which the next live sequence finishes, or None if nothing is live."""
-        while self.heap and self.heap[0][2].live == 0:
-            heapq.heappop(self.heap)  # aborted
-        if not self.heap:
+        heap = self.heap
+        while heap and heap[0][2].live == 0:
+            heapq.heappop(heap)  # aborted
+        if not heap:
             return None
-        start = max(self.t0, self.pause_until)
-        return start + self._time_for(self.heap[0][0] - self.p0)
+        t0, pause_until = self.t0, self.pause_until
+        start = t0 if t0 >= pause_until else pause_until
+        return start + self._time_for(heap[0][0] - self.p0)
 
     def pop_finished(self, now: float, prompt: int) -> list:
         """Retires every sequence done by ``now`` and refills the freed slots from the queue.
@@ -181,20 +196,26 @@ class Replica:
         Returns one request per retired sequence.
         """
         self.advance(now)
-        done = []
-        while self.heap and (self.heap[0][2].live == 0 or self.heap[0][0] <= self.p0 + 1e-6):
-            finish, _, request, start = heapq.heappop(self.heap)
+        heap, done = self.heap, []
+        p0 = self.p0
+        n, base = self.n, self.base
+        while heap and (heap[0][2].live == 0 or heap[0][0] <= p0 + 1e-6):
+            finish, _, request, start = heapq.heappop(heap)
             if request.live == 0:
                 continue
-            self.p0 = max(self.p0, finish)
+            if finish > p0:
+                p0 = finish
             request.live -= 1
             request.kv_base -= prompt - start
-            self.n -= 1
-            self.base -= prompt - start
+            n -= 1
+            base -= prompt - start
             done.append(request)
+        self.p0, self.n, self.base = p0, n, base
         self.epoch += 1
-        self._fill(now, prompt)
-        self._maybe_idle(now)
+        if self.waiting:
+            self._fill(now, prompt)
+        if self.n == 0:
+            self._maybe_idle(now)
         return done
 
     def busy_spans(self, now: float) -> list[tuple[float, float]]:

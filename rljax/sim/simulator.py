@@ -134,7 +134,8 @@ class Simulator:
                 f"a {cost.tp}-chip replica holds only {self.slots} sequences of ~{mean_tokens:.0f}"
                 f" tokens, fewer than group_size={config.group_size}; raise tp"
             )
-        self.draw = lengths.sampler(config.seed)
+        self.draw = lengths.group_sampler(config.seed)
+        self.prefill_s = self.cost.prefill_s(config.prompt_tokens)  # a group's shared prefix
 
     # ----- setup -----------------------------------------------------------------------------
 
@@ -185,15 +186,16 @@ class Simulator:
     def _schedule_replica(self, rep: Replica) -> None:
         # Every change to a replica's live set ends here, so this keeps ``open`` and ``_live``
         # (live sequences over all replicas) exact.
-        self._live += rep.n - rep.counted
-        rep.counted = rep.n
-        if rep.headroom > 0 and rep.epoch >= 0:
+        n = rep.n
+        self._live += n - rep.counted
+        rep.counted = n
+        if rep.slots - n - rep.queued > 0 and rep.epoch >= 0:
             self.open.add(rep)
         else:
             self.open.discard(rep)
         t = rep.next_finish_time()
         if t is not None:
-            self._push(t, "finish", (rep, rep.epoch))
+            heapq.heappush(self.events, (t, next(self._seq), "finish", (rep, rep.epoch)))
 
     def _span(self, role: str, lane: int, kind: str, start: float, end: float) -> None:
         if self.cfg.timeline and end > start:
@@ -201,7 +203,7 @@ class Simulator:
 
     def _dispatch(self, now: float) -> None:
         """Dispatches what the policies allow; notes the free slots they hold back."""
-        denied = self._dispatch_groups(now)
+        denied = self.open and self._dispatch_groups(now)
         self._blocked_free = len(self.replicas) * self.slots - self._live if denied else 0
 
     def _account_blocked(self, now: float) -> None:
@@ -219,14 +221,9 @@ class Simulator:
         while self.open:
             # The policies are pure: if nothing they read changed since they last said no, they
             # would say no again, so skip the call (this halves the simulator's run time).
-            key = (
-                self.buffer.version,
-                self.sampler_version,
-                self.buffer.accepted,
-                self.buffer.num_pending,
-                len(self.running),
-                id(self.controller),
-            )
+            # ``_changes`` counts every call that changes what they read (buffer, requests in
+            # flight, sampler version, controller).
+            key = self._changes
             if key == self._denied:
                 return True
             cap = self.controller.capacity(
@@ -242,17 +239,18 @@ class Simulator:
             # Prefer a replica that is decoding now over one still rebuilding after a resize.
             rep = max(self.open, key=lambda r: (r.pause_until <= now, r.headroom, -r.index))
             prompt_id = self.requeue.pop() if self.requeue else next(self._prompt_ids)
-            lengths = [self.draw(self.sampler_version) for _ in range(g)]
+            lengths = self.draw(self.sampler_version, g)
             req = _Request(rid, prompt_id, self.sampler_version, rep, sum(lengths), g)
             self.running[rid] = req
+            self._changes += 1
             self.dispatched += 1
-            prefill = self.cost.prefill_s(cfg.prompt_tokens)  # shared prefix: prefill once
-            rep.admit(now, req, lengths, cfg.prompt_tokens, prefill)
+            rep.admit(now, req, lengths, cfg.prompt_tokens, self.prefill_s)
             self._schedule_replica(rep)
         return False
 
     def _abort(self, now: float, rid, requeue: bool) -> None:
         req = self.running.pop(rid)
+        self._changes += 1
         req.replica.remove(now, req, self.cfg.prompt_tokens)
         self.buffer.release(rid)
         self.aborted += 1
@@ -263,11 +261,13 @@ class Simulator:
     def _on_finish(self, now: float, rep: Replica, epoch: int) -> None:
         if epoch != rep.epoch:
             return
+        running = self.running
         for req in rep.pop_finished(now, self.cfg.prompt_tokens):
             req.remaining -= 1
-            if req.remaining > 0 or req.rid not in self.running:
+            if req.remaining > 0 or req.rid not in running:
                 continue
             del self.running[req.rid]
+            self._changes += 1
             group = (
                 req.prompt_id,
                 req.version,
@@ -287,6 +287,7 @@ class Simulator:
             for rid in list(self.running):  # surplus of an on-policy batch is dropped
                 self._abort(now, rid, requeue=False)
         groups = self.buffer.consume(v)
+        self._changes += 1
         tokens = 0
         for prompt_id, version, group_tokens in groups:
             self.staleness.append(v - version)
@@ -320,6 +321,7 @@ class Simulator:
 
     def _on_synced(self, now: float, version: int) -> None:
         self.sampler_version = version
+        self._changes += 1
         self.learner_busy = False
 
     # ----- reallocation ----------------------------------------------------------------------
@@ -394,6 +396,7 @@ class Simulator:
         self.sampler_chips = split.sampler_chips
         self.learner_chips = split.learner_chips
         self.controller = self._make_controller()
+        self._changes += 1
         self.moves.append((now, split.sampler_chips, split.learner_chips))
         return switch
 
@@ -411,7 +414,7 @@ class Simulator:
             self.learner_chips = cfg.total_chips - cfg.sampler_chips
         self.replicas = self._new_replicas(self.sampler_chips // self.cost.tp, 0.0, 0.0)
         self.open = set(self.replicas)  # replicas with room for one more group
-        self._denied = None
+        self._denied, self._changes = None, 0
         self._live = self._blocked_free = 0
         self.blocked_slot_s = self._blocked_t = self.phase_blocked0 = 0.0
         self.buffer = StalenessBuffer(
@@ -441,17 +444,28 @@ class Simulator:
         self.staleness, self.consumed_prompts, self.moves, self.spans = [], [], [], []
         now = 0.0
         self._dispatch(now)
-        while self.events and self.steps_done < cfg.steps:
-            now, _, kind, payload = heapq.heappop(self.events)
-            self._account_blocked(now)
+        # The loop runs once per finished sequence (a million times at pod scale), so it
+        # inlines _account_blocked and skips calls that would change nothing.
+        events, pop, steps = self.events, heapq.heappop, cfg.steps
+        while events and self.steps_done < steps:
+            now, _, kind, payload = pop(events)
+            self.blocked_slot_s += (now - self._blocked_t) * self._blocked_free
+            self._blocked_t = now
             if kind == "finish":
-                self._on_finish(now, *payload)
+                rep, epoch = payload
+                if epoch != rep.epoch:
+                    continue  # stale: nothing changed, so the policies would answer as before
+                self._on_finish(now, rep, epoch)
             elif kind == "trained":
                 self._on_trained(now, payload)
             elif kind == "synced":
                 self._on_synced(now, payload)
-            self._try_train(now)
-            self._dispatch(now)
+            if not self.learner_busy:
+                self._try_train(now)
+            if self.open:
+                self._dispatch(now)
+            else:
+                self._blocked_free = 0
         if self.steps_done < cfg.steps:
             raise RuntimeError(
                 f"simulation stalled after {self.steps_done}/{cfg.steps} steps: no event left; "

@@ -56,7 +56,15 @@ class LengthModel:
 
     def sampler(self, seed: int):
         """Returns ``draw(version) -> length``, a deterministic stream for ``seed``."""
+        draw_group = self.group_sampler(seed)
+        return lambda version: draw_group(version, 1)[0]
+
+    def group_sampler(self, seed: int):
+        """Returns ``draw(version, count) -> lengths``, the stream of ``sampler(seed)`` drawn
+        ``count`` at a time (the simulator draws a whole group per call)."""
         rng = random.Random(seed)
+        uniform = rng.random
+        max_tokens = self.max_tokens
         if self.histogram is not None:
             lengths = [int(length) for length, _ in self.histogram]
             cumulative, total = [], 0
@@ -64,20 +72,38 @@ class LengthModel:
                 total += max(0, count)
                 cumulative.append(total)
 
-            def draw_hist(version: int) -> int:
-                pick = bisect.bisect_right(cumulative, rng.random() * total)
-                length = lengths[min(pick, len(lengths) - 1)] * self.scale(version)
-                return int(min(self.max_tokens, max(1, round(length))))
+            def draw_hist(version: int, count: int) -> list[int]:
+                scale = self.scale(version)
+                out = []
+                for _ in range(count):
+                    pick = bisect.bisect_right(cumulative, uniform() * total)
+                    length = lengths[min(pick, len(lengths) - 1)] * scale
+                    out.append(int(min(max_tokens, max(1, round(length)))))
+                return out
 
             return draw_hist
 
-        mu = math.log(self.median)
+        mu, sigma, tail_prob = math.log(self.median), self.sigma, self.tail_prob
+        exp, log, magic = math.exp, math.log, random.NV_MAGICCONST
 
-        def draw(version: int) -> int:
-            if rng.random() < self.tail_prob:
-                return self.max_tokens
-            length = rng.lognormvariate(mu, self.sigma) * self.scale(version)
-            return int(min(self.max_tokens, max(1, round(length))))
+        def draw(version: int, count: int) -> list[int]:
+            # random.lognormvariate(mu, sigma) inlined (Kinderman-Monahan normalvariate, then
+            # exp): the same numbers from the same stream, without two calls per sample.
+            scale = self.scale(version)
+            out = []
+            for _ in range(count):
+                if uniform() < tail_prob:
+                    out.append(max_tokens)
+                    continue
+                while True:
+                    u1 = uniform()
+                    u2 = 1.0 - uniform()
+                    z = magic * (u1 - 0.5) / u2
+                    if z * z / 4.0 <= -log(u2):
+                        break
+                length = exp(mu + z * sigma) * scale
+                out.append(int(min(max_tokens, max(1, round(length)))))
+            return out
 
         return draw
 
