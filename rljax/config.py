@@ -205,6 +205,7 @@ class LearnerConfig:
     scale_advantages: bool = True  # divide by the group std (GRPO); Dr. GRPO sets False
     learning_rate: float = 1e-4
     warmup_steps: int = 0
+    decay_steps: int = 0  # > 0: cosine decay to 0 over this many updates after the warmup
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.99
@@ -240,6 +241,7 @@ class LearnerConfig:
         _one_of("learner.proximal", self.proximal, ("recompute", "loglinear"))
         _positive_float("learner.learning_rate", self.learning_rate)
         _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)
+        _positive("learner.decay_steps", self.decay_steps, allow_zero=True)
         _positive_float("learner.weight_decay", self.weight_decay, allow_zero=True)
         for k in ("b1", "b2"):
             v = getattr(self, k)
@@ -269,6 +271,7 @@ class SFTConfig:
     num_examples: int = 0  # train on the first n training examples; 0 = all
     teacher: str = "reference"
     teacher_slip: float = 0.0
+    schedule: str = "constant"  # or 'cosine': decay the rate to 0 over the warm start
 
     def __post_init__(self):
         _positive("sft.steps", self.steps, allow_zero=True)
@@ -276,6 +279,7 @@ class SFTConfig:
         _positive_float("sft.learning_rate", self.learning_rate)
         _positive("sft.num_examples", self.num_examples, allow_zero=True)
         _one_of("sft.teacher", self.teacher, SFT_TEACHERS)
+        _one_of("sft.schedule", self.schedule, ("constant", "cosine"))
         slip = self.teacher_slip
         if isinstance(slip, bool) or not isinstance(slip, int | float) or not 0.0 <= slip < 1.0:
             _fail("sft.teacher_slip", self.teacher_slip, "a probability in [0, 1)")

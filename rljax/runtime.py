@@ -440,8 +440,11 @@ class Run:
             return {}
         examples = self.train_examples[: s.num_examples or None]
         data = prompt_iterator(examples, batch_size=s.batch_size, seed=self.cfg.seed + 1)
+        learner_cfg = self.cfg.learner
+        if s.schedule == "cosine":
+            learner_cfg = dataclasses.replace(learner_cfg, decay_steps=s.steps)
         learner = Learner(
-            self.cfg.learner,
+            learner_cfg,
             self.graphdef,
             self.learner.params,
             self.topology.learner,

@@ -35,6 +35,8 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
         ({"buffer.max_staleness": 2}, "buffer.max_staleness", "mode='async'"),
         ({"data.task": "gsm8k"}, "data.path", "JSONL"),
         ({"sft.teacher": "oracle"}, "sft.teacher", "drops_carries"),
+        ({"sft.schedule": "linear"}, "sft.schedule", "cosine"),
+        ({"learner.decay_steps": -1}, "learner.decay_steps", ">= 0"),
         ({"sft.teacher": "drops_carries", "sft.teacher_slip": 1.0}, "sft.teacher_slip", "[0, 1)"),
         ({"sft.teacher_slip": 0.5}, "sft.teacher_slip", "teacher='reference'"),
         (

@@ -40,13 +40,16 @@ from rljax.models.transformer import kernel_mesh_axes
 
 
 def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
-    """AdamW with linear warmup and global-norm clipping."""
+    """AdamW with linear warmup, optional cosine decay, and global-norm clipping."""
     lr = cfg.learning_rate if learning_rate is None else learning_rate
-    schedule = (
-        optax.linear_schedule(0.0, lr, cfg.warmup_steps)
-        if cfg.warmup_steps
-        else optax.constant_schedule(lr)
-    )
+    if cfg.decay_steps:
+        start = 0.0 if cfg.warmup_steps else lr
+        end = cfg.warmup_steps + cfg.decay_steps
+        schedule = optax.warmup_cosine_decay_schedule(start, lr, cfg.warmup_steps, end)
+    elif cfg.warmup_steps:
+        schedule = optax.linear_schedule(0.0, lr, cfg.warmup_steps)
+    else:
+        schedule = optax.constant_schedule(lr)
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
     parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
     return optax.chain(*parts), schedule

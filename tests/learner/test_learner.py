@@ -12,7 +12,7 @@ from rljax.engine.sampler import Request, Sampler
 from rljax.learner import losses
 from rljax.learner.advantages import group_advantages
 from rljax.learner.batch import TrainSequence, pack_batch
-from rljax.learner.learner import Learner, check_divisible
+from rljax.learner.learner import Learner, check_divisible, make_optimizer
 from rljax.models.sharding import make_mesh
 from rljax.testing.engines import tiny_engine
 
@@ -144,3 +144,15 @@ def test_learner_step_reduces_sft_loss_and_advances_version():
 def test_unknown_loss_lists_registered_ones():
     with pytest.raises(ValueError, match="registered: .*grpo"):
         losses.get_loss("ppo2")
+
+
+def test_learning_rate_schedules():
+    def rates(**kw):
+        _, schedule = make_optimizer(LearnerConfig(learning_rate=1.0, **kw))
+        return [round(float(schedule(i)), 3) for i in (0, 5, 10, 60, 110, 200)]
+
+    assert rates() == [1.0] * 6
+    assert rates(warmup_steps=10) == [0.0, 0.5, 1.0, 1.0, 1.0, 1.0]
+    # Cosine decay to 0 over decay_steps, after the warmup when there is one.
+    assert rates(decay_steps=100) == [1.0, 0.994, 0.976, 0.345, 0.0, 0.0]
+    assert rates(warmup_steps=10, decay_steps=100) == [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
