@@ -4,15 +4,28 @@ Between phases the runtime (or the simulator) hands the policy what each side di
 last phase; the policy answers with a new split or ``None``. It holds only plain counters
 (no jax, threads or clocks), so the threaded runtime and ``rljax.sim`` drive the same object.
 
-The model behind a decision: in the last phase the sampler did ``sampler_busy_s`` seconds of
-work on ``sampler_chips`` chips at ``sampler_occupancy`` of its slots, i.e.
-``W_s = busy * occupancy * chips`` chip-seconds, and the learner ``W_l = busy * chips``.
-Both sides scale about linearly in chips (decode replicas are data parallel; the learner is
-compute bound), so with ``n`` sampler chips the next phase takes about
-``max(W_s / n, W_l / (total - n))``. A move pays off when ``horizon`` phases of that saving
-beat the measured switch cost. Hysteresis (``patience`` consecutive phases of the same
-imbalance, then ``cooldown`` phases of silence after a move) stops a noisy phase from
-bouncing chips back and forth, since each bounce costs a reshard.
+Two models predict the next phase's length at another split:
+
+* Linear (when the phase carries no decode timings): the sampler did ``sampler_busy_s``
+  seconds of work on ``sampler_chips`` chips at ``sampler_occupancy`` of its slots, i.e.
+  ``W_s = busy * occupancy * chips`` chip-seconds, and the learner ``W_l = busy * chips``;
+  both are taken to scale linearly in chips: ``max(W_s / n, W_l / (total - n))``.
+* Decode-aware (when the phase carries ``decode_step_s`` and ``decode_fixed_s``): a decode
+  step costs a fixed part (the weight read and launch latency, paid whatever the batch) plus
+  a part proportional to the live sequences on the replica. The sampler's rate is its live
+  sequences over their step time (Little's law). When the policies held slots back (the
+  staleness window, not the slot count, caps the live sequences), more chips spread the
+  same sequences over more replicas: each step gets cheaper but only down to the fixed part,
+  and fewer chips pile them onto fewer, slower replicas. When every slot was wanted, the
+  live sequences scale with the chips. When the learner waited for batches the sampler paced
+  the phase; when it did not, the sampler needed only the slot-seconds it filled. The learner
+  is compute bound and scales linearly. The linear model misses both effects: it reads slots
+  the window held back as spare capacity, and would shrink a latency-bound sampler.
+
+A move pays off when ``horizon`` phases of the predicted saving beat the measured switch cost
+(times ``margin``). Hysteresis (``patience`` consecutive phases wanting the same direction,
+then ``cooldown`` phases of silence after a move) stops a noisy phase from bouncing chips
+back and forth, since each bounce costs a reshard.
 """
 
 from __future__ import annotations
@@ -56,6 +69,11 @@ class PhaseStats:
       sampler_occupancy: mean fraction of decode slots filled while the sampler was busy. A
         sampler busy with a few long stragglers is latency bound, and more chips would not
         finish it sooner, so only ``busy * occupancy`` counts as chip-scalable work.
+      decode_step_s: mean seconds of one decode step of a sampler replica while it decoded
+        (decoding time over decode steps); 0 = not measured, use the linear model.
+      decode_fixed_s: the part of a decode step that does not depend on the live sequences
+        (the weight read, bytes / HBM bandwidth, plus launch latency: the step time of a
+        replica decoding one short sequence); 0 = every step cost scales with the load.
     """
 
     sampler_busy_s: float
@@ -68,10 +86,13 @@ class PhaseStats:
     switch_cost_s: float
     granularity: int
     sampler_occupancy: float = 1.0
+    decode_step_s: float = 0.0
+    decode_fixed_s: float = 0.0
 
     def __post_init__(self):
         times = (self.sampler_busy_s, self.sampler_idle_s, self.learner_busy_s)
-        if min((*times, self.learner_idle_s, self.switch_cost_s)) < 0:
+        times += (self.learner_idle_s, self.switch_cost_s, self.decode_step_s, self.decode_fixed_s)
+        if min(times) < 0:
             raise ValueError("PhaseStats times must be non-negative; pass measured seconds")
         if not 0.0 <= self.buffer_fill <= 1.0:
             raise ValueError(
@@ -110,7 +131,17 @@ class ReallocatorConfig:
       full_fill: buffer fill at or above which the learner already has work queued, so
         learner idleness is not blamed on the sampler.
       max_move_fraction: most chips one decision moves, as a fraction of all chips; the
-        linear model is only trusted near the measured split.
+        models are only trusted near the measured split.
+      reversal_block: phases during which a move that was just reversed may not be made
+        again (the pair cost two switches and gained nothing); 0 disables it.
+      sliver: with the decode-aware model, a sampler that filled less than this fraction of
+        its slots may shrink half way to the predicted split in one move; otherwise it shrinks
+        one host per move.
+      min_gain: with the decode-aware model, the smallest predicted saving, as a fraction of
+        the phase, that asks for a move (smaller ones are within the model's error).
+      held_threshold: fraction of the sampler's slot capacity the policies must hold back in
+        a phase for the decode-aware model to treat its live sequences as capped by the
+        staleness window rather than by the slot count.
     """
 
     min_sampler_chips: int = 1
@@ -122,21 +153,72 @@ class ReallocatorConfig:
     margin: float = 1.5
     full_fill: float = 0.9
     max_move_fraction: float = 0.25
+    reversal_block: int = 30
+    sliver: float = 0.1
+    min_gain: float = 0.03
+    held_threshold: float = 0.05
 
     def __post_init__(self):
         if self.min_sampler_chips < 1 or self.min_learner_chips < 1:
             raise ValueError("min_sampler_chips and min_learner_chips must be >= 1")
         if not 0.0 <= self.idle_threshold < 1.0:
             raise ValueError(f"idle_threshold must be in [0, 1), got {self.idle_threshold}")
-        if self.patience < 1 or self.horizon < 1 or self.cooldown < 0:
-            raise ValueError("need patience >= 1, horizon >= 1 and cooldown >= 0 (phases)")
+        if self.patience < 1 or self.horizon < 1 or min(self.cooldown, self.reversal_block) < 0:
+            raise ValueError(
+                "need patience >= 1, horizon >= 1, cooldown >= 0 and reversal_block >= 0 (phases)"
+            )
         if self.margin <= 0:
             raise ValueError(f"margin must be positive, got {self.margin}; 1.0 is break-even")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValueError(f"min_gain must be a fraction in [0, 1), got {self.min_gain}")
+        if not 0.0 <= self.sliver <= 1.0:
+            raise ValueError(f"sliver must be a fraction in [0, 1], got {self.sliver}")
+        if not 0.0 <= self.held_threshold < 1.0:
+            raise ValueError(f"held_threshold must be in [0, 1), got {self.held_threshold}")
 
 
 def predicted_phase_s(sampler_work: float, learner_work: float, sampler_chips: int, total: int):
     """Phase time of a pipelined split whose two sides scale linearly in chips."""
     return max(sampler_work / sampler_chips, learner_work / (total - sampler_chips))
+
+
+def decode_aware_phase_s(
+    stats: PhaseStats,
+    sampler_chips: int,
+    *,
+    idle_threshold: float,
+    full_fill: float,
+    held_threshold: float,
+) -> float:
+    """Phase time at ``sampler_chips`` from the decode-aware model (see the module docstring).
+
+    Needs ``stats.decode_step_s > 0``. At the measured split it returns the phase the model
+    attributes to the slower side, so savings compare predictions with predictions.
+    """
+    split = stats.split
+    length = stats.sampler_busy_s + stats.sampler_idle_s
+    learner = stats.learner_busy_s * split.learner_chips / (split.total - sampler_chips)
+    if length <= 0:
+        return learner
+    x = sampler_chips / split.sampler_chips
+    live = min(1.0, stats.sampler_busy_s * stats.sampler_occupancy / length)
+    if stats.sampler_idle_s / length > held_threshold:
+        # The window capped the live sequences; they keep their number unless the new split's
+        # slots (x times today's, of which ``live`` were filled) cannot hold them.
+        sequences = min(1.0, x / max(live, 1e-9))
+    else:
+        sequences = x
+    load = sequences / x  # live sequences per replica, relative to now
+    fixed = min(stats.decode_fixed_s, stats.decode_step_s)
+    step = fixed + (stats.decode_step_s - fixed) * load
+    rate = sequences * stats.decode_step_s / step
+    # How much of the phase the sampler side set: all of it when the learner waited for
+    # batches at all (a tenth of the idle threshold: with a staleness window the learner
+    # waits only once stragglers pace the pipeline), only the slot-seconds it filled when the
+    # learner never waited.
+    paced = min(1.0, stats.learner_idle_s / length / max(0.1 * idle_threshold, 1e-9))
+    sampler_now = length * (live + (1.0 - live) * paced)
+    return max(learner, sampler_now / rate)
 
 
 class Reallocator:
@@ -147,6 +229,9 @@ class Reallocator:
         self._streak_direction = Direction.NONE
         self._streak = 0
         self._cooldown_left = 0
+        self._last_move = Direction.NONE
+        self._undone = Direction.NONE  # the direction a reversal just undid ...
+        self._undone_left = 0  # ... and the phases it stays barred
 
     def imbalance(self, stats: PhaseStats) -> Direction:
         """Classifies the last phase; idle fractions decide, buffer fill can veto."""
@@ -166,14 +251,28 @@ class Reallocator:
             return Direction.TO_SAMPLER
         return Direction.NONE
 
+    def predict(self, stats: PhaseStats, sampler_chips: int) -> float:
+        """Predicted phase seconds at ``sampler_chips`` (decode-aware when timings are given)."""
+        split = stats.split
+        if stats.decode_step_s > 0:
+            cfg = self.config
+            return decode_aware_phase_s(
+                stats,
+                sampler_chips,
+                idle_threshold=cfg.idle_threshold,
+                full_fill=cfg.full_fill,
+                held_threshold=cfg.held_threshold,
+            )
+        w_s = stats.sampler_busy_s * stats.sampler_occupancy * split.sampler_chips
+        w_l = stats.learner_busy_s * split.learner_chips
+        return predicted_phase_s(w_s, w_l, sampler_chips, split.total)
+
     def best_split(self, stats: PhaseStats, direction: Direction) -> tuple[Split, float]:
         """Best split reachable in ``direction`` and its predicted per-phase saving (s)."""
         cfg = self.config
         split, unit = stats.split, stats.granularity
         total = split.total
-        w_s = stats.sampler_busy_s * stats.sampler_occupancy * split.sampler_chips
-        w_l = stats.learner_busy_s * split.learner_chips
-        now = predicted_phase_s(w_s, w_l, split.sampler_chips, total)
+        now = self.predict(stats, split.sampler_chips)
         step = unit if direction is Direction.TO_SAMPLER else -unit
         best, best_t = split.sampler_chips, now
         n = split.sampler_chips + step
@@ -181,11 +280,35 @@ class Reallocator:
         while cfg.min_sampler_chips <= n <= total - cfg.min_learner_chips:
             if abs(n - split.sampler_chips) > reach:
                 break
-            t = predicted_phase_s(w_s, w_l, n, total)
+            t = self.predict(stats, n)
             if t < best_t:
                 best, best_t = n, t
             n += step
+        if stats.decode_step_s > 0 and direction is Direction.TO_LEARNER:
+            # Shrinking the sampler rests on its slack, the least certain part of the model (a
+            # sampler whose stragglers start to pace the pipeline gives no warning), so it goes
+            # one host at a time, or half way when it filled only a sliver of its slots; the
+            # next phases are measured before the rest.
+            length = stats.sampler_busy_s + stats.sampler_idle_s
+            live = stats.sampler_busy_s * stats.sampler_occupancy / max(length, 1e-9)
+            gap = split.sampler_chips - best
+            if gap > 0:
+                move = gap // 2 // unit * unit if live < cfg.sliver else unit
+                best = split.sampler_chips - min(gap, max(unit, move))
+                best_t = self.predict(stats, best)
         return Split(best, total - best), now - best_t
+
+    def wanted(self, stats: PhaseStats) -> Direction:
+        """The direction the phase asks for: by idle fractions for the linear model, by the
+        predicted best split (either way) for the decode-aware one."""
+        if stats.decode_step_s <= 0:
+            return self.imbalance(stats)
+        to_sampler = self.best_split(stats, Direction.TO_SAMPLER)[1]
+        to_learner = self.best_split(stats, Direction.TO_LEARNER)[1]
+        floor = self.config.min_gain * self.predict(stats, stats.split.sampler_chips)
+        if max(to_sampler, to_learner) <= floor:
+            return Direction.NONE
+        return Direction.TO_SAMPLER if to_sampler >= to_learner else Direction.TO_LEARNER
 
     def decide(self, stats: PhaseStats) -> Split | None:
         """Returns the split to move to after this phase, or None to stay."""
@@ -198,11 +321,15 @@ class Reallocator:
                 f"(sampler {cfg.min_sampler_chips}, learner {cfg.min_learner_chips}); "
                 "lower the minimums or start from a larger split"
             )
+        barred = self._undone if self._undone_left > 0 else Direction.NONE
+        self._undone_left = max(0, self._undone_left - 1)
         if self._cooldown_left > 0:
             self._cooldown_left -= 1
             self._streak_direction, self._streak = Direction.NONE, 0
             return None
-        direction = self.imbalance(stats)
+        direction = self.wanted(stats)
+        if direction is barred and direction is not Direction.NONE:
+            direction = Direction.NONE  # that move was just undone; do not repeat it yet
         if direction is Direction.NONE or direction is not self._streak_direction:
             self._streak_direction, self._streak = direction, 0
         if direction is Direction.NONE:
@@ -215,4 +342,8 @@ class Reallocator:
             return None
         self._streak_direction, self._streak = Direction.NONE, 0
         self._cooldown_left = cfg.cooldown
+        if self._last_move not in (Direction.NONE, direction):
+            # A reversal: the last move did not pay, so bar its direction for a while.
+            self._undone, self._undone_left = self._last_move, cfg.reversal_block
+        self._last_move = direction
         return target

@@ -51,6 +51,8 @@ class Replica:
         self.epoch = 0
         self.busy_acc = 0.0
         self.slot_seconds = 0.0  # integral of live sequences over time, up to t0
+        self.decode_s = 0.0  # seconds spent decoding (live sequences, not paused), up to t0
+        self.decode_steps = 0.0  # decode steps taken in those seconds
         self.busy_since: float | None = None
         self._record = record
         self._spans: list[tuple[float, float]] = []
@@ -115,7 +117,11 @@ class Replica:
         t0 = self.t0
         start = t0 if t0 >= self.pause_until else self.pause_until
         if now > start:
-            self.p0 += self._steps_for(now - start)
+            steps = self._steps_for(now - start)
+            if steps:
+                self.p0 += steps
+                self.decode_s += now - start
+                self.decode_steps += steps
         if now > t0:
             self.slot_seconds += self.n * (now - t0)
             self.t0 = now

@@ -340,6 +340,11 @@ class Simulator:
         filled = sum(r.slot_seconds for r in self.replicas) + self.retired_slots
         occupancy = (filled - self.phase_filled0) / max(1e-9, (length - idle) * slots)
         self.phase_filled0, self.phase_blocked0 = filled, self.blocked_slot_s
+        decode_s = sum(r.decode_s for r in self.replicas) + self.retired_decode[0]
+        steps = sum(r.decode_steps for r in self.replicas) + self.retired_decode[1]
+        phase_steps = steps - self.phase_decode0[1]
+        step_s = (decode_s - self.phase_decode0[0]) / phase_steps if phase_steps > 0 else 0.0
+        self.phase_decode0 = (decode_s, steps)
         learner_busy = self.learner_train + self.learner_sync - self.phase_learner0
         self.phase_start = now
         self.phase_learner0 = self.learner_train + self.learner_sync
@@ -357,6 +362,8 @@ class Simulator:
             switch_cost_s=self.switch_cost_s,
             granularity=self.unit,
             sampler_occupancy=min(1.0, occupancy),
+            decode_step_s=max(0.0, step_s),
+            decode_fixed_s=self.cost.decode_memory_s(0.0),  # the weight read
         )
 
     def _account_replicas(self, now: float) -> None:
@@ -370,6 +377,10 @@ class Simulator:
         self._live -= rep.counted
         rep.advance(now)
         self.retired_slots += rep.slot_seconds
+        self.retired_decode = (
+            self.retired_decode[0] + rep.decode_s,
+            self.retired_decode[1] + rep.decode_steps,
+        )
         rep.epoch = -1  # its pending finish events are now stale
         self.open.discard(rep)
         self.retired.append(rep)
@@ -428,6 +439,13 @@ class Simulator:
             rcfg,
             min_sampler_chips=max(rcfg.min_sampler_chips, self.cost.tp, self.unit),
             min_learner_chips=max(rcfg.min_learner_chips, self._min_learner_chips()),
+            # A learner-bound pipeline holds about eta of its eta + 1 buffers full (the next
+            # batch is still being sampled), so "full" is relative to that.
+            full_fill=min(
+                rcfg.full_fill, rcfg.full_fill * cfg.max_staleness / (cfg.max_staleness + 1)
+            )
+            if cfg.max_staleness
+            else rcfg.full_fill,
         )
         self.reallocator = Reallocator(rcfg)
         self.switch_cost_s = self.estimated_switch_cost_s()
@@ -440,6 +458,7 @@ class Simulator:
         self.learner_train = self.learner_sync = 0.0
         self.phase_start = self.phase_learner0 = self.retired_busy = 0.0
         self.phase_filled0 = self.retired_slots = 0.0
+        self.phase_decode0 = self.retired_decode = (0.0, 0.0)
         self.steps_done = self.dispatched = self.aborted = 0
         self.staleness, self.consumed_prompts, self.moves, self.spans = [], [], [], []
         now = 0.0

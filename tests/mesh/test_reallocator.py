@@ -1,5 +1,7 @@
 """Reallocator policy: direction, benefit vs switch cost, hysteresis and bounds."""
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,3 +127,92 @@ def test_bad_input_messages():
         Reallocator(ReallocatorConfig(min_learner_chips=40)).decide(LEARNER_BOUND)
     with pytest.raises(ValueError, match="margin must be positive"):
         ReallocatorConfig(margin=0.0)
+
+
+def timed(s_busy, s_idle, l_busy, l_idle, split, unit=8, fill=0.5, step=0.010, fixed=0.002):
+    """A phase with decode timings, so the policy uses its decode-aware model."""
+    return PhaseStats(
+        sampler_busy_s=s_busy,
+        sampler_idle_s=s_idle,
+        learner_busy_s=l_busy,
+        learner_idle_s=l_idle,
+        buffer_fill=fill,
+        queued_groups=4,
+        split=Split(*split),
+        switch_cost_s=10.0,
+        granularity=unit,
+        decode_step_s=step,
+        decode_fixed_s=fixed,
+    )
+
+
+# The window held 80% of the sampler's slots back, yet the learner waited 30% of the phase:
+# stragglers pace the pipeline. Decode steps cost 5x their fixed part, so spreading the live
+# sequences over more replicas makes every step, and the stragglers, faster.
+LATENCY_BOUND = timed(20.0, 80.0, 70.0, 30.0, split=(32, 32))
+
+
+def test_latency_bound_sampler_gets_chips_where_the_linear_model_took_them_away():
+    linear = dataclasses.replace(LATENCY_BOUND, decode_step_s=0.0, decode_fixed_s=0.0)
+    policy = ReallocatorConfig(patience=1)
+    assert Reallocator(policy).decide(linear).sampler_chips < 32  # reads held slots as spare
+    # Decode-aware: at 40 chips the step is 0.002 + 0.008 * 32/40 s, so the sampler needs
+    # 100 / 1.19 = 84 s and the learner 70 * 32/24 = 93 s; 48 chips would starve the learner.
+    model = Reallocator(policy)
+    assert model.predict(LATENCY_BOUND, 40) == pytest.approx(70.0 * 32 / 24)
+    assert model.predict(LATENCY_BOUND, 48) == pytest.approx(70.0 * 32 / 16)
+    assert model.decide(LATENCY_BOUND) == Split(40, 24)
+
+
+def test_fixed_step_cost_caps_what_more_sampler_chips_buy():
+    # When the weight read is the whole step, more replicas do not speed the stragglers up.
+    all_fixed = dataclasses.replace(LATENCY_BOUND, decode_fixed_s=0.010)
+    policy = Reallocator(ReallocatorConfig(patience=1))
+    assert policy.predict(all_fixed, 40) == pytest.approx(100.0)
+    assert policy.decide(all_fixed) is None
+
+
+def test_slot_bound_sampler_scales_with_chips():
+    # No slot held back: the live sequences grow with the slots, so throughput is linear.
+    full = timed(100.0, 0.0, 50.0, 50.0, split=(32, 32))
+    assert Reallocator().predict(full, 40) == pytest.approx(100.0 * 32 / 40)
+
+
+def test_learner_bound_sampler_shrinks_one_host_or_half_way_from_a_sliver():
+    # The learner never waited; the sampler filled a sliver (5%) of its slots, so it moves half
+    # the way to the predicted best split (32) at once; filling 30% it moves one host.
+    policy = ReallocatorConfig(patience=1)
+    sliver = timed(5.0, 95.0, 100.0, 0.0, split=(48, 16), unit=4, step=0.003)
+    assert Reallocator(policy).decide(sliver) == Split(40, 24)
+    busier = timed(30.0, 70.0, 100.0, 0.0, split=(48, 16), unit=4, step=0.003)
+    assert Reallocator(policy).decide(busier) == Split(44, 20)
+
+
+def test_gain_within_model_error_does_not_move():
+    # About 2% predicted: below min_gain (3%), whatever the switch cost.
+    small_gain = timed(20.0, 80.0, 70.0, 30.0, split=(32, 32), step=0.0022)
+    policy = Reallocator(ReallocatorConfig(patience=1))
+    assert 0 < 100.0 - policy.predict(small_gain, 40) < 3.0
+    assert policy.decide(small_gain) is None
+    eager = Reallocator(ReallocatorConfig(patience=1, min_gain=0.0, margin=0.01))
+    assert eager.decide(small_gain) == Split(40, 24)
+
+
+def test_reversed_move_is_barred_for_reversal_block_phases():
+    policy = Reallocator(ReallocatorConfig(patience=1, cooldown=0, reversal_block=3))
+    assert policy.decide(LEARNER_BOUND) is not None  # to the learner
+    assert policy.decide(SAMPLER_BOUND) is not None  # back: a reversal
+    assert run(policy, LEARNER_BOUND, 3) == [None] * 3  # barred
+    assert policy.decide(LEARNER_BOUND) is not None
+    # Without a reversal nothing is barred.
+    plain = Reallocator(ReallocatorConfig(patience=1, cooldown=0, reversal_block=3))
+    assert [plain.decide(LEARNER_BOUND) is not None for _ in range(3)] == [True] * 3
+
+
+def test_decode_timing_and_knob_errors():
+    with pytest.raises(ValueError, match="times must be non-negative"):
+        timed(1.0, 1.0, 1.0, 1.0, split=(32, 32), step=-0.001)
+    with pytest.raises(ValueError, match="min_gain must be a fraction"):
+        ReallocatorConfig(min_gain=1.5)
+    with pytest.raises(ValueError, match="reversal_block >= 0"):
+        ReallocatorConfig(reversal_block=-1)
