@@ -55,6 +55,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     )
     c.etas, c.sampler_fractions, c.tails = [], [], []
     c.validation = ml_collections.ConfigDict(dict(enabled=False))
-    c.perf_steps = 0  # the growth runs are the timed 1,000-step runs (cpu_s in the output)
+    c.perf_steps = 0  # the growth runs are the timed 1,000-step runs (wall_s, cpu_s in the output)
     c.plot = ""
     return c

@@ -187,7 +187,6 @@ def decode_aware_phase_s(
     sampler_chips: int,
     *,
     idle_threshold: float,
-    full_fill: float,
     held_threshold: float,
 ) -> float:
     """Phase time at ``sampler_chips`` from the decode-aware model (see the module docstring).
@@ -260,7 +259,6 @@ class Reallocator:
                 stats,
                 sampler_chips,
                 idle_threshold=cfg.idle_threshold,
-                full_fill=cfg.full_fill,
                 held_threshold=cfg.held_threshold,
             )
         w_s = stats.sampler_busy_s * stats.sampler_occupancy * split.sampler_chips

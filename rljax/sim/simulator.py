@@ -440,10 +440,8 @@ class Simulator:
             min_sampler_chips=max(rcfg.min_sampler_chips, self.cost.tp, self.unit),
             min_learner_chips=max(rcfg.min_learner_chips, self._min_learner_chips()),
             # A learner-bound pipeline holds about eta of its eta + 1 buffers full (the next
-            # batch is still being sampled), so "full" is relative to that.
-            full_fill=min(
-                rcfg.full_fill, rcfg.full_fill * cfg.max_staleness / (cfg.max_staleness + 1)
-            )
+            # batch is still being sampled), so the linear model's "full" is relative to that.
+            full_fill=rcfg.full_fill * cfg.max_staleness / (cfg.max_staleness + 1)
             if cfg.max_staleness
             else rcfg.full_fill,
         )

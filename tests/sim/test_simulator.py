@@ -248,3 +248,26 @@ def test_held_back_slots_count_as_sampler_idle_and_send_chips_to_the_learner():
     assert result.moves and result.final_split[0] < 12
     static = run(dataclasses.replace(config, mode="async"))
     assert result.samples_per_s > static.samples_per_s
+
+
+def test_phase_stats_carry_decode_step_timings(monkeypatch):
+    # The decode-aware policy reads the mean step time and its fixed part (the weight read);
+    # the simulator measures the first from its replicas' clocks.
+    from rljax.mesh.reallocator import Reallocator
+
+    seen, decide = [], Reallocator.decide
+
+    def record(self, stats):
+        seen.append(stats)
+        return decide(self, stats)
+
+    monkeypatch.setattr(Reallocator, "decide", record)
+    config = small("realloc", phase_steps=2, switch_cost_s=0.5)
+    run(config)
+    assert len(seen) == config.steps // config.phase_steps
+    fixed = COST.decode_memory_s(0.0)
+    slowest = COST.decode_step_s(config.max_slots, config.max_slots * (64 + 2048))
+    for stats in seen:
+        assert stats.decode_fixed_s == pytest.approx(fixed)
+        assert fixed * (1 - 1e-9) <= stats.decode_step_s <= slowest
+    assert max(s.decode_step_s for s in seen) > 1.01 * fixed  # the KV read shows up
