@@ -335,6 +335,8 @@ class AsyncDriver:
             trajs = self._rewards_q.get()
             if trajs is None:
                 return
+            # Completion order is not sample order: sort first, so rewards[i] is trajs[i]'s.
+            trajs = sorted(trajs, key=lambda t: t.sample_index)
             start = time.perf_counter()
             rewards = self._score_group(trajs)
             self.timeline.add("reward", start, time.perf_counter(), track="rewards")
@@ -349,7 +351,7 @@ class AsyncDriver:
                     group = Group(
                         rid,
                         example,
-                        sorted(trajs, key=lambda t: t.sample_index),
+                        trajs,
                         np.asarray(rewards),
                         min_version,
                     )

@@ -83,6 +83,7 @@ class Record:
     dropped: set[int] = dataclasses.field(default_factory=set)  # rids without signal
     staleness: list[int] = dataclasses.field(default_factory=list)
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    misaligned: int = 0  # consumed groups whose rewards[i] is not trajectories[i]'s reward
 
 
 def _driver(
@@ -119,6 +120,13 @@ def _driver(
         record.batch_sizes.append(len(groups))
         record.staleness.extend(learner.version - g.min_version for g in groups)
         record.consumed.extend(g.example["id"] for g in groups)
+        if score_group is _rewards:
+            # Samples finish out of order; each reward must stay with its own trajectory.
+            record.misaligned += sum(
+                g.rewards.tolist() != _rewards(g.trajectories).tolist()
+                or [t.sample_index for t in g.trajectories] != list(range(GROUP))
+                for g in groups
+            )
         return fake_make_batch(groups)
 
     sampler = FakeSampler(
@@ -171,6 +179,7 @@ def _check_run(record: Record, driver: AsyncDriver, eta: int) -> set[int]:
     assert record.batch_sizes and set(record.batch_sizes) == {BATCH}
     assert max(record.staleness) <= eta
     assert len(record.consumed) == len(set(record.consumed)), "a group was consumed twice"
+    assert record.misaligned == 0, "rewards were attached to the wrong samples"
     state = driver.checkpoint_state()
     pending = {e["id"] for e in state["pending"]}
     buffered = {
