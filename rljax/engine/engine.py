@@ -432,9 +432,9 @@ class Engine:
         if need:  # one small host->device copy of the whole table: no per-shape recompiles
             table = jax.device_put(self._host_table, decode_state.page_table.sharding)
             decode_state = decode_state.replace(page_table=table)
-        decode_state, tokens, logprobs = self._generate(params, decode_state)
+        decode_state, tokens, logprobs, steps = self._generate(params, decode_state)
         self._host_positions[self._host_active] += 1
-        tokens, logprobs, steps = jax.device_get((tokens, logprobs, decode_state.steps))
+        tokens, logprobs, steps = jax.device_get((tokens, logprobs, steps))
         result = ResultTokens(tokens, self._host_active.copy(), steps, logprobs)
         return decode_state, result
 
@@ -524,7 +524,11 @@ class Engine:
                 active=state.active.at[slot].set(False),
             )
 
-        @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, None, None))
+        # What the host reads back is replicated: with the slots sharded over 'data', a
+        # multi-process sampler could not fetch rows that live on another host's devices.
+        rep = self._replicated()
+
+        @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep, rep))
         def generate(params, state):
             model = self._model(params)
             hidden, kp, vp = model.decode(
@@ -558,7 +562,7 @@ class Engine:
                 positions=state.positions + live,
                 steps=state.steps + live,
             )
-            return new, tokens, logprobs
+            return new, tokens, logprobs, new.steps
 
         self._prefill, self._insert, self._free = prefill, insert, free
         self._generate = generate
