@@ -4,12 +4,19 @@ Synchronous mode (eta = 0, the baseline) loops: sample G responses for each of B
 score them, compute group advantages, take one learner step, publish the new weights to the
 sampler, repeat. An optional supervised warm start runs first, and held-out accuracy (greedy)
 is measured after it and at the end.
+
+On several processes (one ``jax.distributed`` program, see docs/multihost.md) each process reads
+its own shard of the prompt stream and scores only its own prompts' trajectories; the seams
+``next_prompts`` and ``score`` all-gather the prompts and the rewards, so every process feeds
+the same global batch to the engine and the learner.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import logging
 import os
 import signal
 import tempfile
@@ -33,6 +40,7 @@ from rljax.learner.advantages import group_advantages
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss, get_loss
+from rljax.mesh import distributed
 from rljax.mesh.reallocator import Split
 from rljax.mesh.resize import (
     MeshCache,
@@ -51,6 +59,8 @@ from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import get_reward
 
 RewardFn = Callable[[str, dict], float]
+
+log = logging.getLogger(__name__)
 
 
 def check_workdir(workdir: str) -> str:
@@ -150,6 +160,20 @@ class Run:
                 "config key 'mesh.reallocate' = True is single-host for now: each host measures "
                 "its own phase times, and hosts that decided differently would hang; turn it off"
             )
+        # Each process reads batch_groups / process_count prompts a step (next_prompts).
+        self.shard_index, self.shard_count = distributed.data_shard()
+        if cfg.learner.batch_groups % self.shard_count:
+            raise ConfigError(
+                f"config key 'learner.batch_groups' = {cfg.learner.batch_groups} does not divide "
+                f"by the process count {self.shard_count} (each process reads an equal share of "
+                f"the prompts); set it to a multiple of {self.shard_count}"
+            )
+        if cfg.mode == "async" and self.shard_count > 1:
+            raise ConfigError(
+                f"config key 'mode' = 'async' is single-process for now (its prompts are not "
+                f"sharded and its admissions follow each host's thread timing); set mode='sync' "
+                f"for this {self.shard_count}-process run"
+            )
         self.cfg = cfg
         self.workdir = check_workdir(workdir)
         self.loss = get_loss(loss or cfg.learner.loss)
@@ -195,9 +219,16 @@ class Run:
             version=0,
             stop_ids=sorted(self.tokenizer.stop_ids),
         )
+        # This process's shard only; next_prompts all-gathers the shards into the global batch.
         self.prompts = prompt_iterator(
-            self.train_examples, batch_size=cfg.learner.batch_groups, seed=cfg.seed
+            self.train_examples,
+            batch_size=cfg.learner.batch_groups // self.shard_count,
+            seed=cfg.seed,
+            shard_index=self.shard_index,
+            shard_count=self.shard_count,
         )
+        # Reward failures summed over processes (each scores only its share), for metrics.
+        self.reward_failures = 0
         self._stop_requested = False
         self.last_metrics: dict[str, Any] = {}
         self.driver: AsyncDriver | None = None
@@ -267,9 +298,43 @@ class Run:
         requests = [self.make_request(ex, base + i, greedy=greedy) for i, ex in enumerate(examples)]
         return self.sampler.run(requests)
 
+    def next_prompts(self) -> list[dict]:
+        """The next global batch of prompts: every process's shard, in process order.
+
+        Each process reads ``batch_groups / process_count`` examples from its own shard of the
+        stream; the all-gather gives every process the same list, which the global-mesh engine
+        and learner need.
+        """
+        local = next(self.prompts)
+        _debug("read", process=self.shard_index, prompts=[ex["prompt"] for ex in local])
+        return [ex for share in distributed.allgather_objects(local) for ex in share]
+
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
-        texts = [self.completion_text(t) for t in trajs]
-        rewards = self.rewards.score(texts, [t.payload for t in trajs])
+        """Rewards for ``trajs`` (in order), also set on each trajectory.
+
+        Each process runs the reward function (maybe an expensive verifier) only on its share
+        of the groups (:func:`group_owners`; in training that is exactly the prompts it read),
+        then the rewards are all-gathered so that every process builds the same advantages.
+        """
+        owners = group_owners([t.group_id for t in trajs], self.shard_count)
+        mine = [trajs[i] for i, p in enumerate(owners) if p == self.shard_index]
+        local = self.rewards.score(
+            [self.completion_text(t) for t in mine], [t.payload for t in mine]
+        )
+        _debug(
+            "scored",
+            process=self.shard_index,
+            prompts=sorted({t.payload["prompt"] for t in mine}),
+            trajectories=len(mine),
+            of=len(trajs),
+        )
+        shares = distributed.allgather_objects(
+            {"rewards": local.tolist(), "failures": self.rewards.stats.failures}
+        )
+        self.reward_failures = sum(share["failures"] for share in shares)
+        rewards = np.zeros(len(trajs), np.float32)
+        for p, share in enumerate(shares):
+            rewards[[i for i, owner in enumerate(owners) if owner == p]] = share["rewards"]
         for t, r in zip(trajs, rewards, strict=True):
             t.reward = float(r)
         return rewards
@@ -289,7 +354,8 @@ class Run:
     def _meta(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
             "version": self.learner.version,
-            "data": self.prompts.get_state(),
+            # Every process's iterator state, in process order (a collective).
+            **data_meta(distributed.allgather_objects(self.prompts.get_state())),
             "initial_accuracy": self.initial_accuracy,
             "metrics_offset": self.metrics.offset(),
             **(extra or {}),
@@ -318,9 +384,10 @@ class Run:
             abstract_opt_state=abstract_like(self.learner.opt_state),
             fallback=True,
         )
+        data_state = process_data_state(meta, self.shard_index, self.shard_count)
         self.learner.params, self.learner.opt_state = params, opt_state
         self.learner.version = int(meta["version"])
-        self.prompts.set_state(meta["data"])
+        self.prompts.set_state(data_state)
         self.initial_accuracy = meta["initial_accuracy"]
         self.metrics.rewind(meta.get("metrics_offset"))
         self.resumed_meta = meta
@@ -504,7 +571,7 @@ class Run:
 
     def rl_step(self, step: int) -> dict[str, Any]:
         """One synchronous GRPO step: sample, score, advantages, learn, publish."""
-        examples = next(self.prompts)
+        examples = self.next_prompts()
         t0 = time.perf_counter()
         with self.timeline.span("sample"):
             trajs = self.sample(examples)
@@ -519,6 +586,7 @@ class Run:
             members.sort(key=lambda t: t.sample_index)
             rewards = np.array([t.reward for t in members], np.float32)
             groups.append(Group(rid, members[0].payload, members, rewards, members[0].min_version))
+        _debug("learner", process=self.shard_index, prompts=[g.example["prompt"] for g in groups])
         t2 = time.perf_counter()
         with self.timeline.span("learn"):
             batch = self.make_batch(groups)
@@ -534,7 +602,7 @@ class Run:
             learn_s=t3 - t2,
             sample_tokens_per_s=sum(lengths) / max(t1 - t0, 1e-9),
             learn_tokens_per_s=batch.num_tokens / max(t3 - t2, 1e-9),
-            reward_errors=self.rewards.stats.failures,
+            reward_errors=self.reward_failures,
             version=self.learner.version,
         )
         return metrics
@@ -669,6 +737,49 @@ def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
         return r.train()
     finally:
         r.close()
+
+
+def group_owners(group_ids: Sequence[int], count: int) -> list[int]:
+    """The process that scores each trajectory, given the trajectories' group ids.
+
+    The distinct ids, sorted, are cut into ``count`` contiguous runs of near-equal length
+    (``np.array_split``). A training batch's ids follow the global batch, process 0's prompts
+    first, so each process owns exactly the groups of the prompts it read.
+    """
+    ids = sorted(set(group_ids))
+    runs = np.array_split(np.asarray(ids, dtype=np.int64), count)
+    owner = {g: p for p, run in enumerate(runs) for g in run.tolist()}
+    return [owner[g] for g in group_ids]
+
+
+def data_meta(states: list[dict]) -> dict[str, Any]:
+    """The checkpoint meta entry for the prompt-iterator states of all processes, in order.
+
+    One process writes ``{'data': state}``, the format single-process checkpoints always had;
+    several write ``{'data_shards': [state, ...]}``.
+    """
+    return {"data": states[0]} if len(states) == 1 else {"data_shards": list(states)}
+
+
+def process_data_state(meta: dict[str, Any], index: int, count: int) -> dict:
+    """Process ``index``'s prompt-iterator state from checkpoint ``meta``, for ``count`` processes.
+
+    The inverse of :func:`data_meta`. A process count other than the saving run's is refused:
+    the shards, and so every process's position in its shard, would differ.
+    """
+    states = meta["data_shards"] if "data_shards" in meta else [meta["data"]]
+    if len(states) != count:
+        raise ConfigError(
+            f"the checkpoint holds the prompt-stream state of {len(states)} process(es) but this "
+            f"run has {count}; resume it with {len(states)} process(es), or start a fresh workdir"
+        )
+    return states[index]
+
+
+def _debug(event: str, **fields: Any) -> None:
+    """One JSON line per data event, for --logger_levels=rljax.runtime:DEBUG."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("data %s %s", event, json.dumps(fields))
 
 
 def _decode_group(d: dict[str, Any]) -> Group:

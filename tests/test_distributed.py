@@ -1,10 +1,13 @@
-"""rljax.mesh.distributed: world detection, and a real two-process run of the launcher."""
+"""rljax.mesh.distributed: world detection, host all-gathers, prompts sharded by process, and
+real two-process runs (the gather helpers alone, and the launcher)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from rljax import runtime
+from rljax.config import ConfigError
 from rljax.data.pipeline import prompt_iterator
 from rljax.mesh import distributed
 from rljax.mesh.distributed import DistributedConfigError, DistributedPlan, detect
+from rljax.runtime import data_meta, group_owners, process_data_state
+from rljax.testing.configs import arith_tiny
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,14 +100,78 @@ def test_process_shards_of_the_prompt_stream_are_disjoint():
     assert all(len(shard) == 16 for shard in seen)
 
 
+def test_allgather_objects_on_one_process():
+    value = {"prompt": "1+2=", "rewards": [0.5, 1.0], "pair": (1, 2)}
+    # The JSON round trip runs on one process too, so a tuple comes back as a list everywhere.
+    assert distributed.allgather_objects(value) == [{**value, "pair": [1, 2]}]
+    assert distributed.allgather_objects([]) == [[]]
+    with pytest.raises(TypeError, match="not JSON-serialisable .*; convert numpy scalars"):
+        distributed.allgather_objects({"x": object()})
+
+
+@pytest.mark.parametrize(
+    "ids, count, owners",
+    [
+        ([7, 7, 5, 5, 6, 6, 8, 8], 2, [1, 1, 0, 0, 0, 0, 1, 1]),  # sorted ids split 5,6 | 7,8
+        ([3, 1, 2], 1, [0, 0, 0]),
+        ([10, 11, 12], 2, [0, 0, 1]),  # uneven (held-out evaluation): the first runs are longer
+        ([4], 3, [0]),  # more processes than groups: the rest score nothing
+    ],
+)
+def test_group_owners_are_contiguous_runs_of_the_sorted_ids(ids, count, owners):
+    assert group_owners(ids, count) == owners
+
+
+def test_checkpoint_data_state_per_process():
+    states = [{"next_index": 3}, {"next_index": 5}]
+    meta = data_meta(states)
+    assert meta == {"data_shards": states}
+    assert [process_data_state(meta, i, 2) for i in range(2)] == states
+    # One process keeps the format single-process checkpoints always had.
+    assert data_meta(states[:1]) == {"data": {"next_index": 3}}
+    assert process_data_state({"data": {"next_index": 7}}, 0, 1) == {"next_index": 7}
+    with pytest.raises(ConfigError, match="holds the prompt-stream state of 1 process.* has 2"):
+        process_data_state({"data": {"next_index": 7}}, 1, 2)
+    with pytest.raises(ConfigError) as e:
+        process_data_state(meta, 0, 1)
+    assert str(e.value) == (
+        "the checkpoint holds the prompt-stream state of 2 process(es) but this run has 1; "
+        "resume it with 2 process(es), or start a fresh workdir"
+    )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda c: dataclasses.replace(
+                c, learner=dataclasses.replace(c.learner, batch_groups=3)
+            ),
+            "config key 'learner.batch_groups' = 3 does not divide by the process count 2 (each "
+            "process reads an equal share of the prompts); set it to a multiple of 2",
+        ),
+        (
+            lambda c: dataclasses.replace(c, mode="async"),
+            "config key 'mode' = 'async' is single-process for now",
+        ),
+    ],
+)
+def test_multi_process_run_config_is_checked_first(monkeypatch, tmp_path, change, message):
+    # The checks run before anything is built, so a pretend second process costs nothing.
+    monkeypatch.setattr(distributed, "data_shard", lambda: (0, 2))
+    with pytest.raises(ConfigError) as e:
+        runtime.Run(change(arith_tiny("test")), str(tmp_path))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_two_processes_run_the_launcher(tmp_path):
-    """Two CPU processes x 2 devices form one 4-device program; only process 0 writes."""
+def _launch(tmp_path, argv: list[str], name: str, devices: int) -> list[str]:
+    """Runs ``python argv`` as process 0 and 1 of a localhost world; returns their logs."""
     port = _free_port()
     procs = []
     with contextlib.ExitStack() as stack:
@@ -108,31 +179,106 @@ def test_two_processes_run_the_launcher(tmp_path):
             env = dict(os.environ)
             env.update(
                 JAX_PLATFORMS="cpu",
-                JAX_NUM_CPU_DEVICES="2",
+                JAX_NUM_CPU_DEVICES=str(devices),
                 XLA_FLAGS="",
                 JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                 JAX_NUM_PROCESSES="2",
                 JAX_PROCESS_ID=str(pid),
             )
-            cmd = [
-                sys.executable,
-                "-m",
-                "rljax.launch",
-                "--config=configs/arith_tiny.py:test",
-                "--config.sft.steps=0",
-                "--config.num_steps=1",
-                "--config.eval_examples=4",
-                "--config.data.heldout_size=4",
-                f"--workdir={tmp_path / f'w{pid}'}",
-            ]
-            log = stack.enter_context(open(tmp_path / f"log{pid}.txt", "w"))
+            cmd = [sys.executable, *[a.replace("{pid}", str(pid)) for a in argv]]
+            log = stack.enter_context(open(tmp_path / f"{name}{pid}.txt", "w"))
             procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log))
         for p in procs:
             p.wait(timeout=400)
-    logs = [(tmp_path / f"log{i}.txt").read_text() for i in range(2)]
+    logs = [(tmp_path / f"{name}{i}.txt").read_text() for i in range(2)]
     assert [p.returncode for p in procs] == [0, 0], logs
+    return logs
+
+
+_GATHER_SCRIPT = """
+import json
+from rljax.config import ConfigError
+from rljax.data.pipeline import prompt_iterator
+from rljax.mesh import distributed
+from rljax.runtime import data_meta, process_data_state
+
+distributed.maybe_initialize()
+index, count = distributed.data_shard()
+out = {"gather": distributed.allgather_objects({"process": index, "text": "ab" * (1 + 50 * index)})}
+examples = [{"prompt": str(k)} for k in range(40)]
+
+def shard():
+    return prompt_iterator(examples, batch_size=2, seed=0, shard_index=index, shard_count=count)
+
+it = shard()
+out["read"] = [ex["prompt"] for ex in next(it)]
+meta = json.loads(json.dumps(data_meta(distributed.allgather_objects(it.get_state()))))
+out["next"] = [ex["prompt"] for ex in next(it)]
+resumed = shard()
+resumed.set_state(process_data_state(meta, index, count))
+out["resumed"] = [ex["prompt"] for ex in next(resumed)]
+try:
+    process_data_state(meta, 0, 1)
+except ConfigError as e:
+    out["one_process_resume"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_two_processes_gather_objects_and_resume_their_shards(tmp_path):
+    """The real collective (gloo): unequal lengths, process order, per-process data state."""
+    logs = _launch(tmp_path, ["-c", _GATHER_SCRIPT], "gather", devices=1)
+    out = [json.loads(log.split("RESULT ", 1)[1].splitlines()[0]) for log in logs]
+    expected = [{"process": 0, "text": "ab"}, {"process": 1, "text": "ab" * 51}]
+    assert out[0]["gather"] == out[1]["gather"] == expected
+    assert not set(out[0]["read"]) & set(out[1]["read"])
+    for o in out:
+        assert o["resumed"] == o["next"]  # each process continues its own shard
+        assert o["one_process_resume"].startswith("the checkpoint holds the prompt-stream state")
+
+
+def _data_events(log: str) -> list[tuple[str, dict]]:
+    """The JSON lines Run logs at DEBUG level ('data read|scored|learner {...}')."""
+    return [
+        (m.group(1), json.loads(m.group(2)))
+        for m in re.finditer(r"\] data (read|scored|learner) (\{.*\})$", log, re.MULTILINE)
+    ]
+
+
+def test_two_processes_run_the_launcher(tmp_path):
+    """Two CPU processes x 2 devices form one 4-device program; only process 0 writes.
+
+    Each process reads its own half of the step's prompts and scores only those; the learner
+    on both processes trains on the union, process 0's prompts first.
+    """
+    argv = [
+        "-m",
+        "rljax.launch",
+        "--config=configs/arith_tiny.py:test",
+        "--config.sft.steps=0",
+        "--config.num_steps=1",
+        "--config.eval_examples=4",
+        "--config.data.heldout_size=4",
+        "--logger_levels=rljax.runtime:DEBUG",
+        f"--workdir={tmp_path}/w{{pid}}",
+    ]
+    logs = _launch(tmp_path, argv, "log", devices=2)
     rows = [json.loads(x) for x in (tmp_path / "w0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r.get("phase") == "train"] == [0], rows
     assert not (tmp_path / "w1" / "metrics.jsonl").exists()
     # Only process 0 prints the run summary; both saw the 4-device global world.
     assert '"steps": 1' in logs[0] and '"steps"' not in logs[1]
+
+    events = [_data_events(log) for log in logs]
+    reads = [[e["prompts"] for kind, e in ev if kind == "read"] for ev in events]
+    assert [len(r) for r in reads] == [1, 1], logs  # one step, one read per process
+    read0, read1 = reads[0][0], reads[1][0]
+    assert len(read0) == len(read1) == 2 and not set(read0) & set(read1)  # batch_groups 4 / 2
+    learner = [[e["prompts"] for kind, e in ev if kind == "learner"] for ev in events]
+    assert learner == [[read0 + read1], [read0 + read1]]
+    for p, ev in enumerate(events):
+        scored = [e for kind, e in ev if kind == "scored"]
+        train = [e for e in scored if e["of"] == 4 * 8]  # 4 groups of 8 samples
+        assert [(e["prompts"], e["trajectories"]) for e in train] == [(sorted(reads[p][0]), 16)]
+        # Held-out evaluation (before and after): 4 greedy samples, 2 scored on each process.
+        assert [(e["trajectories"], e["of"]) for e in scored if e["of"] == 4] == [(2, 4)] * 2

@@ -14,13 +14,21 @@ touched. How the world is found, in order:
 
 ``RLJAX_DISTRIBUTED=0`` turns the whole thing off (a single-host debug run on one worker of a
 pod). :func:`detect` is the pure part (environment in, plan out) and is what the tests check.
+
+Once joined, :func:`allgather_objects` exchanges small host-side values (a process's prompts,
+its rewards, its data-iterator state) so that every process can feed the same inputs to the
+global-mesh programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 
 _EXPLICIT_KEYS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 _TPU_HOST_KEYS = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
@@ -147,3 +155,30 @@ def process_count() -> int:
 def data_shard() -> tuple[int, int]:
     """``(shard_index, shard_count)`` for the prompt stream: one shard per process."""
     return process_index(), process_count()
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's ``obj``, in process order, on every process.
+
+    A collective: every process must call it, in the same order as its other collectives.
+    ``obj`` must be JSON-serialisable (example dicts, lists of floats, iterator states); it is
+    JSON-encoded to bytes, padded to the longest process's length and exchanged with
+    ``multihost_utils.process_allgather``. One process takes the same encode/decode path
+    without touching a device, so what comes back (a tuple as a list, say) never depends on
+    how many processes there are. Meant for small control data, not arrays.
+    """
+    from jax.experimental import multihost_utils
+
+    try:
+        text = json.dumps(obj, allow_nan=True, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"allgather_objects: the value is not JSON-serialisable ({e}); convert numpy scalars "
+            "and arrays to Python numbers and lists"
+        ) from None
+    data = np.frombuffer(text.encode(), np.uint8)
+    lengths = np.asarray(multihost_utils.process_allgather(np.int32(data.size))).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[: data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(row[:n].tobytes()) for row, n in zip(rows, lengths.tolist(), strict=True)]
