@@ -172,7 +172,7 @@ class Run:
             raise ConfigError(
                 f"config key 'mode' = 'async' is single-process for now (its prompts are not "
                 f"sharded and its admissions follow each host's thread timing); set mode='sync' "
-                f"for this {self.shard_count}-process run"
+                f"and buffer.max_staleness=0 for this {self.shard_count}-process run"
             )
         self.cfg = cfg
         self.workdir = check_workdir(workdir)
