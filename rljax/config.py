@@ -272,6 +272,7 @@ class SFTConfig:
     teacher: str = "reference"
     teacher_slip: float = 0.0
     schedule: str = "constant"  # or 'cosine': decay the rate to 0 over the warm start
+    warmup_steps: int = 0  # linear warmup from 0 over the first steps of the warm start
 
     def __post_init__(self):
         _positive("sft.steps", self.steps, allow_zero=True)
@@ -280,6 +281,9 @@ class SFTConfig:
         _positive("sft.num_examples", self.num_examples, allow_zero=True)
         _one_of("sft.teacher", self.teacher, SFT_TEACHERS)
         _one_of("sft.schedule", self.schedule, ("constant", "cosine"))
+        _positive("sft.warmup_steps", self.warmup_steps, allow_zero=True)
+        if self.steps and self.warmup_steps >= self.steps:
+            _fail("sft.warmup_steps", self.warmup_steps, f"fewer than sft.steps={self.steps}")
         slip = self.teacher_slip
         if isinstance(slip, bool) or not isinstance(slip, int | float) or not 0.0 <= slip < 1.0:
             _fail("sft.teacher_slip", self.teacher_slip, "a probability in [0, 1)")

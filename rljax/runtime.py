@@ -507,9 +507,11 @@ class Run:
             return {}
         examples = self.train_examples[: s.num_examples or None]
         data = prompt_iterator(examples, batch_size=s.batch_size, seed=self.cfg.seed + 1)
-        learner_cfg = self.cfg.learner
-        if s.schedule == "cosine":
-            learner_cfg = dataclasses.replace(learner_cfg, decay_steps=s.steps)
+        learner_cfg = dataclasses.replace(
+            self.cfg.learner,
+            warmup_steps=s.warmup_steps,
+            decay_steps=s.steps - s.warmup_steps if s.schedule == "cosine" else 0,
+        )
         learner = Learner(
             learner_cfg,
             self.graphdef,

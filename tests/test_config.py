@@ -36,6 +36,7 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
         ({"data.task": "gsm8k"}, "data.path", "JSONL"),
         ({"sft.teacher": "oracle"}, "sft.teacher", "drops_carries"),
         ({"sft.schedule": "linear"}, "sft.schedule", "cosine"),
+        ({"sft.steps": 10, "sft.warmup_steps": 10}, "sft.warmup_steps", "fewer than sft.steps=10"),
         ({"learner.decay_steps": -1}, "learner.decay_steps", ">= 0"),
         ({"sft.teacher": "drops_carries", "sft.teacher_slip": 1.0}, "sft.teacher_slip", "[0, 1)"),
         ({"sft.teacher_slip": 0.5}, "sft.teacher_slip", "teacher='reference'"),
