@@ -10,14 +10,17 @@ Every host runs the same command; ``rljax.mesh.distributed.maybe_initialize`` jo
 hosts (TPU_WORKER_HOSTNAMES) into one program. ``init`` is a Hugging Face directory; the
 architecture is ``model_config('qwen3-8b')``.
 
-Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=async``):
+Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=sync``):
   * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4: f32 weights split 4 ways, each
     data shard owns 128 of the 256 slots and half of the KV page pool, whose 8 kv heads
     'tensor' splits 4 ways;
   * learner: chips 8-15 (hosts 2-3), axes fsdp=8 x tensor=1 (f32 weights, grads and Adam
     moments sharded 8 ways).
 Batch: B=32 prompts x G=8 = 256 sequences per step, in 8 micro-batches of 32 rows x 1280
-tokens, ``learner.remat='full'``; eta = 1.
+tokens, ``learner.remat='full'``; eta = 0: a multi-host run is synchronous for now (async
+decisions are not yet agreed across hosts, so ``mode='async'`` with several processes is
+refused; docs/multihost.md). The split still pays: the sampler keeps its KV pool and compiled
+programs while the learner steps, and weights move over ICI.
 Expected memory per chip (``scripts/plan_memory.py``, XLA's memory analysis on a fake 16-device
 CPU mesh; table in docs/benchmarks.md), GiB of v5p's 95: learner params 3.81 + Adam 7.63 +
 temp (grads, accumulator, activations) 28.07 = 39.51; sampler weights 7.63 + KV pool 11.25
@@ -59,7 +62,7 @@ def run_config(arg: str = "v5p32") -> RunConfig:
             page_size=16,
         ),
         learner=LearnerConfig(
-            loss="decoupled_ppo",
+            loss="grpo",
             group_size=8,
             batch_groups=32,
             micro_batches=8,
@@ -67,7 +70,7 @@ def run_config(arg: str = "v5p32") -> RunConfig:
             learning_rate=1e-6,
             grad_clip=1.0,
         ),
-        buffer=BufferConfig(max_staleness=1),
+        buffer=BufferConfig(max_staleness=0),
         mesh=MeshConfig(
             mode="split",
             sampler_devices=8,
@@ -88,7 +91,7 @@ def run_config(arg: str = "v5p32") -> RunConfig:
         ),
         reward=RewardConfig(name="math_answer", num_workers=16),
         metrics=MetricsConfig(progress_bar=True, trace=True),
-        mode="async",
+        mode="sync",
         num_steps=300,
         eval_every=50,
         eval_examples=256,
