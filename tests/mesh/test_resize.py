@@ -212,8 +212,11 @@ def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles)
     step = run.sampler.step
 
     def slow_step():
-        # A slower sampler than learner keeps requests in flight at step boundaries.
-        time.sleep(0.02)
+        # A slower sampler than learner keeps requests in flight at step boundaries. A batch
+        # takes ~5 decode steps, so 0.1 s each keeps it slower than the learner even when
+        # other jobs load the machine (at 0.02 s a loaded learner fell behind, the sampler
+        # waited on the staleness bound, and nothing was in flight at a resize).
+        time.sleep(0.1)
         return step()
 
     run.sampler.step = slow_step
