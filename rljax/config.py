@@ -262,7 +262,10 @@ class SFTConfig:
     ``teacher='reference'`` imitates the task's reference answers. ``teacher='drops_carries'``
     (addition only) imitates a careless teacher that forgets each carry with probability
     ``teacher_slip``, fresh on every visit: the student learns to carry but rarely does it
-    greedily, the regime where a verifier reward has a lot to fix.
+    greedily, the regime where a verifier reward has a lot to fix. With ``exact_steps`` the first
+    steps imitate the reference answers instead: exact labels teach digit sums and when a carry
+    is due much faster than noisy ones, and the careless steps that follow only make the
+    student skip the carry it knows.
     """
 
     steps: int = 0  # 0 skips the warm start
@@ -273,6 +276,7 @@ class SFTConfig:
     teacher_slip: float = 0.0
     schedule: str = "constant"  # or 'cosine': decay the rate to 0 over the warm start
     warmup_steps: int = 0  # linear warmup from 0 over the first steps of the warm start
+    exact_steps: int = 0  # the first steps imitate the reference answers (no slips)
 
     def __post_init__(self):
         _positive("sft.steps", self.steps, allow_zero=True)
@@ -289,6 +293,11 @@ class SFTConfig:
             _fail("sft.teacher_slip", self.teacher_slip, "a probability in [0, 1)")
         if self.teacher == "reference" and self.teacher_slip:
             _fail("sft.teacher_slip", self.teacher_slip, "0 with sft.teacher='reference'")
+        _positive("sft.exact_steps", self.exact_steps, allow_zero=True)
+        if self.exact_steps and self.teacher == "reference":
+            _fail("sft.exact_steps", self.exact_steps, "0 with sft.teacher='reference'")
+        if self.exact_steps and self.exact_steps >= self.steps:
+            _fail("sft.exact_steps", self.exact_steps, f"fewer than sft.steps={self.steps}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -484,6 +493,16 @@ class RunConfig:
                 "sft.teacher",
                 self.sft.teacher,
                 "'reference' unless data.task='arithmetic' and data.ops='+' (only sums carry)",
+            )
+        lr = self.learner
+        updates = self.num_steps * lr.ppo_epochs
+        if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:
+            _fail(
+                "learner.decay_steps",
+                lr.decay_steps,
+                f"at least {updates - lr.warmup_steps} (num_steps * learner.ppo_epochs - "
+                f"learner.warmup_steps): the rate is 0 once the decay ends, so the last "
+                f"{updates - lr.warmup_steps - lr.decay_steps} updates would not train",
             )
         if self.sampling.max_concurrent_decodes < self.learner.group_size:
             _fail(

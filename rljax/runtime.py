@@ -530,7 +530,7 @@ class Run:
             for ex in batch:
                 prompt = self.encode_prompt(ex)
                 target = ex["answer"]
-                if s.teacher == "drops_carries":
+                if s.teacher == "drops_carries" and step >= s.exact_steps:
                     target = careless_sum(ex["prompt"], s.teacher_slip, teacher)
                 answer = self.tokenizer.encode(target, add_bos=False) + [eos]
                 seqs.append(TrainSequence(prompt + answer, len(prompt)))

@@ -37,7 +37,18 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
         ({"sft.teacher": "oracle"}, "sft.teacher", "drops_carries"),
         ({"sft.schedule": "linear"}, "sft.schedule", "cosine"),
         ({"sft.steps": 10, "sft.warmup_steps": 10}, "sft.warmup_steps", "fewer than sft.steps=10"),
+        ({"sft.exact_steps": 5}, "sft.exact_steps", "teacher='reference'"),
+        (
+            {"sft.teacher": "drops_carries", "sft.steps": 4, "sft.exact_steps": 4},
+            "sft.exact_steps",
+            "fewer than sft.steps=4",
+        ),
         ({"learner.decay_steps": -1}, "learner.decay_steps", ">= 0"),
+        (
+            {"num_steps": 200, "learner.warmup_steps": 10, "learner.decay_steps": 100},
+            "learner.decay_steps",
+            "at least 190",
+        ),
         ({"sft.teacher": "drops_carries", "sft.teacher_slip": 1.0}, "sft.teacher_slip", "[0, 1)"),
         ({"sft.teacher_slip": 0.5}, "sft.teacher_slip", "teacher='reference'"),
         (

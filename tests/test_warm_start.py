@@ -1,15 +1,23 @@
-"""Run.warm_start: the SFT phase's own learning-rate schedule, kept apart from the RL one."""
+"""Run.warm_start: its own learning-rate schedule (kept apart from RL's) and its teachers."""
 
 import json
 
 import pytest
 
+import rljax.runtime
 from rljax.config import replace
 from rljax.runtime import Run
 from rljax.testing.configs import arith_tiny
 
 
-def test_sft_warmup_and_schedule_do_not_leak_into_rl(tmp_path):
+def test_warm_start_schedule_and_teachers(tmp_path, monkeypatch):
+    careless, original = [], rljax.runtime.careless_sum
+
+    def counting_careless_sum(prompt, slip, rng):
+        careless.append(prompt)
+        return original(prompt, slip, rng)
+
+    monkeypatch.setattr(rljax.runtime, "careless_sum", counting_careless_sum)
     cfg = replace(
         arith_tiny("test"),
         **{
@@ -17,6 +25,9 @@ def test_sft_warmup_and_schedule_do_not_leak_into_rl(tmp_path):
             "sft.warmup_steps": 2,
             "sft.learning_rate": 0.01,
             "sft.schedule": "cosine",
+            "sft.teacher": "drops_carries",
+            "sft.teacher_slip": 0.7,
+            "sft.exact_steps": 3,
             "learner.learning_rate": 1e-3,
             "num_steps": 1,
         },
@@ -33,3 +44,6 @@ def test_sft_warmup_and_schedule_do_not_leak_into_rl(tmp_path):
     # RL gets the learner's own rate from its first update: no warmup, no decay.
     rl = [r["learning_rate"] for r in rows if r["phase"] == "train"]
     assert rl == pytest.approx([1e-3])
+    # The first three steps imitate the reference answers; only the last three the careless
+    # teacher, one answer per example of the batch.
+    assert len(careless) == 3 * cfg.sft.batch_size
