@@ -296,7 +296,7 @@ class SFTConfig:
         _positive("sft.exact_steps", self.exact_steps, allow_zero=True)
         if self.exact_steps and self.teacher == "reference":
             _fail("sft.exact_steps", self.exact_steps, "0 with sft.teacher='reference'")
-        if self.exact_steps and self.exact_steps >= self.steps:
+        if self.steps and self.exact_steps >= self.steps:
             _fail("sft.exact_steps", self.exact_steps, f"fewer than sft.steps={self.steps}")
 
 

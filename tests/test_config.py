@@ -95,3 +95,11 @@ def test_every_config_file_builds(path):
     spec.loader.exec_module(module)
     cfg = C.from_config_dict(module.get_config(None))
     assert isinstance(cfg, C.RunConfig)
+
+
+def test_sft_off_ignores_its_step_counts():
+    # sft.steps=0 turns the warm start off; the default's warmup and exact steps may stay.
+    from rljax.testing.configs import arith_tiny
+
+    cfg = C.replace(arith_tiny(), **{"sft.steps": 0})
+    assert (cfg.sft.steps, cfg.sft.warmup_steps, cfg.sft.exact_steps) == (0, 100, 600)

@@ -19,6 +19,7 @@ from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
 from rljax.models.sharding import LEARNER_RULES, SAMPLER_RULES, ShardingRules, make_mesh
 from rljax.models.transformer import kernel_mesh_axes
+from rljax.testing.configs import TINY_MODEL
 from rljax.testing.engines import tiny_engine
 
 
@@ -92,7 +93,10 @@ def test_model_attention_runs_under_shard_map_only_on_the_pallas_path(tiny):
     assert specs("xla", (mesh, LEARNER_RULES)) == []
     assert specs("pallas", None) == []
 
-    k_pages = jnp.zeros((2, 2, 9, 4, 32), jnp.float32)  # [L, K, P, Z, H]
+    cfg = TINY_MODEL
+    k_pages = jnp.zeros(
+        (cfg.num_layers, cfg.num_kv_heads, 9, 4, cfg.head_dim), jnp.float32
+    )  # [L, K, P, Z, H]
     sampler = make_mesh(jax.devices()[:4], {"data": 2, "tensor": 2})
     decode = lambda: model.decode(
         tokens[:, 0],
