@@ -8,7 +8,7 @@ The names below are the public API that research code may import; everything els
 """
 
 from rljax import testing
-from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.config import (
     BufferConfig,
     CheckpointConfig,

@@ -6,7 +6,7 @@
     learner thread:  wait until buffer[version] is full -> consume -> step -> WeightSync.publish
                      -> sampler swaps to the new params at its next generate boundary
 
-The policies (admission, placement, staleness) are the pure objects in :mod:`rljax.buffer`;
+The policies (admission, placement, staleness) are the pure objects in :mod:`rljax.policy.staleness`;
 this module only supplies threads, a lock and clocks. It depends on the sampler and learner
 through small duck-typed interfaces, so benchmarks can drive it with fake engines:
 
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from rljax.buffer import StalenessBuffer, StalenessController, has_signal
+from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
 from rljax.metrics import Timeline
 
 

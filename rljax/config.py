@@ -324,7 +324,7 @@ class MeshConfig:
 
     With ``reallocate`` on (split mode, async runs), every ``reallocate_every`` learner steps
     the runtime hands the measured phase (busy/idle seconds per role, buffer fill, switch cost)
-    to :class:`rljax.mesh.reallocator.Reallocator` and resizes the two meshes when it answers
+    to :class:`rljax.policy.reallocation.Reallocator` and resizes the two meshes when it answers
     with a new split (``Run.resize``); chips move ``reallocate_granularity`` at a time and
     neither side shrinks below its ``reallocate_min_*``.
     """

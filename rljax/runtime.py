@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from rljax.async_runtime import AsyncDriver, Group
-from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.checkpoint import Checkpointer, abstract_like
 from rljax.config import ConfigError, RunConfig
 from rljax.data.arithmetic import ArithmeticTask, careless_sum
@@ -41,7 +41,7 @@ from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss, get_loss
 from rljax.mesh import distributed
-from rljax.mesh.reallocator import Split
+from rljax.policy.reallocation import Split
 from rljax.mesh.resize import (
     MeshCache,
     Reallocation,

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from rljax.async_runtime import AsyncDriver
-from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.engine.sampler import Request
 from rljax.testing.fakes import (
     FakeLearner,

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rljax.async_runtime import AsyncDriver, Group
-from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.engine.sampler import FINISH_LENGTH, Request, Trajectory
 from rljax.rewards.pool import RewardPool
 from rljax.runtime import encode_group

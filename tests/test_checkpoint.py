@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from orbax.checkpoint._src.path import atomicity
 
-from rljax.buffer import StalenessBuffer
+from rljax.policy.staleness import StalenessBuffer
 from rljax.checkpoint import Checkpointer, CheckpointError, abstract_like, abstract_train_state
 from rljax.config import CheckpointConfig, LearnerConfig
 from rljax.learner.batch import TrainSequence, pack_batch

@@ -1,7 +1,7 @@
 """Turn trajectories into packed, micro-batched training arrays.
 
 Sequences (prompt + response) are packed into rows of ``row_len`` tokens, told apart by segment
-ids, rather than padded to the longest one (:mod:`rljax.packing` decides the placement). At row
+ids, rather than padded to the longest one (:mod:`rljax.policy.packing` decides the placement). At row
 position t the arrays hold the input token and everything about the *next* token, the one that
 position predicts: its id (``targets``), whether it is a trained response token (``mask``), its
 behaviour log-prob, advantage and policy version, and its weight in the loss.
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rljax.packing import balance_microbatches, pack_sequences
+from rljax.policy.packing import balance_microbatches, pack_sequences
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 FIELDS = (

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ConfigError, MeshConfig
 from rljax.learner.learner import Learner, data_parallel_size, optimizer_shardings
-from rljax.mesh.reallocator import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
 from rljax.mesh.topology import Topology, build_topology
 from rljax.models.sharding import LEARNER_RULES, ShardingRules
 

@@ -17,7 +17,7 @@ import jax
 from jax.sharding import Mesh
 
 from rljax.config import ConfigError, MeshConfig
-from rljax.mesh.reallocator import Split
+from rljax.policy.reallocation import Split
 from rljax.models.sharding import make_mesh
 
 

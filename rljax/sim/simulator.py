@@ -26,8 +26,8 @@ import dataclasses
 import heapq
 import itertools
 
-from rljax.buffer import StalenessBuffer, StalenessController
-from rljax.mesh.reallocator import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
 from rljax.sim.costs import CostModel
 from rljax.sim.replica import Replica
 from rljax.sim.results import SimResult, Span

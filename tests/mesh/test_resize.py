@@ -20,10 +20,10 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from rljax.async_runtime import AsyncDriver
-from rljax.buffer import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.config import ConfigError, MeshConfig, replace
 from rljax.engine.sampler import Request
-from rljax.mesh.reallocator import PhaseStats, Split
+from rljax.policy.reallocation import PhaseStats, Split
 from rljax.mesh.resize import MeshCache, Reallocation, plan_resize
 from rljax.runtime import Run
 from rljax.testing.configs import arith_tiny

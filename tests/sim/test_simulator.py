@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from rljax.mesh.reallocator import ReallocatorConfig
+from rljax.policy.reallocation import ReallocatorConfig
 from rljax.models.presets import PRESETS
 from rljax.sim.chips import CHIPS, get_chip
 from rljax.sim.costs import CostModel, Efficiencies
@@ -253,7 +253,7 @@ def test_held_back_slots_count_as_sampler_idle_and_send_chips_to_the_learner():
 def test_phase_stats_carry_decode_step_timings(monkeypatch):
     # The decode-aware policy reads the mean step time and its fixed part (the weight read);
     # the simulator measures the first from its replicas' clocks.
-    from rljax.mesh.reallocator import Reallocator
+    from rljax.policy.reallocation import Reallocator
 
     seen, decide = [], Reallocator.decide
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rljax.mesh.reallocator import (
+from rljax.policy.reallocation import (
     Direction,
     PhaseStats,
     Reallocator,

@@ -1,4 +1,4 @@
-"""Tests for rljax.packing: first-fit-decreasing rows and balanced equal-row micro-batches."""
+"""Tests for rljax.policy.packing: first-fit-decreasing rows and balanced equal-row micro-batches."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rljax.packing import balance_microbatches, pack_sequences
+from rljax.policy.packing import balance_microbatches, pack_sequences
 
 
 @st.composite

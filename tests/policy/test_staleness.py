@@ -1,4 +1,4 @@
-"""Tests for rljax.buffer: invariants over random schedules, AReaL capacity, error messages."""
+"""Tests for rljax.policy.staleness: invariants over random schedules, AReaL capacity, error messages."""
 
 import copy
 import json
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rljax.buffer import StalenessBuffer, StalenessController, has_signal
+from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
 
 _OPS = (
     ["dispatch"] * 4
