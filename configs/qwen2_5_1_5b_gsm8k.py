@@ -32,6 +32,8 @@ The plan is a CPU proxy, not a TPU measurement: the same shardings and buffers, 
 fusion, and the XLA attention (with [T, T] scores) where the TPU runs the Pallas kernel.
 """
 
+import ml_collections
+
 from rljax.config import (
     BufferConfig,
     DataConfig,
@@ -48,13 +50,18 @@ from rljax.models.families import model_config
 
 # Variant -> (chip in rljax.sim.chips, chips); scripts/plan_memory.py plans against these.
 TARGETS = {"v5e8": ("tpu-v5e", 8), "v6e8": ("tpu-v6e", 8)}
+VARIANTS = tuple(TARGETS)  # the first is the default
 PRESET = "qwen2.5-1.5b"
 
 
-def run_config(arg: str = "v5e8") -> RunConfig:
-    """The typed config of a variant; ``get_config`` turns it into a ConfigDict."""
-    if arg not in TARGETS:
-        raise ValueError(f"unknown qwen2_5_1_5b_gsm8k variant {arg!r}; use one of {list(TARGETS)}")
+def recipe(variant: str = "") -> RunConfig:
+    """The typed config of a variant ('' is ``v5e8``); ``get_config`` wraps it."""
+    if variant not in ("", *VARIANTS):
+        raise ValueError(
+            f"unknown variant {variant!r} of configs/qwen2_5_1_5b_gsm8k.py; "
+            f"use one of {VARIANTS} or none"
+        )
+    variant = variant or VARIANTS[0]
     cfg = RunConfig(
         model=model_config(PRESET, dtype="float32", param_dtype="float32"),
         init="gs://YOUR_BUCKET/models/Qwen2.5-1.5B-Instruct",  # override with --config.init
@@ -101,7 +108,7 @@ def run_config(arg: str = "v5e8") -> RunConfig:
         eval_every=50,
         eval_examples=256,
     )
-    if arg == "v6e8":
+    if variant == "v6e8":
         cfg = replace(
             cfg,
             **{
@@ -114,5 +121,5 @@ def run_config(arg: str = "v5e8") -> RunConfig:
     return cfg
 
 
-def get_config(arg: str | None = None):
-    return to_config_dict(run_config(arg or "v5e8"))
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return to_config_dict(recipe(arg or ""))

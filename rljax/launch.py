@@ -1,13 +1,14 @@
-"""The rljax launcher: ``rljax --config=configs/<name>.py[:arg] --workdir=DIR``.
+"""The rljax launcher: ``rljax --config=configs/<name>.py[:variant] --workdir=DIR``.
 
-With no ``--config`` it runs the embedded default (``rljax.testing.configs.arith_tiny``).
-Override any key with ``--config.<section>.<key>=<value>``. This file only parses flags and
-calls library code.
+With no ``--config`` it runs the default recipe, ``configs/arith_tiny.py`` (installed as
+``rljax.configs.arith_tiny``). Override any key with ``--config.<section>.<key>=<value>``. This
+file only parses flags and calls library code.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from absl import app, flags
@@ -16,13 +17,52 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,
-    "Experiment file configs/<name>.py[:arg].",
+    "Experiment file configs/<name>.py[:variant].",
     # Not locked: an unknown --config.<key> is let through to rljax.config, which rejects it
     # with a one-line error listing the valid keys (a locked ConfigDict raises a traceback).
     lock_config=False,
     accept_new_attributes=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/rljax/default", "Run directory (local or gs://).")
+
+
+def _last_line(error: BaseException) -> str:
+    """The message a traceback ends with, without its exception type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return re.sub(r"^\w+(Error|Exception): ", "", lines[-1]) if lines else repr(error)
+
+
+def _cannot_load(error: OSError) -> str:
+    return (
+        f"cannot load the --config file: {_last_line(error)}; name a file such as "
+        "configs/arith_tiny.py, relative to the current directory"
+    )
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, ending in one line on bad input.
+
+    config_flags folds the config file's traceback into its message (an unknown variant, say);
+    the traceback's last line is the message.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f"rljax: {_last_line(e)}")
+    except OSError as e:  # a missing config file, when --config.<key> overrides touch it
+        sys.exit(f"rljax: {_cannot_load(e)}")
+
+
+def _run_config(config_lib):
+    """The typed config of --config, or the default recipe with no --config."""
+    if _CONFIG.value is None:
+        from rljax.configs import arith_tiny
+
+        return arith_tiny.recipe()
+    try:
+        return config_lib.from_config_dict(_CONFIG.value)
+    except OSError as e:  # config_flags defers a missing file's error to the first access
+        raise config_lib.ConfigError(_cannot_load(e)) from None
 
 
 def main(argv: list[str]) -> None:
@@ -36,17 +76,11 @@ def main(argv: list[str]) -> None:
     from rljax import config as config_lib
     from rljax import runtime
     from rljax.mesh import distributed
-    from rljax.testing.configs import arith_tiny
 
     try:
         # Joins the hosts of a pod (or JAX_COORDINATOR_ADDRESS world) before any device is used.
         world = distributed.maybe_initialize()
-        cfg = (
-            config_lib.from_config_dict(_CONFIG.value)
-            if _CONFIG.value is not None
-            else arith_tiny()
-        )
-        summary = runtime.run(cfg, _WORKDIR.value)
+        summary = runtime.run(_run_config(config_lib), _WORKDIR.value)
     except (config_lib.ConfigError, distributed.DistributedConfigError) as e:
         sys.exit(f"rljax: {e}")
     if not world.is_primary:
@@ -56,7 +90,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console-script entry point."""
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

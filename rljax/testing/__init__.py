@@ -1,5 +1,8 @@
-"""Public fixtures: tiny run configs and tiny real engines, for tests and research code."""
+"""Public fixtures for tests and research code: a tiny model config and tiny real engines.
 
-from rljax.testing.configs import TINY_MODEL, arith_tiny
+No production recipe lives here: those are in configs/ (``rljax.configs``).
+"""
 
-__all__ = ["TINY_MODEL", "arith_tiny"]
+from rljax.testing.configs import TINY_MODEL
+
+__all__ = ["TINY_MODEL"]

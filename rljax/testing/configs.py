@@ -1,101 +1,12 @@
-"""Tiny run configs that research code and tests can build on.
+"""Model and run configs for tests and research code; the recipes themselves live in configs/.
 
-``arith_tiny()`` is the embedded default the launcher runs with no ``--config``: a ~0.4M
-parameter Llama-style model, a short supervised warm start on 2-digit addition (exact sums
-first, then a teacher that usually forgets to carry, so the policy starts weak but above
-zero), then GRPO with an exact-match reward, which teaches it to carry. All on a plain CPU in
-a few minutes.
+``TINY_MODEL`` is the default recipe's ~0.4M-parameter model (``configs/arith_tiny.py``), small
+enough to build engines and learners in a unit test. For a whole run that finishes in seconds,
+use that recipe's ``small`` variant: ``rljax.configs.arith_tiny.recipe("small")``.
 """
 
 from __future__ import annotations
 
-from rljax.config import (
-    DataConfig,
-    LearnerConfig,
-    MetricsConfig,
-    ModelConfig,
-    RunConfig,
-    SamplingConfig,
-    SFTConfig,
-    replace,
-)
+from rljax.configs import arith_tiny
 
-TINY_MODEL = ModelConfig(
-    family="llama",
-    vocab_size=18,  # the char tokenizer: 15 characters + <pad>, <bos>, <eos>
-    hidden_size=128,
-    intermediate_size=384,
-    num_layers=2,
-    num_heads=8,
-    num_kv_heads=4,
-    head_dim=16,
-    max_position_embeddings=64,
-)
-
-
-def arith_tiny(variant: str = "") -> RunConfig:
-    """The default experiment. ``variant='test'`` shrinks it to run in well under a minute."""
-    cfg = RunConfig(
-        model=TINY_MODEL,
-        tokenizer="char",
-        sampling=SamplingConfig(
-            temperature=1.0,
-            max_new_tokens=5,
-            max_prefill_length=8,
-            max_concurrent_decodes=256,
-            page_size=8,
-        ),
-        learner=LearnerConfig(
-            loss="grpo",
-            group_size=8,
-            batch_groups=32,
-            learning_rate=1e-3,
-            decay_steps=100,  # cosine to 0 over the 100 RL steps
-            epsilon_low=0.2,
-            epsilon_high=0.28,
-            beta=0.0,
-            grad_clip=1.0,
-        ),
-        # The warm start learns exact sums for 600 steps, then imitates a careless teacher that
-        # drops 80 % of carries: the student knows when a carry is due but rarely writes it, so
-        # greedy decoding solves ~30-40 % of problems (mostly those without a carry) while
-        # sampling still finds the carried answers GRPO reinforces.
-        sft=SFTConfig(
-            steps=1600,
-            batch_size=64,
-            learning_rate=4e-3,
-            warmup_steps=100,
-            schedule="cosine",
-            teacher="drops_carries",
-            teacher_slip=0.8,
-            exact_steps=600,
-        ),
-        data=DataConfig(
-            task="arithmetic", num_digits=2, ops="+", train_size=4000, heldout_size=256
-        ),
-        metrics=MetricsConfig(progress_bar=True),
-        num_steps=100,
-        eval_every=25,
-        eval_examples=256,
-    )
-    if variant == "test":
-        cfg = replace(
-            cfg,
-            **{
-                "sampling.max_concurrent_decodes": 32,
-                "learner.batch_groups": 4,
-                "sft.steps": 5,
-                "sft.warmup_steps": 1,
-                "sft.exact_steps": 2,
-                "sft.batch_size": 16,
-                "data.train_size": 200,
-                "data.heldout_size": 16,
-                "num_steps": 3,
-                "eval_every": 0,
-                "eval_examples": 16,
-                "metrics.progress_bar": False,
-            },
-        )
-    elif variant:
-        raise ValueError(f"unknown arith_tiny variant {variant!r}; use '' or 'test'")
-    return cfg
+TINY_MODEL = arith_tiny.MODEL
