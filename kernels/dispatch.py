@@ -1,4 +1,4 @@
-"""Backend resolution shared by every kernel op: which implementation runs, and how.
+"""The prologue every kernel op shares: which implementation runs, with which scale and tiles.
 
 Each public op takes ``impl``:
 
@@ -8,16 +8,24 @@ Each public op takes ``impl``:
   is how the CPU tests exercise the kernels.
 - ``'xla'``: always the plain jnp implementation.
 
-It also maps ``jax.Device.device_kind`` strings to the TPU generation keys ('v4', 'v5e',
-'v5p', 'v6e') that every ``block_sizes.py`` tuning table is keyed by.
+The ops' public wrappers resolve their options here, once: ``resolve_impl``, the default
+softmax scale (``resolve_sm_scale``) and the block sizes (``resolve_block_sizes``: the
+caller's, else the tuned entry for this chip). It also maps ``jax.Device.device_kind``
+strings to the TPU generation keys ('v4', 'v5e', 'v5p', 'v6e') that every ``block_sizes.py``
+tuning table is keyed by.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
+from rljax.kernels import validation
+
+T = TypeVar("T")
 
 IMPLS = ("auto", "pallas", "xla")
 
@@ -69,6 +77,32 @@ def resolve_impl(impl: str) -> Backend:
     # TPU memory and DMA semantics op by op. The tests also run each kernel once under the TPU
     # interpreter, calling kernel.py directly, for its NaN-filled scratch and race detection.
     return Backend(use_pallas=True, interpret=not tpu)
+
+
+def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
+    """``sm_scale`` as a positive float; None gives the standard 1 / sqrt(head_dim)."""
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    validation.check_positive_scalar("sm_scale", sm_scale)
+    return float(sm_scale)
+
+
+def resolve_block_sizes(op: str, block_sizes: T | None, cls: type[T], tuned: Callable[[], T]) -> T:
+    """The caller's ``block_sizes``, else ``tuned()`` (the op's entry for this chip).
+
+    Raises:
+      ValueError: ``block_sizes`` is neither None nor a ``cls`` (the op's own BlockSizes).
+    """
+    if block_sizes is None:
+        return tuned()
+    if not isinstance(block_sizes, cls):
+        raise ValueError(f"block_sizes must be a {op} BlockSizes or None, got {block_sizes!r}.")
+    return block_sizes
+
+
+def round_up(x: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is >= ``x``."""
+    return -(-x // multiple) * multiple
 
 
 def tpu_generation(device_kind: str | None = None) -> str | None:

@@ -1,21 +1,49 @@
-"""The one shard_map entry point the ops' ``sharded_*`` wrappers share."""
+"""Mesh arithmetic and the one shard_map entry point that the ops' ``sharded_*`` wrappers share.
+
+``axis_size`` here is the only one in rljax: ``rljax.models.sharding`` re-exports it for the
+rule tables, so a kernel wrapper and a model rule count the shards of a mesh axis the same way.
+"""
 
 from __future__ import annotations
+
+import math
 
 import jax
 from jax.sharding import AxisType, NamedSharding
 
 
-def axis_size(mesh, axes) -> int:
-    """Number of shards along a mesh axis name, a tuple of names, or None (1)."""
-    if axes is None:
-        return 1
-    if isinstance(axes, str):
-        return mesh.shape[axes]
-    size = 1
-    for axis in axes:
-        size *= axis_size(mesh, axis)
-    return size
+def axis_names(entry) -> tuple[str, ...]:
+    """A rule-table or PartitionSpec entry (None, one axis name, or several) as a tuple."""
+    return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
+def axis_size(mesh, entry) -> int:
+    """How many ways ``entry``'s mesh axes split a dimension (1 when it is replicated).
+
+    Axes the mesh lacks count as 1, so a role's rule table may name an axis that one of its
+    meshes does not have; the kernel wrappers check names first (:func:`check_axes`).
+    """
+    return math.prod(mesh.shape[a] for a in axis_names(entry) if a in mesh.shape)
+
+
+def check_axes(mesh, **entries) -> None:
+    """Raises a one-line ValueError if an argument names a mesh axis that ``mesh`` lacks."""
+    for arg, entry in entries.items():
+        missing = [a for a in axis_names(entry) if a not in mesh.shape]
+        if missing:
+            raise ValueError(
+                f"{arg}={entry!r} names mesh axes {missing} that the mesh lacks; pick from "
+                f"{tuple(mesh.shape)} or pass None."
+            )
+
+
+def check_divides(what: str, size: int, mesh, entry, fix: str) -> None:
+    """Raises a one-line ValueError unless ``entry``'s mesh axes split ``size`` evenly."""
+    shards = axis_size(mesh, entry)
+    if size % shards:
+        raise ValueError(
+            f"{what}={size} must divide by the {shards} shards of mesh axes {entry!r}; {fix}."
+        )
 
 
 def run_sharded(fn, mesh, in_specs, out_specs, args):

@@ -1,8 +1,9 @@
 """Flash attention: blockwise GQA attention with causal and segment masks, fwd + bwd."""
 
 from rljax.kernels.flash_attention.block_sizes import BlockSizes
-from rljax.kernels.flash_attention.ops import flash_attention, sharded_flash_attention
+from rljax.kernels.flash_attention.ops import flash_attention
 from rljax.kernels.flash_attention.reference import flash_attention_reference
+from rljax.kernels.flash_attention.sharded import sharded_flash_attention
 
 __all__ = [
     "BlockSizes",

@@ -34,6 +34,21 @@ _LANES = 128
 _SUBLANES = 8
 
 
+def check_lane_tile(name: str, block: int, padded_len: int, interpret) -> None:
+    """Raises a one-line ValueError if a key tile would not lower for TPU.
+
+    Key tiles sit on the lanes (the [8, block] segment-id tile, the [block_q, block] scores),
+    so Mosaic needs a multiple of 128 or the whole padded sequence. Interpret mode has no
+    such rule, and the tests use small tiles there to get many tiles on short sequences.
+    """
+    if not interpret and block % _LANES and block != padded_len:
+        raise ValueError(
+            f"BlockSizes.{name}={block} does not tile a {padded_len}-row sequence for TPU: key "
+            f"tiles must be a multiple of {_LANES} or the whole sequence; fit them with "
+            "BlockSizes.for_seq_len."
+        )
+
+
 def _last_kv_block(q_block, block_q, block_kv):
     """Index of the last kv tile a causal query tile needs."""
     # lax.div truncates, equal to floor for these non-negative ints; `//` on a traced int adds a
@@ -127,6 +142,7 @@ def flash_attention_fwd_kernel(
     kv_heads = k_bkth.shape[1]
     group = n // kv_heads
     bq, bk = block_sizes.block_q, block_sizes.block_kv
+    check_lane_tile("block_kv", bk, tp, interpret)
 
     def kv_index(bi, ni, qi, kj):
         if causal:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from rljax.kernels.flash_attention.block_sizes import BlockSizes
-from rljax.kernels.flash_attention.kernel import _LANES, _SUBLANES
+from rljax.kernels.flash_attention.kernel import _LANES, _SUBLANES, check_lane_tile
 
 _DIMS_T = (((1,), (1,)), ((), ()))  # a @ b.T
 _DIMS_N = (((1,), (0,)), ((), ()))  # a @ b
@@ -156,6 +156,7 @@ def flash_attention_bwd_kernel(
     kv_heads = k_bkth.shape[1]
     group = n // kv_heads
     bq, bk = block_sizes.block_q, block_sizes.block_kv_bwd
+    check_lane_tile("block_kv_bwd", bk, tp, interpret)
     delta = jnp.sum(
         dout_bnth.astype(jnp.float32) * out_bnth.astype(jnp.float32), axis=-1, keepdims=True
     )

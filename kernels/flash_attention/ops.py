@@ -1,14 +1,12 @@
-"""Public flash attention: argument checks, backend dispatch, custom_vjp, shard_map wrapper."""
+"""Public flash attention: argument checks, backend dispatch and the custom_vjp."""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
-from rljax.kernels import dispatch, sharding, validation
+from rljax.kernels import dispatch, validation
 from rljax.kernels.flash_attention import block_sizes as block_sizes_lib
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
 from rljax.kernels.flash_attention.kernel_bwd import flash_attention_bwd_kernel
@@ -19,7 +17,8 @@ _KV = "[B, T, K, H]"
 _SEG = "[B, T]"
 
 
-def _validate(q, k, v, segment_ids):
+def validate(q, k, v, segment_ids):
+    """Raises ValueError naming the first misshaped argument."""
     b, t, n, h = validation.check_array("q", q, _Q, 4)
     k_shape = validation.check_array("k", k, _KV, 4)
     for axis, want in ((0, b), (1, t), (3, h)):
@@ -100,13 +99,15 @@ _flash_pallas.defvjp(_flash_pallas_fwd, _flash_pallas_bwd)
 @functools.partial(
     jax.jit, static_argnames=("causal", "sm_scale", "use_pallas", "interpret", "block_sizes")
 )
-def _flash_attention(q, k, v, segment_ids, *, causal, sm_scale, use_pallas, interpret, block_sizes):
+def flash_attention_core(
+    q, k, v, segment_ids, *, causal, sm_scale, use_pallas, interpret, block_sizes
+):
+    """The jitted op with options already resolved by ``resolve_options``."""
     if not use_pallas:
         return flash_attention_reference(q, k, v, segment_ids, causal=causal, sm_scale=sm_scale)
     t = q.shape[1]
     sizes = block_sizes.for_seq_len(t)
-    multiple = math.lcm(sizes.block_q, sizes.block_kv, sizes.block_kv_bwd)
-    tp = -(-t // multiple) * multiple
+    tp = sizes.padded_len(t)
 
     def to_kernel_layout(x):  # [B, T, heads, H] -> [B, heads, Tp, H]
         return jnp.pad(x, ((0, 0), (0, tp - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
@@ -161,66 +162,21 @@ def flash_attention(
       ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
         before anything is traced.
     """
-    _validate(q, k, v, segment_ids)
+    validate(q, k, v, segment_ids)
+    options = resolve_options(q, causal, sm_scale, impl, block_sizes)
+    return flash_attention_core(q, k, v, segment_ids, **options)
+
+
+def resolve_options(q, causal, sm_scale, impl, block_sizes) -> dict:
+    """The op's static options, checked and resolved, as keyword arguments for the core."""
     backend = dispatch.resolve_impl(impl)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    validation.check_positive_scalar("sm_scale", sm_scale)
-    if block_sizes is None:
-        block_sizes = block_sizes_lib.for_device()
-    if not isinstance(block_sizes, block_sizes_lib.BlockSizes):
-        raise ValueError(
-            f"block_sizes must be a flash_attention BlockSizes or None, got {block_sizes!r}."
-        )
-    return _flash_attention(
-        q,
-        k,
-        v,
-        segment_ids,
+    block_sizes = dispatch.resolve_block_sizes(
+        "flash_attention", block_sizes, block_sizes_lib.BlockSizes, block_sizes_lib.for_device
+    )
+    return dict(
         causal=bool(causal),
-        sm_scale=float(sm_scale),
+        sm_scale=dispatch.resolve_sm_scale(sm_scale, q.shape[-1]),
         use_pallas=backend.use_pallas,
         interpret=backend.interpret,
         block_sizes=block_sizes,
     )
-
-
-def sharded_flash_attention(mesh, batch_axes, head_axis, q, k, v, segment_ids=None, **kwargs):
-    """``flash_attention`` under ``shard_map``: B over ``batch_axes``, heads over ``head_axis``.
-
-    Attention is independent per sequence and per head, so no collectives are needed. Query
-    and kv heads are split in contiguous blocks, which keeps each GQA group with its kv head.
-
-    Args:
-      mesh: the ``jax.sharding.Mesh``.
-      batch_axes: mesh axis name (or tuple of names, or None) sharding B.
-      head_axis: mesh axis name (or None) sharding N and K; both must divide by its size.
-      q, k, v, segment_ids: as in ``flash_attention``.
-      **kwargs: ``causal``, ``sm_scale``, ``impl``, ``block_sizes``.
-
-    Returns:
-      [B, T, N, H] outputs, sharded like q; differentiable.
-    """
-    _validate(q, k, v, segment_ids)
-    batch_shards = sharding.axis_size(mesh, batch_axes)
-    if q.shape[0] % batch_shards:
-        raise ValueError(
-            f"q's B={q.shape[0]} must divide by the {batch_shards} shards of mesh axes "
-            f"{batch_axes!r}; pad the batch."
-        )
-    if head_axis is not None:
-        heads = sharding.axis_size(mesh, head_axis)
-        if q.shape[2] % heads or k.shape[2] % heads:
-            raise ValueError(
-                f"q's N={q.shape[2]} and k's K={k.shape[2]} heads must both divide by mesh "
-                f"axis {head_axis!r} of size {heads}; pick another head_axis."
-            )
-    kwargs.setdefault("sm_scale", 1.0 / math.sqrt(q.shape[-1]))
-    spec = P(batch_axes, None, head_axis, None)
-    if segment_ids is None:
-        fn = lambda q_, k_, v_: flash_attention(q_, k_, v_, None, **kwargs)
-        in_specs, args = (spec, spec, spec), (q, k, v)
-    else:
-        fn = functools.partial(flash_attention, **kwargs)
-        in_specs, args = (spec, spec, spec, P(batch_axes, None)), (q, k, v, segment_ids)
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=spec, check_vma=False)(*args)

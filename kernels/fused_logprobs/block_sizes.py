@@ -14,8 +14,8 @@ class BlockSizes:
     Attributes:
       block_t: tokens per Pallas tile (sublane dim: multiple of 8).
       block_v: vocabulary columns per chunk, in the Pallas kernel and in the chunked jnp
-        forward and backward. Working memory is about block_t (or T) * block_v * 4 bytes; the
-        [T, V] logits never exist.
+        forward and backward; for TPU a multiple of 128 lanes (every table entry is). Working
+        memory is about block_t (or T) * block_v * 4 bytes; the [T, V] logits never exist.
     """
 
     block_t: int = 256
@@ -24,13 +24,23 @@ class BlockSizes:
     def __post_init__(self):
         for name in ("block_t", "block_v"):
             dispatch.check_positive_int("BlockSizes", name, getattr(self, name))
-            dispatch.check_multiple("BlockSizes", name, getattr(self, name), 8)
+        # block_v's TPU rule (a multiple of 128 lanes, or the whole vocabulary) depends on the
+        # vocabulary, so the kernel checks it; for_shape fits it.
+        dispatch.check_multiple("BlockSizes", "block_t", self.block_t, 8)
 
     def for_shape(self, tokens: int, vocab: int) -> BlockSizes:
-        """These sizes, clamped so no tile exceeds the (8-rounded) token and vocab counts."""
+        """These sizes fitted to ``tokens`` x ``vocab``.
+
+        Tokens are split into the fewest tiles of at most block_t rows, each rounded up to 8,
+        so padding stays under 8 rows a tile (257 tokens: two tiles of 136, not two of 256).
+        A vocabulary no wider than block_v is one tile of exactly V columns: TPU lane tiles
+        are multiples of 128 or the whole dimension, and V rounded up to 8 (24 for V = 18) is
+        neither. A wider vocabulary keeps block_v and masks its ragged last tile.
+        """
+        tiles = max(1, -(-tokens // self.block_t))
         return BlockSizes(
-            block_t=min(self.block_t, -(-tokens // 8) * 8),
-            block_v=min(self.block_v, -(-vocab // 8) * 8),
+            block_t=max(8, dispatch.round_up(-(-tokens // tiles), 8)),
+            block_v=min(self.block_v, vocab),
         )
 
 

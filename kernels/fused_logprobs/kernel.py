@@ -18,6 +18,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from rljax.kernels.fused_logprobs.block_sizes import BlockSizes
 
+_LANES = 128
+
 
 def _kernel(
     targets_ref,  # [block_t, 1] int32
@@ -98,6 +100,12 @@ def token_logprobs_kernel(
     tokens, d = hidden.shape
     vocab = unembed.shape[1]
     bt, bv = block_sizes.block_t, block_sizes.block_v
+    if not interpret and bv % _LANES and bv != vocab:
+        raise ValueError(
+            f"BlockSizes.block_v={bv} does not tile a vocabulary of {vocab} for TPU: vocabulary "
+            f"tiles must be a multiple of {_LANES} lanes or the whole vocabulary; fit them with "
+            "BlockSizes.for_shape."
+        )
     kernel = functools.partial(_kernel, inv_temperature=1.0 / temperature, vocab=vocab, block_v=bv)
     row_spec = pl.BlockSpec((bt, 1), lambda i, j: (i, 0))
     stat = jax.ShapeDtypeStruct((tokens, 1), jnp.float32)

@@ -153,12 +153,9 @@ def resolve_options(tokens, vocab, temperature, impl, block_sizes):
     """
     backend = dispatch.resolve_impl(impl)
     validation.check_positive_scalar("temperature", temperature)
-    if block_sizes is None:
-        block_sizes = block_sizes_lib.for_device()
-    if not isinstance(block_sizes, block_sizes_lib.BlockSizes):
-        raise ValueError(
-            f"block_sizes must be a fused_logprobs BlockSizes or None, got {block_sizes!r}."
-        )
+    block_sizes = dispatch.resolve_block_sizes(
+        "fused_logprobs", block_sizes, block_sizes_lib.BlockSizes, block_sizes_lib.for_device
+    )
     return dict(
         temperature=float(temperature),
         block_sizes=block_sizes.for_shape(tokens, vocab),

@@ -1,13 +1,11 @@
-"""Public paged decode attention: argument checks, backend dispatch, and a shard_map wrapper."""
+"""Public paged decode attention: argument checks and backend dispatch."""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
-from jax.sharding import PartitionSpec as P
-from rljax.kernels import dispatch, sharding, validation
+from rljax.kernels import dispatch, validation
 from rljax.kernels.paged_attention import block_sizes as block_sizes_lib
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
 from rljax.kernels.paged_attention.reference import paged_decode_attention_reference
@@ -18,7 +16,8 @@ _LENGTHS = "[B]"
 _TABLE = "[B, pages_per_seq]"
 
 
-def _validate(q, k_pages, v_pages, lengths, page_table):
+def validate(q, k_pages, v_pages, lengths, page_table):
+    """Raises ValueError naming the first misshaped argument."""
     b, n, h = validation.check_array("q", q, _Q, 3)
     kv_heads, _, _, _ = validation.check_array("k_pages", k_pages, _PAGES, 4)
     k_shape = tuple(k_pages.shape)
@@ -45,9 +44,10 @@ def _validate(q, k_pages, v_pages, lengths, page_table):
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "use_pallas", "interpret", "block_sizes"))
-def _paged_decode_attention(
+def paged_decode_attention_core(
     q, k_pages, v_pages, lengths, page_table, *, sm_scale, use_pallas, interpret, block_sizes
 ):
+    """The jitted op with options already resolved by ``resolve_options``."""
     if use_pallas:
         return paged_decode_attention_kernel(
             q,
@@ -99,81 +99,20 @@ def paged_decode_attention(
       ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
         before anything is traced.
     """
-    _validate(q, k_pages, v_pages, lengths, page_table)
+    validate(q, k_pages, v_pages, lengths, page_table)
+    options = resolve_options(q, page_table, sm_scale, impl, block_sizes)
+    return paged_decode_attention_core(q, k_pages, v_pages, lengths, page_table, **options)
+
+
+def resolve_options(q, page_table, sm_scale, impl, block_sizes) -> dict:
+    """The op's static options, checked and resolved, as keyword arguments for the core."""
     backend = dispatch.resolve_impl(impl)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    validation.check_positive_scalar("sm_scale", sm_scale)
-    if block_sizes is None:
-        block_sizes = block_sizes_lib.for_device()
-    if not isinstance(block_sizes, block_sizes_lib.BlockSizes):
-        raise ValueError(
-            f"block_sizes must be a paged_attention BlockSizes or None, got {block_sizes!r}."
-        )
-    return _paged_decode_attention(
-        q,
-        k_pages,
-        v_pages,
-        lengths,
-        page_table,
-        sm_scale=float(sm_scale),
+    block_sizes = dispatch.resolve_block_sizes(
+        "paged_attention", block_sizes, block_sizes_lib.BlockSizes, block_sizes_lib.for_device
+    )
+    return dict(
+        sm_scale=dispatch.resolve_sm_scale(sm_scale, q.shape[-1]),
         use_pallas=backend.use_pallas,
         interpret=backend.interpret,
         block_sizes=block_sizes.for_pages_per_seq(page_table.shape[1]),
     )
-
-
-def sharded_paged_decode_attention(
-    mesh,
-    batch_axes,
-    head_axis,
-    q,
-    k_pages,
-    v_pages,
-    lengths,
-    page_table,
-    **kwargs,
-):
-    """``paged_decode_attention`` under ``shard_map``: slots over ``batch_axes``, heads over
-    ``head_axis``.
-
-    Every device keeps the whole page pool for its kv heads (the pool is sharded over K only),
-    so a slot's pages may live anywhere in the pool. Query heads are split in contiguous
-    blocks, which keeps each GQA group with its kv head.
-
-    Args:
-      mesh: the ``jax.sharding.Mesh``.
-      batch_axes: mesh axis name (or tuple of names, or None) sharding B.
-      head_axis: mesh axis name (or None) sharding N and K; both must divide by its size.
-      q, k_pages, v_pages, lengths, page_table: as in ``paged_decode_attention``.
-      **kwargs: ``sm_scale``, ``impl``, ``block_sizes``.
-
-    Returns:
-      [B, N, H] outputs, sharded like q.
-    """
-    _validate(q, k_pages, v_pages, lengths, page_table)
-    batch_shards = sharding.axis_size(mesh, batch_axes)
-    if q.shape[0] % batch_shards:
-        raise ValueError(
-            f"q's B={q.shape[0]} must divide by the {batch_shards} shards of mesh axes "
-            f"{batch_axes!r}; pad the batch."
-        )
-    if head_axis is not None:
-        heads = sharding.axis_size(mesh, head_axis)
-        if q.shape[1] % heads or k_pages.shape[0] % heads:
-            raise ValueError(
-                f"q's N={q.shape[1]} and k_pages' K={k_pages.shape[0]} heads must both divide "
-                f"by mesh axis {head_axis!r} of size {heads}; pick another head_axis."
-            )
-    kwargs.setdefault("sm_scale", 1.0 / math.sqrt(q.shape[-1]))
-    fn = functools.partial(paged_decode_attention, **kwargs)
-    pages_spec = P(head_axis, None, None, None)
-    in_specs = (
-        P(batch_axes, head_axis, None),
-        pages_spec,
-        pages_spec,
-        P(batch_axes),
-        P(batch_axes, None),
-    )
-    args = (q, k_pages, v_pages, lengths, page_table)
-    return sharding.run_sharded(fn, mesh, in_specs, P(batch_axes, head_axis, None), args)

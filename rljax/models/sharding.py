@@ -18,17 +18,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.config import ModelConfig
-
-
-def axis_names(entry) -> tuple[str, ...]:
-    """A rule-table or PartitionSpec entry (None, one axis name, or several) as a tuple."""
-    return (entry,) if isinstance(entry, str) else tuple(entry or ())
-
-
-def axis_size(mesh: Mesh, entry) -> int:
-    """How many ways ``entry``'s mesh axes split a dimension (1 when it is replicated)."""
-    return math.prod(mesh.shape[a] for a in axis_names(entry) if a in mesh.shape)
+from rljax.kernels import dispatch
+from rljax.kernels.sharding import axis_names, axis_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,15 +165,49 @@ def make_mesh(devices, axes: dict[str, int]) -> Mesh:
     return Mesh(arr, tuple(sizes))
 
 
-def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, seed: int):
-    """Initialise a Decoder directly into its shardings; returns (graphdef, params state)."""
-    from rljax.models.transformer import Decoder
+def kernel_mesh_axes(
+    sharding: tuple[Mesh, ShardingRules] | None, impl: str, dims: tuple[tuple[str, int], ...]
+) -> tuple[Mesh, tuple] | None:
+    """The mesh and per-dimension mesh axes a Pallas kernel's ``shard_map`` splits over.
 
-    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
-    graphdef, abstract_state = nnx.split(abstract)
-    shardings = state_shardings(abstract_state, mesh, rules)
+    A ``pallas_call`` has no GSPMD partitioning rule, so on a multi-device mesh the model and
+    the learner run the kernels per shard, split as the role's rules place these dimensions.
 
-    def create():
-        return nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1]
+    Args:
+      sharding: ``(mesh, rules)`` of the role, or None.
+      impl: the kernels' ``impl``; only a Pallas backend needs ``shard_map``.
+      dims: ``(logical name, size)`` for each dimension the kernel can split, in order.
 
-    return graphdef, jax.jit(create, out_shardings=shardings)()
+    Returns:
+      None when the kernel should be called directly: no sharding given, a one-device mesh,
+      or the XLA path (GSPMD partitions it). Otherwise ``(mesh, axes)`` with one entry per
+      dimension: the mesh axes the rules map it to, or None (replicated) when those axes are
+      absent from the mesh, do not divide its size (2 kv heads on a 4-way 'tensor' axis, a
+      batch of 1 prefill on a 2-way 'data' axis), or already split an earlier dimension.
+    """
+    if sharding is None:
+        return None
+    mesh, rules = sharding
+    if mesh.size == 1 or not dispatch.resolve_impl(impl).use_pallas:
+        return None
+    used: set[str] = set()
+    out = []
+    for name, size in dims:
+        axes = axis_names(rules.rules.get(name))
+        absent = any(a not in mesh.shape for a in axes)
+        if not axes or absent or size % axis_size(mesh, axes) or used.intersection(axes):
+            out.append(None)
+            continue
+        used.update(axes)
+        out.append(axes[0] if len(axes) == 1 else axes)
+    return mesh, tuple(out)
+
+
+def __getattr__(name: str):
+    # init_sharded builds a Decoder, so it lives in models/transformer.py (which imports this
+    # module); this lazy alias keeps the old import path working until its callers move.
+    if name == "init_sharded":
+        from rljax.models import transformer
+
+        return transformer.init_sharded
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,13 @@ from rljax.config import LearnerConfig
 from rljax.engine.sampler import Request, Sampler
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
-from rljax.models.sharding import LEARNER_RULES, SAMPLER_RULES, ShardingRules, make_mesh
-from rljax.models.transformer import kernel_mesh_axes
+from rljax.models.sharding import (
+    LEARNER_RULES,
+    SAMPLER_RULES,
+    ShardingRules,
+    kernel_mesh_axes,
+    make_mesh,
+)
 from rljax.testing.configs import TINY_MODEL
 from rljax.testing.engines import tiny_engine
 
