@@ -15,8 +15,8 @@ Two call paths share the weights:
 
 Both take ``sharding=(mesh, rules)``. A ``pallas_call`` has no GSPMD partitioning rule, so on a
 multi-device mesh the Pallas attention kernels run per shard under ``shard_map``, split over the
-mesh axes the role's rules give 'batch' and 'heads' (see :func:`kernel_mesh_axes`). The XLA
-path needs no such help: GSPMD partitions it.
+mesh axes the role's rules give 'batch' and 'heads' (see ``models.sharding.kernel_mesh_axes``).
+The XLA path needs no such help: GSPMD partitions it.
 
 Einsum legend: B batch, T query positions, S key positions, D model width, N query heads,
 K key/value heads, G query heads per kv head (N = K * G), H head width, F MLP width, V vocab,
@@ -34,11 +34,10 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from rljax.config import ModelConfig
-from rljax.kernels import dispatch
 from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
 from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
-from rljax.kernels.sharding import run_sharded
-from rljax.models.sharding import ShardingRules, axis_size
+from rljax.kernels.sharding import axis_size, run_sharded
+from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardings
 
 # A role's mesh and its logical-axis rules; what the call paths need to shard_map the kernels.
 Sharding = tuple[Mesh, ShardingRules]
@@ -109,42 +108,6 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     x1, x2 = jnp.split(x32, 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_bthd.dtype)
-
-
-def kernel_mesh_axes(
-    sharding: Sharding | None, impl: str, dims: tuple[tuple[str, int], ...]
-) -> tuple[Mesh, tuple] | None:
-    """The mesh and per-dimension mesh axes a Pallas kernel's ``shard_map`` splits over.
-
-    Args:
-      sharding: ``(mesh, rules)`` of the role, or None.
-      impl: the kernels' ``impl``; only a Pallas backend needs ``shard_map``.
-      dims: ``(logical name, size)`` for each dimension the kernel can split, in order.
-
-    Returns:
-      None when the kernel should be called directly: no sharding given, a one-device mesh,
-      or the XLA path (GSPMD partitions it). Otherwise ``(mesh, axes)`` with one entry per
-      dimension: the mesh axes the rules map it to, or None (replicated) when those axes are
-      absent from the mesh, do not divide its size (2 kv heads on a 4-way 'tensor' axis, a
-      batch of 1 prefill on a 2-way 'data' axis), or already split an earlier dimension.
-    """
-    if sharding is None:
-        return None
-    mesh, rules = sharding
-    if mesh.size == 1 or not dispatch.resolve_impl(impl).use_pallas:
-        return None
-    used: set[str] = set()
-    out = []
-    for name, size in dims:
-        axes = rules.rules.get(name)
-        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-        split = math.prod(mesh.shape.get(a, 0) for a in axes)
-        if not axes or not split or size % split or used.intersection(axes):
-            out.append(None)
-            continue
-        used.update(axes)
-        out.append(axes[0] if len(axes) == 1 else axes)
-    return mesh, tuple(out)
 
 
 class Decoder(nnx.Module):
@@ -412,3 +375,15 @@ class Decoder(nnx.Module):
 def abstract_decoder(cfg: ModelConfig) -> Decoder:
     """The model with ShapeDtypeStructs for weights: a restore target, never materialised."""
     return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+
+
+def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, seed: int):
+    """Initialise a Decoder directly into its shardings; returns (graphdef, params state)."""
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)))
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(abstract_state, mesh, rules)
+
+    def create():
+        return nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1]
+
+    return graphdef, jax.jit(create, out_shardings=shardings)()
