@@ -1,9 +1,9 @@
-"""Benchmarks the async pipeline (the real AsyncDriver) with fake engines, against baselines.
+"""Benchmarks the async pipeline (the real Driver) with fake engines, against baselines.
 
     python scripts/bench_pipeline.py            # full run, about 2 minutes on a 2-core CPU
     python scripts/bench_pipeline.py --quick    # tiny workload, the smoke test's run
 
-The AsyncDriver, StalenessBuffer and StalenessController are the real ones; the sampler,
+The Driver, StalenessBuffer and StalenessController are the real ones; the sampler,
 learner and weight sync are rljax.testing.fakes whose device work is a ``time.sleep`` from a
 cost model (sleeping releases the GIL, as a blocked device call does). Response lengths are
 lognormal with a long tail. Figures, each a ratio taken in this run:
@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from rljax.async_runtime import AsyncDriver
+from rljax.runtime.driver import Driver
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.engine.sampler import Request
 from rljax.testing.fakes import (
@@ -128,7 +128,7 @@ def _steady_rate(times: list[float], warmup: int) -> float:
 def run_async(
     w: Workload, eta: int, *, free_sampler=False, free_learner=False, zero_cost=False
 ) -> dict:
-    """The real AsyncDriver over the fakes; returns its rate and counters."""
+    """The real Driver over the fakes; returns its rate and counters."""
     free_sampler |= zero_cost
     free_learner |= zero_cost
     learner = FakeLearner(w.learner_cost(free_learner))
@@ -141,7 +141,7 @@ def run_async(
     )
     groups_in_slots = max(1, w.slots // w.group_size)
     times: list[float] = []
-    driver = AsyncDriver(
+    driver = Driver(
         sampler=sampler,
         learner=learner,
         weight_sync=FakeWeightSync(cost_s=0.0 if zero_cost or free_learner else w.sync_s),
@@ -155,7 +155,7 @@ def run_async(
         make_request=lambda ex, rid: Request(
             [1] * w.prompt_len, w.group_size, payload=ex, request_id=rid
         ),
-        score_group=_rewards,
+        score=_rewards,
         make_batch=fake_make_batch,
         group_size=w.group_size,
         num_steps=w.steps,

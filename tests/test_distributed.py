@@ -14,14 +14,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from rljax.configs import arith_tiny
 
 from rljax import runtime
 from rljax.config import ConfigError
 from rljax.data.pipeline import prompt_iterator
 from rljax.mesh import distributed
-from rljax.mesh.distributed import DistributedConfigError, DistributedPlan, detect
-from rljax.runtime import data_meta, group_owners, process_data_state
-from rljax.testing.configs import arith_tiny
+from rljax.mesh.distributed import (
+    DistributedConfigError,
+    DistributedPlan,
+    data_meta,
+    detect,
+    group_owners,
+    process_data_state,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,7 +166,7 @@ def test_multi_process_run_config_is_checked_first(monkeypatch, tmp_path, change
     # The checks run before anything is built, so a pretend second process costs nothing.
     monkeypatch.setattr(distributed, "data_shard", lambda: (0, 2))
     with pytest.raises(ConfigError) as e:
-        runtime.Run(change(arith_tiny("test")), str(tmp_path))
+        runtime.Run(change(arith_tiny.recipe("small")), str(tmp_path))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -200,7 +206,7 @@ import json
 from rljax.config import ConfigError
 from rljax.data.pipeline import prompt_iterator
 from rljax.mesh import distributed
-from rljax.runtime import data_meta, process_data_state
+from rljax.mesh.distributed import data_meta, process_data_state
 
 distributed.maybe_initialize()
 index, count = distributed.data_shard()
@@ -254,7 +260,7 @@ def test_two_processes_run_the_launcher(tmp_path):
     argv = [
         "-m",
         "rljax.launch",
-        "--config=configs/arith_tiny.py:test",
+        "--config=configs/arith_tiny.py:small",
         "--config.sft.steps=0",
         "--config.num_steps=1",
         "--config.eval_examples=4",

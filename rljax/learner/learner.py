@@ -1,7 +1,9 @@
 """The learner: a sharded, jit-compiled train step with micro-batching on the learner mesh.
 
 ``Learner.step(batch)`` takes a packed :class:`~rljax.learner.batch.TrainBatch`, scans over its
-micro-batches accumulating gradients, then applies one optax AdamW update. Parameters and
+micro-batches accumulating gradients, then applies one optax AdamW update (``ppo_epochs`` of
+them, on the same batch; the proximal log-probs of decoupled PPO / truncated IS are computed
+once, before the first, so the clip bounds the drift of every epoch). Parameters and
 optimiser state live in their learner shardings (FSDP over 'fsdp', tensor parallel over
 'tensor'); the batch's rows are split over the data-parallel axis.
 
@@ -39,8 +41,18 @@ from rljax.models.sharding import (
 from rljax.models.transformer import kernel_mesh_axes
 
 
+# Only the rate is injected (kept in the optimiser state); the rest stay Python constants.
+_STATIC_ADAMW_ARGS = ("b1", "b2", "eps", "eps_root", "weight_decay")
+
+
 def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
-    """AdamW with linear warmup, optional cosine decay, and global-norm clipping."""
+    """AdamW with linear warmup, optional cosine decay, and global-norm clipping.
+
+    The rate goes through ``optax.inject_hyperparams``, so the optimiser state holds the rate
+    its last update applied (:func:`applied_learning_rate`): the schedule runs on the
+    optimiser's own update count, which after a resume, a warm start or ``ppo_epochs > 1`` is
+    not the learner's version.
+    """
     lr = cfg.learning_rate if learning_rate is None else learning_rate
     if cfg.decay_steps:
         start = 0.0 if cfg.warmup_steps else lr
@@ -51,8 +63,14 @@ def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
     else:
         schedule = optax.constant_schedule(lr)
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=_STATIC_ADAMW_ARGS)
+    parts.append(adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
     return optax.chain(*parts), schedule
+
+
+def applied_learning_rate(opt_state) -> jax.Array:
+    """The learning rate the optimiser's last update applied (read from its state)."""
+    return optax.tree_utils.tree_get(opt_state, "hyperparams")["learning_rate"]
 
 
 def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
@@ -107,6 +125,7 @@ class Learner:
         ref_params: nnx.State | None = None,
         kernel_impl: str = "auto",
         version: int = 0,
+        opt_state: Any = None,
     ):
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.kernel_impl = kernel_impl
@@ -117,7 +136,9 @@ class Learner:
         self.ref_params = None
         if ref_params is not None and cfg.beta > 0:
             self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
-        self.opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings())(self.params)
+        if opt_state is None:  # a fresh run; a resumed one passes its restored state
+            opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings())(self.params)
+        self.opt_state = jax.device_put(opt_state, self._opt_shardings())
         self._build_step()
 
     def _configure(self, cfg, graphdef, mesh, rules, loss, learning_rate, temperature):
@@ -194,6 +215,8 @@ class Learner:
         """
         # The field names and dtypes pack_batch produces, read off a one-sequence batch.
         example = pack_batch([TrainSequence([0, 0], 1)], row_len=2).arrays
+        if self._needs_proximal:
+            example["prox_logprobs"] = example["old_logprobs"]
         batch = {
             name: jax.ShapeDtypeStruct(batch_shape, a.dtype, sharding=self._batch_sharding)
             for name, a in example.items()
@@ -248,6 +271,7 @@ class Learner:
             versions=mb["versions"],
             learner_version=version,
             ref_logprobs=ref,
+            prox_logprobs=mb.get("prox_logprobs"),
         )
         per_token, metrics = self.loss.fn(x, self.cfg)
         loss = jnp.sum(per_token * mb["weights"] * mb["mask"])
@@ -273,38 +297,59 @@ class Learner:
         params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         metrics = {k: v / tokens for k, v in sums.items()}
-        metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
+        metrics.update(
+            loss=loss,
+            grad_norm=optax.tree.norm(grads),
+            learning_rate=applied_learning_rate(opt_state),
+        )
         return params, opt_state, metrics
 
     # -- API --------------------------------------------------------------------------------
 
+    @property
+    def _needs_proximal(self) -> bool:
+        """Whether the step reads pi_prox's log-probs from the batch.
+
+        Only with several epochs: in a single update the params the gradients are taken at
+        are pi_prox's, so the loss reads them off the current log-probs for free.
+        """
+        return (
+            self.cfg.ppo_epochs > 1
+            and self.cfg.proximal == "recompute"
+            and self.loss.needs_proximal(self.cfg)
+        )
+
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """``ppo_epochs`` optimiser updates on ``batch``; the version advances by one.
 
-        Metrics are those of the last update (its ratio and clip fraction show the drift).
+        The proximal policy is the params before the first update: its log-probs are computed
+        once, here, and every epoch clips against them. Metrics are those of the last update
+        (its ratio and clip fraction show the drift; ``learning_rate`` is the rate it applied).
         """
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
+        if self._needs_proximal:
+            arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
         for _ in range(self.cfg.ppo_epochs):
             self.params, self.opt_state, metrics = self._step_fn(
                 self.params, self.opt_state, self.ref_params, arrays, jnp.int32(self.version)
             )
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        metrics["learning_rate"] = float(self.schedule(self.version))
         self.version += 1
         return metrics
 
     @functools.cached_property
     def _logprob_fn(self):
-        return jax.jit(lambda params, mb: self._token_stats(params, mb)[0])
+        """Log-probs of every target of a [micro_batches, rows, row_len] batch, one jit."""
+
+        def logprobs(params, batch):
+            return jax.lax.map(lambda mb: self._token_stats(params, mb)[0], batch)
+
+        return jax.jit(logprobs, out_shardings=self._batch_sharding)
 
     def token_logprobs(self, batch: TrainBatch) -> np.ndarray:
         """The current policy's log-probs of every target, shaped like ``batch.arrays``."""
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
-        out = [
-            self._logprob_fn(self.params, jax.tree.map(lambda x, i=i: x[i], arrays))
-            for i in range(batch.shape[0])
-        ]
-        return np.stack(jax.device_get(out))
+        return np.asarray(jax.device_get(self._logprob_fn(self.params, arrays)))
 
     def state_dict(self) -> dict[str, Any]:
         """The pieces a checkpoint saves."""

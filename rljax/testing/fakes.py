@@ -1,6 +1,6 @@
 """Fake sampler, learner and weight sync with cost models, for driving the real async runtime.
 
-:class:`rljax.async_runtime.AsyncDriver` uses its sampler, learner and weight sync only
+:class:`rljax.runtime.driver.Driver` uses its sampler, learner and weight sync only
 through small duck-typed interfaces. These fakes implement them with ``time.sleep`` standing in
 for device work: sleeping releases the GIL just as a blocked ``jax`` call does, so the host
 threads overlap the way they do around a real engine, and the pipeline's policies (admission,
@@ -96,7 +96,7 @@ class _FakeSample:
 class FakeSampler:
     """A continuous-batching sampler whose decode step is a sleep from a cost model.
 
-    Implements the sampler interface of :class:`rljax.async_runtime.AsyncDriver` (``version``,
+    Implements the sampler interface of :class:`rljax.runtime.driver.Driver` (``version``,
     ``submit``, ``step``, ``has_work``, ``set_params``, ``abort``) and returns real
     :class:`~rljax.engine.sampler.Trajectory` objects whose per-token versions are the params
     version held when each token was "decoded".

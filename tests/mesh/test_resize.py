@@ -18,15 +18,15 @@ import jax
 import numpy as np
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
+from rljax.configs import arith_tiny
 
-from rljax.async_runtime import AsyncDriver
-from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.config import ConfigError, MeshConfig, replace
 from rljax.engine.sampler import Request
-from rljax.policy.reallocation import PhaseStats, Split
 from rljax.mesh.resize import MeshCache, Reallocation, plan_resize
+from rljax.policy.reallocation import PhaseStats, Split
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.runtime import Run
-from rljax.testing.configs import arith_tiny
+from rljax.runtime.driver import Driver
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -59,7 +59,7 @@ def shared_compiles(tmp_path_factory):
 
 def _cfg(**overrides):
     return replace(
-        arith_tiny("test"),
+        arith_tiny.recipe("small"),
         **{
             "mode": "async",
             "buffer.max_staleness": 0,
@@ -444,7 +444,7 @@ def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
         staleness.extend(learner.version - g.min_version for g in groups)
         return fake_make_batch(groups)
 
-    def on_boundary(step, sampler_clock, learner_clock):
+    def on_boundary(step):
         latest = weight_sync.acquire()
         boundaries.append((step, learner.version, None if latest is None else latest[1]))
         if step % 3 == 1:
@@ -453,7 +453,7 @@ def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
                 time.sleep(0.03)  # a parked sampler thread takes no step meanwhile
                 paused.append((ids, sampler.has_work(), sampler.stats["steps"] - before))
 
-    driver = AsyncDriver(
+    driver = Driver(
         sampler=sampler,
         learner=learner,
         weight_sync=weight_sync,
@@ -461,7 +461,7 @@ def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
         controller=StalenessController(max_staleness=eta, batch_groups=batch, max_concurrent=2),
         prompts=prompts,
         make_request=make_request,
-        score_group=lambda trajs: np.arange(len(trajs), dtype=float),
+        score=lambda trajs: np.arange(len(trajs), dtype=float),
         make_batch=make_batch,
         group_size=group,
         num_steps=steps,

@@ -1,34 +1,40 @@
-"""The asynchronous pipeline: sampler, reward and learner threads around a staleness buffer.
+"""The one step loop of every mode: admit -> sample -> score -> buffer -> consume -> learn -> publish.
 
-    sampler thread:  admit (StalenessController) -> reserve seat (StalenessBuffer) -> generate
-                     -> completed group ------------------------------+
-    reward thread:   score group (RewardPool) -> occupy seat, or release it (dynamic sampling)
-    learner thread:  wait until buffer[version] is full -> consume -> step -> WeightSync.publish
-                     -> sampler swaps to the new params at its next generate boundary
+Both schedules drive the same pure policies (:class:`StalenessController` admits,
+:class:`StalenessBuffer` places, releases and hands out batches), assemble groups, learn,
+publish, checkpoint and log with the same code, and write the same metric keys:
 
-The policies (admission, placement, staleness) are the pure objects in :mod:`rljax.policy.staleness`;
-this module only supplies threads, a lock and clocks. It depends on the sampler and learner
-through small duck-typed interfaces, so benchmarks can drive it with fake engines:
+- **lock-step** (``lockstep=True``: ``mode='sync'``, eta = 0): one thread. Each step admits a
+  batch, generates until enough groups are complete, scores them in one call (one all-gather on
+  several processes), places them, and learns once the buffer is full. Every decision follows
+  from the step alone, so every process of a pod takes the same ones in the same order.
+- **threaded** (``mode='async'``, eta >= 0)::
+
+    sampler thread:  admit -> reserve a seat -> generate -> completed group ---------+
+    reward thread:   score the group -> occupy its seat, or release it (dynamic sampling)
+    learner thread:  wait until buffer[version] is full -> consume -> learn -> publish
+                     -> the sampler swaps to the new params at its next generate boundary
+
+The driver depends on the sampler and learner through small duck-typed interfaces, so
+benchmarks and tests drive it with fakes (``rljax.testing.fakes``):
 
 - sampler: ``version``, ``submit(requests)``, ``step() -> finished``, ``has_work()``,
-  ``set_params(params, version)``, ``abort(request_id)``; for :meth:`AsyncDriver.safe_point`
-  also ``interrupt(request_id)`` and ``resume(request_id)``; slot occupancy is measured when
-  it has ``busy_slots`` and ``engine.max_concurrent_decodes``;
+  ``set_params(params, version)``, ``abort(request_id)``; for :meth:`Driver.safe_point` also
+  ``interrupt(request_id)`` and ``resume(request_id)``; slot occupancy is measured when it has
+  ``busy_slots`` and ``engine.max_concurrent_decodes``;
 - learner: ``version``, ``step(batch) -> metrics``, ``params``.
 
-Step boundary: after each learner step and before its weights are published, the learner
-thread calls ``on_boundary`` and runs any :meth:`AsyncDriver.call_at_boundary` work. That is the
-safe point where the runtime resizes the meshes (``Run.resize``): :meth:`AsyncDriver.safe_point`
-parks the sampler thread between two ``generate`` calls and interrupts every in-flight request,
-keeping its partial rollout, and resumes them afterwards. With eta = 0 nothing is in flight at
-that point (the next batch waits for the new weights), so a resize changes no sample.
+Step boundary: after each learner step and before its weights are published, the driver calls
+``on_boundary`` and runs any :meth:`Driver.call_at_boundary` work on the learner thread. That is
+the safe point where the runtime resizes the meshes: :meth:`Driver.safe_point` parks the sampler
+thread between two ``generate`` calls and interrupts every in-flight request, keeping its
+partial rollout, and resumes them afterwards. With eta = 0 nothing is in flight then.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import queue
 import threading
 import time
@@ -37,42 +43,23 @@ from typing import Any
 
 import numpy as np
 
-from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
 from rljax.metrics import Timeline
+from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
+from rljax.runtime.clocks import RoleClocks, step_metrics
+from rljax.runtime.rollout import Group, lockstep_request_id, make_group
+
+# Counters every step's metrics carry, in every mode (zero when nothing happened).
+COUNTERS = (
+    "dispatched",
+    "dropped_no_signal",
+    "surplus_aborted",
+    "surplus_discarded",
+    "interrupted_samples",
+)
 
 
-@dataclasses.dataclass
-class Group:
-    """A completed, scored GRPO group: the unit the buffer stores and the learner consumes."""
-
-    request_id: int
-    example: Any
-    trajectories: list
-    rewards: np.ndarray
-    min_version: int
-
-
-@dataclasses.dataclass
-class RoleClock:
-    """Busy and idle seconds of one role since the last report."""
-
-    busy: float = 0.0
-    idle: float = 0.0
-    tokens: int = 0
-    fill: float = 0.0  # sum over generate calls of the fraction of slots in use
-    calls: int = 0
-
-    def take(self) -> dict[str, float]:
-        out = {"busy_s": self.busy, "idle_s": self.idle, "tokens": self.tokens}
-        if self.calls:
-            out["occupancy"] = self.fill / self.calls
-        self.busy = self.idle = self.fill = 0.0
-        self.tokens = self.calls = 0
-        return out
-
-
-class AsyncDriver:
-    """Runs the three threads until ``num_steps`` learner steps are done or ``stop()``."""
+class Driver:
+    """Runs ``num_steps`` learner steps (or until ``stop()``) in either schedule."""
 
     def __init__(
         self,
@@ -84,48 +71,58 @@ class AsyncDriver:
         controller: StalenessController,
         prompts: Iterator[list],
         make_request: Callable[[Any, int], Any],
-        score_group: Callable[[list], np.ndarray],
+        score: Callable[[list], np.ndarray],
         make_batch: Callable[[list[Group]], Any],
         group_size: int,
         num_steps: int,
+        lockstep: bool = False,
         dynamic_sampling: bool = False,
         on_step: Callable[[int, dict], None] | None = None,
+        on_checkpoint: Callable[[Driver], None] | None = None,
+        on_boundary: Callable[[int], None] | None = None,
         timeline: Timeline | None = None,
-        on_checkpoint: Callable[[AsyncDriver], None] | None = None,
+        meter=None,
+        prompt_state: Callable[[], Any] | None = None,
         requeue: list | None = None,
         next_request_id: int = 0,
         encode_group: Callable[[Group], Any] | None = None,
-        on_boundary: Callable[[int, dict, dict], None] | None = None,
     ):
+        if lockstep and buffer.max_staleness != 0:
+            raise ValueError(
+                f"the lock-step schedule is on-policy but the buffer allows eta = "
+                f"{buffer.max_staleness}; use lockstep=False (mode='async') or max_staleness=0"
+            )
         self.sampler = sampler
         self.learner = learner
         self.weight_sync = weight_sync
         self.buffer = buffer
         self.controller = controller
+        self.lockstep = lockstep
         self._prompts = prompts
         self._make_request = make_request
-        self._score_group = score_group
+        self._score = score
         self._make_batch = make_batch
         self.group_size = group_size
         self.num_steps = num_steps
         self.dynamic_sampling = dynamic_sampling
         self._on_step = on_step or (lambda step, metrics: None)
         self._on_checkpoint = on_checkpoint
+        self._on_boundary = on_boundary
+        self._prompt_state = prompt_state
         self._encode_group = encode_group
         self.timeline = timeline or Timeline()
+        self.clocks = RoleClocks(meter)
+        self.counters = collections.Counter({k: 0 for k in COUNTERS})
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._rewards_q: queue.Queue = queue.Queue()
         self._aborts: collections.deque[int] = collections.deque()
         self._ready_prompts: collections.deque = collections.deque(requeue or [])
-        self._inflight: dict[int, Any] = {}  # request id -> example, until scored
+        self._inflight: dict[int, Any] = {}  # request id -> example, until placed or aborted
         self._partial: dict[int, list] = collections.defaultdict(list)
         self._next_id = next_request_id
-        self.sampler_clock = RoleClock()
-        self.learner_clock = RoleClock()
-        self.counters = collections.Counter()
-        self._on_boundary = on_boundary
+        self._lockstep_admitted = 0  # requests admitted at the current version (lock-step ids)
         self._boundary_calls: collections.deque = collections.deque()
         self._learner_thread: threading.Thread | None = None
         self._running = False
@@ -233,19 +230,21 @@ class AsyncDriver:
             self._parked = False
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """A consistent, JSON-safe snapshot: buffered groups, prompts to re-dispatch, next id.
+        """A consistent, JSON-safe snapshot: buffer, prompts to re-dispatch, next id, data state.
 
-        Taken under the lock, so each group is either in the buffer (occupied) or among the
-        pending prompts (dispatched, not yet scored), never both and never neither.
+        Taken under the lock that the sampler holds while it draws prompts, so each prompt is
+        either in the buffer (occupied), among the pending prompts (drawn, not yet placed), or
+        still in the data iterator (``data``, its state), never two of them and never none.
         """
         with self._cond:
             return {
                 "buffer": self.buffer.state_dict(self._encode_group),
                 "pending": list(self._inflight.values()) + list(self._ready_prompts),
                 "next_request_id": self._next_id,
+                **({"data": self._prompt_state()} if self._prompt_state else {}),
             }
 
-    # -- sampler thread ---------------------------------------------------------------------
+    # -- admission and generation (the sampler's side; a thread of its own when threaded) ----
 
     def _next_prompt(self):
         if not self._ready_prompts:
@@ -258,13 +257,22 @@ class AsyncDriver:
             self.sampler.set_params(*latest)
 
     def _apply_aborts(self) -> None:
-        """Drop surplus requests from the sampler (call under the lock)."""
+        """Drop surplus requests from the sampler and close their seats (call under the lock)."""
+        surplus = set(self.buffer.surplus)
         while self._aborts:
             rid = self._aborts.popleft()
             self.sampler.abort(rid)
             self._partial.pop(rid, None)
+            if rid in surplus:  # not yet discarded by occupy(): its group never completed
+                self.buffer.release(rid)
 
-    def _dispatch(self) -> None:
+    def _new_id(self) -> int:
+        if self.lockstep:
+            return lockstep_request_id(self.buffer.version, self._lockstep_admitted)
+        return self._next_id
+
+    def _dispatch(self) -> int:
+        """Admit what the controller allows; returns the number of requests submitted."""
         requests = []
         with self._cond:
             self._apply_aborts()
@@ -275,16 +283,103 @@ class AsyncDriver:
                 example = self._next_prompt()
                 # An id is spent only on a granted seat, so ids (and the sampling seeds derived
                 # from them) do not depend on how often admission was retried.
-                rid = self._next_id
+                rid = self._new_id()
                 if self.buffer.reserve(rid, self.sampler.version) is None:
                     self._ready_prompts.appendleft(example)
                     break
                 self._next_id += 1
+                self._lockstep_admitted += 1
                 self._inflight[rid] = example
                 requests.append(self._make_request(example, rid))
         if requests:
             self.sampler.submit(requests)
             self.counters["dispatched"] += len(requests)
+        return len(requests)
+
+    def _generate(self) -> list[list]:
+        """One ``generate`` call; returns the groups it completed (their trajectories)."""
+        start = time.perf_counter()
+        finished = self.sampler.step()
+        end = time.perf_counter()
+        self.clocks.generate(start, end, finished, self.sampler)
+        self.timeline.add("generate", start, end, track="sampler")
+        done = []
+        for t in finished:
+            group = self._partial[t.group_id]
+            group.append(t)
+            if len(group) == self.group_size:
+                done.append(self._partial.pop(t.group_id))
+        return done
+
+    def _place(self, trajs: list, rewards) -> None:
+        """Occupy a scored group's seat, or release it (no signal); call under the lock."""
+        rid = trajs[0].group_id
+        if rid not in self._inflight:  # aborted as surplus while it was being scored
+            self.counters["surplus_discarded"] += 1
+            return
+        example = self._inflight.pop(rid)
+        if self.dynamic_sampling and not has_signal(list(rewards)):
+            self.buffer.release(rid)
+            self.counters["dropped_no_signal"] += 1
+            return
+        group = make_group(example, trajs, rewards)
+        surplus = self.buffer.occupy(rid, group, group.min_version)
+        for s in surplus:
+            self._inflight.pop(s, None)
+        self._aborts.extend(surplus)
+        self.counters["surplus_aborted"] += len(surplus)
+
+    # -- lock-step schedule -----------------------------------------------------------------
+
+    def _lockstep_batch(self) -> list[Group] | None:
+        """Admit, generate, score and place until the current buffer is full; then consume."""
+        start = time.perf_counter()
+        while not self.buffer.ready(self.buffer.version):
+            if self._stop.is_set():
+                return None
+            self._swap_weights()
+            admitted = self._dispatch()
+            held = sum(row["occupied"] for row in self.buffer.snapshot()[:1])
+            needed = self.buffer.batch_groups - held
+            done: list[list] = []
+            while self.sampler.has_work() and len(done) < needed:
+                done.extend(self._generate())
+            if not done and not admitted:
+                raise RuntimeError(
+                    f"lock-step driver stalled at version {self.buffer.version}: nothing admitted "
+                    f"and nothing generating with {held}/{self.buffer.batch_groups} groups held"
+                )
+            # Requests still generating once the batch can fill are overprovisioned surplus.
+            with self._cond:
+                for rid in list(self._inflight):
+                    if not any(g[0].group_id == rid for g in done):
+                        self._inflight.pop(rid)
+                        self.buffer.release(rid)
+                        self._aborts.append(rid)
+                        self.counters["surplus_aborted"] += 1
+                self._apply_aborts()
+            self._score_and_place(done)
+        with self._cond:
+            groups = self._consume()
+        self.clocks.learner_wait(start, time.perf_counter())
+        return groups
+
+    def _score_and_place(self, done: list[list]) -> None:
+        if not done:
+            return
+        done = [sorted(g, key=lambda t: t.sample_index) for g in sorted(done, key=_group_id)]
+        flat = [t for g in done for t in g]
+        start = time.perf_counter()
+        rewards = np.asarray(self._score(flat), np.float32)
+        self.clocks.reward(start, time.perf_counter())
+        self.timeline.add("reward", start, time.perf_counter(), track="rewards")
+        with self._cond:
+            offset = 0
+            for g in done:
+                self._place(g, rewards[offset : offset + len(g)])
+                offset += len(g)
+
+    # -- threaded schedule ------------------------------------------------------------------
 
     def _sampler_loop(self) -> None:
         while not self._stop.is_set():
@@ -292,32 +387,13 @@ class AsyncDriver:
             self._swap_weights()
             self._dispatch()
             if self.sampler.has_work():
-                start = time.perf_counter()
-                finished = self.sampler.step()
-                end = time.perf_counter()
-                self.sampler_clock.busy += end - start
-                self._measure_occupancy(len(finished))
-                self.timeline.add("generate", start, end, track="sampler")
-                for t in finished:
-                    self.sampler_clock.tokens += len(t.response_tokens)
-                    group = self._partial[t.group_id]
-                    group.append(t)
-                    if len(group) == self.group_size:
-                        self._rewards_q.put(self._partial.pop(t.group_id))
+                for trajs in self._generate():
+                    self._rewards_q.put(trajs)
             else:
                 start = time.perf_counter()
                 with self._cond:
                     self._cond.wait(timeout=0.05)
-                self.sampler_clock.idle += time.perf_counter() - start
-
-    def _measure_occupancy(self, finished: int) -> None:
-        busy = getattr(self.sampler, "busy_slots", None)
-        engine = getattr(self.sampler, "engine", None)
-        if busy is None or engine is None:
-            return
-        # Slots used by this generate: those still running plus those it just finished.
-        self.sampler_clock.fill += min(1.0, (busy + finished) / engine.max_concurrent_decodes)
-        self.sampler_clock.calls += 1
+                self.clocks.sampler_wait(start, time.perf_counter())
 
     def _sampler_main(self) -> None:
         self._sampler_alive = True
@@ -328,8 +404,6 @@ class AsyncDriver:
                 self._sampler_alive = False
                 self._cond.notify_all()
 
-    # -- reward thread ----------------------------------------------------------------------
-
     def _reward_loop(self) -> None:
         while True:
             trajs = self._rewards_q.get()
@@ -338,46 +412,28 @@ class AsyncDriver:
             # Completion order is not sample order: sort first, so rewards[i] is trajs[i]'s.
             trajs = sorted(trajs, key=lambda t: t.sample_index)
             start = time.perf_counter()
-            rewards = self._score_group(trajs)
+            rewards = self._score(trajs)
+            self.clocks.reward(start, time.perf_counter())
             self.timeline.add("reward", start, time.perf_counter(), track="rewards")
-            rid = trajs[0].group_id
-            min_version = min(t.min_version for t in trajs)
             with self._cond:
-                example = self._inflight.pop(rid, None)
-                if self.dynamic_sampling and not has_signal(list(rewards)):
-                    self.buffer.release(rid)
-                    self.counters["dropped_no_signal"] += 1
-                else:
-                    group = Group(
-                        rid,
-                        example,
-                        trajs,
-                        np.asarray(rewards),
-                        min_version,
-                    )
-                    surplus = self.buffer.occupy(rid, group, min_version)
-                    for s in surplus:
-                        self._inflight.pop(s, None)
-                    self._aborts.extend(surplus)
-                    self.counters["surplus_aborted"] += len(surplus)
+                self._place(trajs, rewards)
                 self._cond.notify_all()
 
-    # -- learner (calling) thread -----------------------------------------------------------
-
-    def _wait_for_batch(self) -> list[Group] | None:
+    def _threaded_batch(self) -> list[Group] | None:
         start = time.perf_counter()
         with self._cond:
             while not self.buffer.ready(self.learner.version):
                 if self._stop.is_set() or self._errors:
                     return None
                 self._cond.wait(timeout=0.1)
-            # Completion order varies with thread timing; request-id order does not.
-            groups = sorted(self.buffer.consume(self.learner.version), key=lambda g: g.request_id)
+            groups = self._consume()
             self._cond.notify_all()
-        end = time.perf_counter()
-        self.learner_clock.idle += end - start
-        self.timeline.add("wait", start, end, track="learner")
+        self.clocks.learner_wait(start, time.perf_counter())
         return groups
+
+    def _consume(self) -> list[Group]:
+        # Completion order varies with thread timing; request-id order does not.
+        return sorted(self.buffer.consume(self.learner.version), key=_group_request_id)
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         def run():
@@ -389,20 +445,28 @@ class AsyncDriver:
 
         return run
 
+    # -- the loop -----------------------------------------------------------------------------
+
     def run(self, start_step: int = 0) -> None:
         """Train until ``num_steps``; re-raises any thread's exception here."""
-        threads = [
-            threading.Thread(target=self._guard(self._sampler_main), name="sampler", daemon=True),
-            threading.Thread(target=self._guard(self._reward_loop), name="rewards", daemon=True),
-        ]
+        threads = []
+        if not self.lockstep:
+            threads = [
+                threading.Thread(target=self._guard(self._sampler_main), name="sampler"),
+                threading.Thread(target=self._guard(self._reward_loop), name="rewards"),
+            ]
+            for t in threads:
+                t.daemon = True
         self._learner_thread = threading.current_thread()
-        self._sampler_alive = True  # until the thread says otherwise, safe_point waits for it
+        self._sampler_alive = bool(threads)  # until the thread says otherwise
         self._running = True
+        self.clocks.start()
         for t in threads:
             t.start()
+        next_batch = self._lockstep_batch if self.lockstep else self._threaded_batch
         try:
             for step in range(start_step, self.num_steps):
-                groups = self._wait_for_batch()
+                groups = next_batch()
                 if groups is None:
                     break
                 self._learn(step, groups)
@@ -428,13 +492,12 @@ class AsyncDriver:
         batch = self._make_batch(groups)
         metrics = self.learner.step(batch)
         end = time.perf_counter()
-        self.learner_clock.busy += end - start
-        self.learner_clock.tokens += getattr(batch, "num_tokens", 0)
+        self.clocks.learn(start, end, getattr(batch, "num_tokens", 0))
         self.timeline.add("learn", start, end, track="learner")
-        sampler, learner = self.sampler_clock.take(), self.learner_clock.take()
+        self._lockstep_admitted = 0
         # The safe point: the step is done and its weights are not yet out (a resize may run).
         if self._on_boundary is not None:
-            self._on_boundary(step, sampler, learner)
+            self._on_boundary(step)
         self._run_boundary_calls()
         sync = None
         latest = self.weight_sync.acquire()
@@ -443,31 +506,22 @@ class AsyncDriver:
         elif self.weight_sync.due(self.learner.version):
             start = time.perf_counter()
             sync = self.weight_sync.publish(self.learner.params, self.learner.version)
+            self.clocks.publish(start, start + sync.seconds)
             self.timeline.add("weight_sync", start, start + sync.seconds, track="learner")
             with self._cond:  # wake an idle sampler: new weights may unblock admission
                 self._cond.notify_all()
         with self._cond:
             snapshot = self.buffer.snapshot()
-        rewards = np.concatenate([g.rewards for g in groups])
-        metrics.update(
-            reward=float(rewards.mean()),
-            response_length=float(
-                np.mean([len(t.response_tokens) for g in groups for t in g.trajectories])
-            ),
-            staleness_hist={str(k): v for k, v in sorted(staleness.items())},
-            staleness_max=max(staleness),
-            sampler_busy_s=sampler["busy_s"],
-            sampler_idle_s=sampler["idle_s"],
-            learner_busy_s=learner["busy_s"],
-            learner_idle_s=learner["idle_s"],
-            sampler_tokens_per_s=sampler["tokens"] / max(sampler["busy_s"], 1e-9),
-            **({"sampler_occupancy": sampler["occupancy"]} if "occupancy" in sampler else {}),
-            learner_tokens_per_s=learner["tokens"] / max(learner["busy_s"], 1e-9),
-            buffer=snapshot,
-            version=self.learner.version,
-            **({"sync_bytes": sync.bytes, "sync_s": sync.seconds} if sync else {}),
-            **{k: v for k, v in self.counters.items()},
-        )
+        metrics.update(step_metrics(groups, staleness, self.clocks.take(), sync))
+        metrics.update(buffer=snapshot, version=self.learner.version, **self.counters)
         self._on_step(step, metrics)
         if self._on_checkpoint is not None:
             self._on_checkpoint(self)
+
+
+def _group_id(trajs: list) -> int:
+    return trajs[0].group_id
+
+
+def _group_request_id(g: Group) -> int:
+    return g.request_id

@@ -1,4 +1,4 @@
-"""AsyncDriver invariants with fake engines: nothing lost or duplicated, staleness <= eta.
+"""Driver invariants with fake engines: nothing lost or duplicated, staleness <= eta.
 
 The driver, StalenessBuffer and StalenessController are the real ones; only the sampler,
 learner and weight sync are fakes (rljax.testing.fakes) with millisecond sleeps, so thread
@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rljax.async_runtime import AsyncDriver, Group
+from rljax.runtime.driver import Driver
+from rljax.runtime.rollout import Group
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.engine.sampler import FINISH_LENGTH, Request, Trajectory
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import encode_group
+from rljax.runtime.rollout import encode_group
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -101,7 +102,7 @@ def _driver(
     score_group=_rewards,
     seed: int = 0,
     **kwargs,
-) -> AsyncDriver:
+) -> Driver:
     buffer = buffer or RecordingBuffer(
         batch_groups=BATCH, max_staleness=eta, overprovision=overprovision
     )
@@ -137,7 +138,7 @@ def _driver(
         version=learner.version,
         params=learner.params,
     )
-    return AsyncDriver(
+    return Driver(
         sampler=sampler,
         learner=learner,
         weight_sync=weight_sync,
@@ -150,7 +151,7 @@ def _driver(
         ),
         prompts=prompts,
         make_request=make_request,
-        score_group=score,
+        score=score,
         make_batch=make_batch,
         group_size=GROUP,
         num_steps=num_steps,
@@ -159,7 +160,7 @@ def _driver(
     )
 
 
-def _run(driver: AsyncDriver, start_step: int = 0) -> None:
+def _run(driver: Driver, start_step: int = 0) -> None:
     # A hung pipeline must fail the test, not the CI job.
     watchdog = threading.Timer(WATCHDOG_S, driver.stop)
     watchdog.start()
@@ -174,7 +175,7 @@ def _example_of(group) -> dict:
     return group["example"] if isinstance(group, dict) else group.example
 
 
-def _check_run(record: Record, driver: AsyncDriver, eta: int) -> set[int]:
+def _check_run(record: Record, driver: Driver, eta: int) -> set[int]:
     """Asserts the per-run invariants; returns the example ids still pending at stop."""
     assert record.batch_sizes and set(record.batch_sizes) == {BATCH}
     assert max(record.staleness) <= eta

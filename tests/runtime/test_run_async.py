@@ -2,14 +2,15 @@
 
 import json
 
+from rljax.configs import arith_tiny
+
 from rljax.config import replace
 from rljax.runtime import Run
-from rljax.testing.configs import arith_tiny
 
 
 def _cfg(steps):
     return replace(
-        arith_tiny("test"),
+        arith_tiny.recipe("small"),
         **{
             "mode": "async",
             "buffer.max_staleness": 1,

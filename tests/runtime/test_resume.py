@@ -20,7 +20,7 @@ from rljax.testing.configs import TINY_MODEL
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 6
 ARGS = [
-    f"--config={ROOT / 'configs' / 'arith_tiny.py'}:test",
+    f"--config={ROOT / 'configs' / 'arith_tiny.py'}:small",
     f"--config.num_steps={STEPS}",
     "--config.checkpoint.enabled=True",
     "--config.checkpoint.every_steps=1",

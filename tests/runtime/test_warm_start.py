@@ -3,23 +3,23 @@
 import json
 
 import pytest
+from rljax.configs import arith_tiny
 
-import rljax.runtime
 from rljax.config import replace
+from rljax.data import tasks
 from rljax.runtime import Run
-from rljax.testing.configs import arith_tiny
 
 
 def test_warm_start_schedule_and_teachers(tmp_path, monkeypatch):
-    careless, original = [], rljax.runtime.careless_sum
+    careless, original = [], tasks.TEACHERS["drops_carries"]
 
-    def counting_careless_sum(prompt, slip, rng):
-        careless.append(prompt)
-        return original(prompt, slip, rng)
+    def counting_careless_teacher(example, slip, rng):
+        careless.append(example["prompt"])
+        return original(example, slip, rng)
 
-    monkeypatch.setattr(rljax.runtime, "careless_sum", counting_careless_sum)
+    monkeypatch.setitem(tasks.TEACHERS, "drops_carries", counting_careless_teacher)
     cfg = replace(
-        arith_tiny("test"),
+        arith_tiny.recipe("small"),
         **{
             "sft.steps": 6,
             "sft.warmup_steps": 2,

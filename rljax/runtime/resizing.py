@@ -1,0 +1,96 @@
+"""Resizing a running :class:`~rljax.runtime.run.Run`: when, and the steps in order.
+
+The mechanisms (reshard the learner, rebuild the engine, detach and attach the sampler) are in
+:mod:`rljax.mesh.resize`; the decision is the pure Reallocator's (``rljax.policy``), fed by the
+run's PhaseMeter through :class:`~rljax.mesh.resize.Reallocation`. This module sequences them at
+the driver's safe point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from rljax.mesh.resize import attach_sampler, detach_sampler, move_learner, plan_resize
+from rljax.policy.reallocation import Split
+
+
+def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
+    """Move ``run`` to ``split`` at a safe point; returns the record logged, or None if no-op.
+
+    In-flight requests are interrupted and resumed as partial rollouts; learner params,
+    optimizer state and reference params are resharded onto the new learner mesh; the engine is
+    rebuilt on the new sampler mesh (one per mesh, reused on a return) and the weights
+    re-published. The buffer is untouched. A split that cannot work raises a one-line error
+    before anything moves. From another thread during a run, it waits for the next boundary.
+    """
+    driver = run.driver
+    if driver is not None and driver.running and not driver.on_learner_thread():
+        return driver.call_at_boundary(lambda: resize(run, split, cause))
+    topology = plan_resize(run.cfg.mesh, split, run.devices, batch=run.cfg.learner.batch_size)
+    old = run.topology.split
+    if split == old:
+        return None
+    start = time.perf_counter()
+    # The driver's in-flight requests need interrupting even once its threads have stopped.
+    pause = driver.safe_point() if driver is not None else contextlib.nullcontext([])
+    with pause as interrupted:
+        detach_sampler(run.sampler)
+        run.learner = move_learner(run.learner, topology.learner, run.learners)
+        run.engine = run.engines.get(topology.sampler, lambda: run._build_engine(topology.sampler))
+        run.weight_sync.retarget(run.engine.param_shardings)
+        sync = run.weight_sync.publish(run.learner.params, run.learner.version)
+        attach_sampler(run.sampler, run.engine, *run.weight_sync.acquire())
+        run.topology = topology
+        if driver is not None:
+            driver.learner = run.learner
+    seconds = time.perf_counter() - start
+    record = {
+        "from": f"{old.sampler_chips}/{old.learner_chips}",
+        "to": f"{split.sampler_chips}/{split.learner_chips}",
+        "sampler_devices": split.sampler_chips,
+        "learner_devices": split.learner_chips,
+        "seconds": seconds,
+        "cause": cause,
+        "interrupted_requests": len(interrupted),
+        "sync_bytes": sync.bytes,
+        "engines_built": run.engines.builds,
+        "learners_built": run.learners.builds,
+        "version": run.learner.version,
+    }
+    run.timeline.add("resize", start, start + seconds, track="learner", **record)
+    run.metrics.write(run.learner.version, "resize", record)
+    run.metrics.print(
+        f"resized sampler/learner chips {record['from']} -> {record['to']} in {seconds:.2f} s"
+    )
+    if run.reallocation is not None:
+        run.reallocation.switch_cost_s = seconds
+    return record
+
+
+def maybe_reallocate(run) -> dict[str, Any] | None:
+    """At a step boundary: ask the reallocation policy, and resize if it proposes a split."""
+    r = run.reallocation
+    if r is None or run.driver is None:
+        return None
+    r.step_done()
+    if not r.due:
+        return None
+    # Until a resize is measured: moving params and two Adam moments once (>= 3 syncs).
+    history = run.weight_sync.history
+    stats = r.phase(
+        split=run.topology.split,
+        buffer_rows=run.driver.buffer_rows(),
+        batch_groups=run.cfg.learner.batch_groups,
+        estimated_switch_s=3 * history[-1].seconds if history else 0.0,
+    )
+    target = r.policy.decide(stats)
+    if target is None:
+        return None
+    try:
+        plan_resize(run.cfg.mesh, target, run.devices, batch=run.cfg.learner.batch_size)
+    except ValueError as e:  # ConfigError too: the policy proposed a split that can't work
+        run.metrics.print(f"reallocator proposed {target}; staying ({e})")
+        return None
+    return resize(run, target, cause="reallocator")

@@ -1,0 +1,115 @@
+"""Checkpoint meta and resuming: what a run saves beside its arrays, and how it comes back.
+
+A resumed run restores its learner onto an *abstract* state (shapes, dtypes and shardings from
+the model's metadata), so the model is never initialised or loaded only to be overwritten; the
+initial checkpoint is read again only for the reference model of a KL penalty (beta > 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljax.checkpoint import Checkpointer
+from rljax.config import RunConfig
+from rljax.learner.learner import Learner
+from rljax.learner.losses import Loss
+from rljax.mesh import distributed
+from rljax.models.loading import abstract_params, initial_model_config, load_initial_params
+
+
+def can_resume(ckpt: Checkpointer | None) -> bool:
+    """Whether ``ckpt`` holds a finalised step to resume from."""
+    return ckpt is not None and ckpt.latest_step() is not None
+
+
+def new_learner(cfg: RunConfig, mesh, loss: Loss) -> tuple[Any, Learner]:
+    """(model config, learner) for a fresh run, from ``cfg.init``."""
+    model_cfg, graphdef, params = load_initial_params(cfg, mesh)
+    return model_cfg, make_learner(cfg, graphdef, params, mesh, loss, ref_params=params)
+
+
+def restored_learner(
+    cfg: RunConfig, mesh, loss: Loss, ckpt: Checkpointer
+) -> tuple[Any, Learner, dict[str, Any]]:
+    """(model config, learner, meta) restored from the newest good step of ``ckpt``."""
+    model_cfg = initial_model_config(cfg)
+    graphdef, abstract = abstract_params(model_cfg, mesh)
+    target = Learner.abstract(
+        cfg.learner, graphdef, abstract, mesh, loss=loss, kernel_impl=cfg.kernel_impl
+    )
+    params, opt_state, meta = ckpt.restore(
+        abstract_params=target.params, abstract_opt_state=target.opt_state, fallback=True
+    )
+    ref = load_initial_params(cfg, mesh)[2] if cfg.learner.beta > 0 else None
+    learner = make_learner(
+        cfg,
+        graphdef,
+        params,
+        mesh,
+        loss,
+        ref_params=ref,
+        opt_state=opt_state,
+        version=int(meta["version"]),
+    )
+    return model_cfg, learner, meta
+
+
+def make_learner(cfg: RunConfig, graphdef, params, mesh, loss, **kwargs) -> Learner:
+    """The RL learner of ``cfg`` on ``mesh``."""
+    ref = kwargs.pop("ref_params", None)
+    return Learner(
+        cfg.learner,
+        graphdef,
+        params,
+        mesh,
+        loss=loss,
+        temperature=cfg.sampling.temperature,
+        ref_params=ref if cfg.learner.beta > 0 else None,
+        kernel_impl=cfg.kernel_impl,
+        **kwargs,
+    )
+
+
+def checkpoint_meta(
+    *,
+    version: int,
+    data_state: Any,
+    initial_accuracy: float,
+    metrics_offset: int | None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON meta of a checkpoint. A collective: every process calls it at the same step.
+
+    ``data_state`` is this process's prompt-iterator state, read at the same instant as
+    anything in ``extra`` that depends on it (the driver's pending prompts).
+    """
+    return {
+        "version": version,
+        # Every process's iterator state, in process order.
+        **distributed.data_meta(distributed.allgather_objects(data_state)),
+        "initial_accuracy": initial_accuracy,
+        "metrics_offset": metrics_offset,
+        **(extra or {}),
+    }
+
+
+def data_state(meta: dict[str, Any]) -> dict:
+    """This process's prompt-iterator state in ``meta`` (refuses another process count)."""
+    index, count = distributed.data_shard()
+    return distributed.process_data_state(meta, index, count)
+
+
+def empty_buffer(batch_groups: int, eta: int, overprovision: int, *, version: int):
+    """An empty staleness buffer at learner ``version`` (a run with no buffered groups)."""
+    from rljax.policy.staleness import StalenessBuffer
+
+    state = {
+        "batch_groups": batch_groups,
+        "max_staleness": eta,
+        "overprovision": overprovision,
+        "version": version,
+        "accepted": version * batch_groups,
+        "discarded": 0,
+        "buffers": [],
+    }
+    return StalenessBuffer.from_state_dict(state)

@@ -1,0 +1,521 @@
+"""One experiment: build the parts from a :class:`RunConfig`, then sequence the phases.
+
+Phases: an optional supervised warm start (``runtime.warm_start``), held-out accuracy (greedy),
+``num_steps`` RL steps through the one driver (``runtime.driver``: lock-step for mode='sync',
+threaded for mode='async'), held-out accuracy again. With checkpointing on, a workdir that
+holds a checkpoint resumes from it (``runtime.resume``), and SIGTERM checkpoints at the next
+step boundary and returns.
+
+On several processes (one ``jax.distributed`` program, see docs/multihost.md) each process reads
+its own shard of the prompt stream and scores only its own prompts' trajectories; the seams
+``next_prompts`` and ``score`` all-gather the prompts and the rewards, so every process feeds
+the same global batch to the engine and the learner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from rljax.checkpoint import Checkpointer
+from rljax.config import ConfigError, RunConfig
+from rljax.data.pipeline import prompt_iterator
+from rljax.data.tasks import encode_prompt, load_task
+from rljax.engine.engine import Engine, SlotSampling
+from rljax.engine.sampler import FINISH_STOP, Request, Sampler, Trajectory
+from rljax.learner.advantages import group_advantages
+from rljax.learner.batch import TrainSequence, pack_batch
+from rljax.learner.learner import check_divisible
+from rljax.learner.losses import Loss, get_loss
+from rljax.mesh import distributed
+from rljax.mesh.resize import MeshCache, Reallocation
+from rljax.mesh.topology import Topology, build_topology
+from rljax.mesh.weight_sync import WeightSync
+from rljax.metrics import MetricsWriter, Timeline
+from rljax.models.loading import load_tokenizer
+from rljax.policy.reallocation import Split
+from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.rewards.pool import RewardPool
+from rljax.rewards.registry import get_reward
+from rljax.runtime import resizing, resume
+from rljax.runtime.driver import Driver
+from rljax.runtime.rollout import Group, decode_group, encode_group
+from rljax.runtime.warm_start import warm_start
+
+RewardFn = Callable[[str, dict], float]
+
+log = logging.getLogger(__name__)
+
+
+def check_supported(cfg: RunConfig, process_count: int) -> None:
+    """Refuse, with a one-line error, what this runtime cannot run yet."""
+    if cfg.mesh.reallocate and cfg.mode != "async":
+        raise ConfigError(
+            "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
+            "each role idles while the other works); set mode='async' or turn it off"
+        )
+    if cfg.mesh.reallocate and process_count > 1:
+        raise ConfigError(
+            "config key 'mesh.reallocate' = True is single-host for now: each host measures "
+            "its own phase times, and hosts that decided differently would hang; turn it off"
+        )
+    if cfg.learner.batch_groups % process_count:
+        raise ConfigError(
+            f"config key 'learner.batch_groups' = {cfg.learner.batch_groups} does not divide "
+            f"by the process count {process_count} (each process reads an equal share of "
+            f"the prompts); set it to a multiple of {process_count}"
+        )
+    if cfg.mode == "async" and process_count > 1:
+        raise ConfigError(
+            f"config key 'mode' = 'async' is single-process for now (its admissions follow "
+            f"each host's thread timing); set mode='sync' and buffer.max_staleness=0 for this "
+            f"{process_count}-process run"
+        )
+
+
+class Run:
+    """One experiment, built from a :class:`RunConfig`. ``Run(cfg, workdir).train()``."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        workdir: str,
+        *,
+        reward_fn: RewardFn | None = None,
+        loss: str | Loss | None = None,
+        devices: Sequence[jax.Device] | None = None,
+    ):
+        # Each process reads batch_groups / process_count prompts a step (next_prompts).
+        self.shard_index, self.shard_count = distributed.data_shard()
+        check_supported(cfg, self.shard_count)
+        self.cfg = cfg
+        self.workdir = _writable_dir(workdir)
+        self.loss = get_loss(loss or cfg.learner.loss)
+        self.devices = list(jax.devices() if devices is None else devices)
+        self.topology: Topology = build_topology(cfg.mesh, self.devices)
+        self.ckpt = (
+            Checkpointer(os.path.join(self.workdir, "checkpoints"), cfg.checkpoint)
+            if cfg.checkpoint.enabled
+            else None
+        )
+        # A resumed run restores onto abstract state: the model is not loaded to be overwritten.
+        self.resumed_meta: dict[str, Any] | None = None
+        if resume.can_resume(self.ckpt):
+            self.model_cfg, self.learner, self.resumed_meta = resume.restored_learner(
+                cfg, self.topology.learner, self.loss, self.ckpt
+            )
+        else:
+            self.model_cfg, self.learner = resume.new_learner(
+                cfg, self.topology.learner, self.loss
+            )
+        self.graphdef = self.learner.graphdef
+        self.tokenizer = load_tokenizer(cfg)
+        self.tokenizer.check_fits(self.model_cfg.vocab_size)
+        self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
+        self.timeline = Timeline()
+        self.metrics = MetricsWriter(
+            self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
+        )
+        self.rewards = RewardPool(
+            reward_fn or get_reward(cfg.reward.name),
+            num_workers=cfg.reward.num_workers,
+            timeout_s=cfg.reward.timeout_s,
+            mode=cfg.reward.mode,
+        )
+        self.engine = self._build_engine(self.topology.sampler)
+        check_divisible(
+            "learner.batch_groups * learner.group_size", cfg.learner.batch_size, self.learner.dp
+        )
+        if cfg.sft.steps:
+            check_divisible("sft.batch_size", cfg.sft.batch_size, self.learner.dp)
+        self.weight_sync = WeightSync(self.engine.param_shardings)
+        # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
+        self.engines, self.learners = MeshCache(), MeshCache()
+        self.engines.put(self.topology.sampler, self.engine)
+        self.learners.put(self.topology.learner, self.learner)
+        # Called as hook(run, step) on the learner thread at each step boundary (see resize).
+        self.step_hooks: list[Callable[[Run, int], None]] = []
+        self.reallocation = Reallocation(cfg.mesh) if cfg.mesh.reallocate else None
+        self.sampler = Sampler(
+            self.engine,
+            self.engine.load_params(self.learner.params),
+            version=self.learner.version,
+            stop_ids=sorted(self.tokenizer.stop_ids),
+        )
+        # This process's shard only; next_prompts all-gathers the shards into the global batch.
+        self.prompts = prompt_iterator(
+            self.train_examples,
+            batch_size=cfg.learner.batch_groups // self.shard_count,
+            seed=cfg.seed,
+            shard_index=self.shard_index,
+            shard_count=self.shard_count,
+        )
+        # Reward failures summed over processes (each scores only its share), for metrics.
+        self.reward_failures = 0
+        self._stop_requested = False
+        self.last_metrics: dict[str, Any] = {}
+        self.driver: Driver | None = None
+        self.initial_accuracy = float("nan")
+        if self.resumed_meta is not None:
+            self.prompts.set_state(resume.data_state(self.resumed_meta))
+            self.initial_accuracy = self.resumed_meta["initial_accuracy"]
+            self.metrics.rewind(self.resumed_meta.get("metrics_offset"))
+
+    def _build_engine(self, mesh) -> Engine:
+        cfg = self.cfg
+        return Engine(self.model_cfg, cfg.sampling, mesh, self.graphdef, impl=cfg.kernel_impl)
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def encode_prompt(self, example: dict) -> list[int]:
+        return encode_prompt(self.tokenizer, self.cfg.data, example)
+
+    def completion_text(self, t: Trajectory) -> str:
+        tokens = t.response_tokens
+        if t.finish_reason == FINISH_STOP and tokens:
+            tokens = tokens[:-1]
+        # A checkpoint's embedding may be padded past the tokenizer; such ids decode to nothing.
+        return self.tokenizer.decode([i for i in tokens if i < self.tokenizer.vocab_size])
+
+    def publish(self) -> None:
+        """Hand the learner's newest weights to the sampler (a device_put across meshes)."""
+        with self.timeline.span("weight_sync"):
+            self.weight_sync.publish(self.learner.params, self.learner.version)
+            self.sampler.set_params(*self.weight_sync.acquire())
+
+    def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
+        """A request for ``example``; its sampling seed depends only on the run seed and id."""
+        return Request(
+            self.encode_prompt(example),
+            1 if greedy else self.cfg.learner.group_size,
+            seed=(self.cfg.seed * 1_000_003 + request_id) % (2**31 - 1),
+            sampling=SlotSampling(temperature=0.0) if greedy else None,
+            payload=example,
+            request_id=request_id,
+        )
+
+    def sample(self, examples: list[dict], *, greedy: bool = False) -> list[Trajectory]:
+        """Sample ``examples`` outside training (evaluation), with ids 0..n-1 when greedy."""
+        base = 0 if greedy else (self.learner.version + 1) * 1_000_000
+        requests = [self.make_request(ex, base + i, greedy=greedy) for i, ex in enumerate(examples)]
+        return self.sampler.run(requests)
+
+    def next_prompts(self) -> list[dict]:
+        """The next global batch of prompts: every process's shard, in process order.
+
+        Each process reads ``batch_groups / process_count`` examples from its own shard of the
+        stream; the all-gather gives every process the same list, which the global-mesh engine
+        and learner need.
+        """
+        local = next(self.prompts)
+        _debug("read", process=self.shard_index, prompts=[ex["prompt"] for ex in local])
+        return [ex for share in distributed.allgather_objects(local) for ex in share]
+
+    def score(self, trajs: list[Trajectory]) -> np.ndarray:
+        """Rewards for ``trajs`` (in order), also set on each trajectory.
+
+        Each process runs the reward function (maybe an expensive verifier) only on its share
+        of the groups (:func:`distributed.group_owners`; in training that is exactly the prompts
+        it read), then the rewards are all-gathered so every process builds the same advantages.
+        """
+        owners = distributed.group_owners([t.group_id for t in trajs], self.shard_count)
+        mine = [trajs[i] for i, p in enumerate(owners) if p == self.shard_index]
+        local = self.rewards.score(
+            [self.completion_text(t) for t in mine], [t.payload for t in mine]
+        )
+        _debug(
+            "scored",
+            process=self.shard_index,
+            prompts=sorted({t.payload["prompt"] for t in mine}),
+            trajectories=len(mine),
+            of=len(trajs),
+        )
+        shares = distributed.allgather_objects(
+            {"rewards": local.tolist(), "failures": self.rewards.stats.failures}
+        )
+        self.reward_failures = sum(share["failures"] for share in shares)
+        rewards = np.zeros(len(trajs), np.float32)
+        for p, share in enumerate(shares):
+            rewards[[i for i, owner in enumerate(owners) if owner == p]] = share["rewards"]
+        for t, r in zip(trajs, rewards, strict=True):
+            t.reward = float(r)
+        return rewards
+
+    def evaluate(self, step: int, phase: str = "eval") -> float:
+        """Greedy accuracy on the held-out split."""
+        examples = self.heldout_examples[: self.cfg.eval_examples]
+        latest = self.weight_sync.acquire()  # the driver's sampler swaps only when it generates
+        if latest is not None and latest[1] > self.sampler.version:
+            self.sampler.set_params(*latest)
+        with self.timeline.span("eval"):
+            trajs = self.sample(examples, greedy=True)
+            rewards = self.score(trajs)
+        acc = float(np.mean(rewards))
+        self.metrics.write(step, phase, {"heldout_accuracy": acc, "examples": len(examples)})
+        return acc
+
+    def _pack(self, seqs: list[TrainSequence], aggregation: str):
+        cfg = self.cfg
+        return pack_batch(
+            seqs,
+            row_len=cfg.learner.pack_length or self.engine.max_seq_len,
+            micro_batches=cfg.learner.micro_batches,
+            row_multiple=self.learner.dp,
+            aggregation=aggregation,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+        )
+
+    def make_batch(self, groups: list[Group]):
+        """Group-normalised advantages, then a packed batch for the configured loss."""
+        _debug("learner", process=self.shard_index, prompts=[g.example["prompt"] for g in groups])
+        adv = group_advantages(
+            np.stack([g.rewards for g in groups]), scale=self.cfg.learner.scale_advantages
+        )
+        seqs = [
+            TrainSequence(
+                list(t.prompt_tokens) + t.response_tokens,
+                len(t.prompt_tokens),
+                t.logprobs,
+                float(a),
+                t.versions,
+            )
+            for g, row in zip(groups, adv, strict=True)
+            for t, a in zip(g.trajectories, row, strict=True)
+        ]
+        return self._pack(seqs, self.loss.aggregation)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save(self, *, force: bool = False) -> None:
+        """Checkpoint the full training state at this step boundary if due (or forced).
+
+        The driver's state (buffer, pending prompts) and the prompt iterator's are read under
+        one lock, so no prompt drawn in between is skipped or repeated on resume.
+        """
+        version = self.learner.version
+        if self.ckpt is None or not self.ckpt.should_save(version, force=force):
+            return
+        with self.timeline.span("checkpoint"):
+            driver = self.driver.checkpoint_state() if self.driver is not None else {}
+            data = driver.pop("data", None) or self.prompts.get_state()
+            meta = resume.checkpoint_meta(
+                version=version,
+                data_state=data,
+                initial_accuracy=self.initial_accuracy,
+                metrics_offset=self.metrics.offset(),
+                extra={"driver": driver} if driver else None,
+            )
+            self.ckpt.save(
+                version,
+                params=self.learner.params,
+                opt_state=self.learner.opt_state,
+                meta=meta,
+                force=force,
+            )
+
+    def request_stop(self, *_: Any) -> None:
+        """Finish the current step, checkpoint, and return (SIGTERM lands here)."""
+        self._stop_requested = True
+        if self.driver is not None:
+            self.driver.stop()
+
+    # -- resizing ---------------------------------------------------------------------------
+
+    def resize(self, split: Split) -> dict[str, Any] | None:
+        """Move to ``split`` (sampler chips, learner chips) at a safe point.
+
+        Call it between steps: from a ``step_hooks`` hook (a run calls them after the learner
+        step, before its weights go out), before or after ``train``, or from another thread
+        during an async run (it then waits for the next step boundary). See
+        :func:`rljax.runtime.resizing.resize` for what moves; returns the record logged to
+        metrics.jsonl (phase 'resize'), or None when ``split`` is the current split.
+        """
+        return resizing.resize(self, split, cause="api")
+
+    def _at_boundary(self, step: int) -> None:
+        """The safe point after each learner step: step hooks, then the reallocation policy."""
+        for hook in list(self.step_hooks):
+            hook(self, step)
+        resizing.maybe_reallocate(self)
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def _warm_start(self) -> None:
+        eos = self.tokenizer.eos_id
+        warm_start(
+            self.cfg,
+            self.learner,
+            self.train_examples,
+            encode_prompt=self.encode_prompt,
+            encode_answer=lambda text: self.tokenizer.encode(text, add_bos=False) + [eos],
+            pack=self._pack,
+            metrics=self.metrics,
+            timeline=self.timeline,
+        )
+        self.publish()
+
+    def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        metrics["reward_errors"] = self.reward_failures
+        self.last_metrics = metrics
+        self.metrics.write(step, "train", metrics)
+        self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])
+        if self._stop_requested:
+            return
+        cfg = self.cfg
+        # Evaluating mid-run needs the sampler to itself: only the lock-step schedule allows it.
+        if cfg.mode == "sync" and cfg.eval_every and 0 < step + 1 < cfg.num_steps:
+            if (step + 1) % cfg.eval_every == 0:
+                acc = self.evaluate(step + 1)
+                self.metrics.print(f"step {step + 1}: held-out accuracy {acc:.3f}")
+
+    def _make_driver(self) -> Driver:
+        cfg = self.cfg
+        b, eta, k = cfg.learner.batch_groups, cfg.buffer.max_staleness, cfg.buffer.overprovision
+        meta = self.resumed_meta or {}
+        state = meta.get("driver") or meta.get("async")
+        if state:
+            buffer = StalenessBuffer.from_state_dict(state["buffer"], decode=decode_group)
+            requeue, next_id = state["pending"], state["next_request_id"]
+        else:
+            buffer = resume.empty_buffer(b, eta, k, version=self.learner.version)
+            requeue, next_id = [], 0
+        slots_in_groups = max(1, cfg.sampling.max_concurrent_decodes // cfg.learner.group_size)
+        return Driver(
+            sampler=self.sampler,
+            learner=self.learner,
+            weight_sync=self.weight_sync,
+            buffer=buffer,
+            controller=StalenessController(
+                max_staleness=eta,
+                batch_groups=b,
+                max_concurrent=max(b + k, slots_in_groups),
+                overprovision=k,
+            ),
+            prompts=iter(self.next_prompts, None),
+            make_request=self.make_request,
+            score=self.score,
+            make_batch=self.make_batch,
+            group_size=cfg.learner.group_size,
+            num_steps=cfg.num_steps,
+            lockstep=cfg.mode == "sync",
+            dynamic_sampling=cfg.buffer.dynamic_sampling,
+            on_step=self._log_step,
+            on_checkpoint=lambda driver: self.save(),
+            on_boundary=self._at_boundary,
+            timeline=self.timeline,
+            meter=self.reallocation.meter if self.reallocation is not None else None,
+            prompt_state=self.prompts.get_state,
+            requeue=requeue,
+            next_request_id=next_id,
+            encode_group=encode_group,
+        )
+
+    def train(self) -> dict[str, Any]:
+        """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        previous = _install_sigterm(self.request_stop)
+        try:
+            if self.resumed_meta is None:
+                self._warm_start()
+                self.initial_accuracy = self.evaluate(0, "eval_initial")
+                self.metrics.print(
+                    f"held-out accuracy after warm start: {self.initial_accuracy:.3f}"
+                )
+            else:
+                self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
+            self.driver = self._make_driver()
+            self.driver.run(start_step=self.learner.version)
+            # Rollouts still in flight belong to versions nobody will train; evaluation needs
+            # the newest weights and empty slots.
+            self.sampler.clear()
+            latest = self.weight_sync.acquire()
+            if latest is not None:
+                self.sampler.set_params(*latest)
+        finally:
+            _restore_sigterm(previous)
+        if self._stop_requested:
+            self.save(force=True)
+            if self.ckpt is not None:
+                self.ckpt.wait()
+            self.metrics.print(f"stopped at step {self.learner.version}; checkpoint saved")
+            return {"stopped": True, "steps": self.learner.version}
+        initial = self.initial_accuracy
+        final = self.evaluate(cfg.num_steps, "eval_final")
+        wall = time.perf_counter() - start
+        self.metrics.print(
+            f"held-out accuracy: {initial:.3f} after warm start -> {final:.3f} after "
+            f"{cfg.num_steps} RL steps ({wall:.0f} s)"
+        )
+        summary = {
+            "initial_accuracy": initial,
+            "final_accuracy": final,
+            "wall_s": wall,
+            "steps": self.learner.version,
+            "last": self.last_metrics,
+            "phase_s": self.timeline.totals(),
+        }
+        self.metrics.write(cfg.num_steps, "summary", summary)
+        if cfg.metrics.trace:
+            self.timeline.write(os.path.join(self.workdir, "trace.json"))
+        self.save(force=True)
+        return summary
+
+    def close(self) -> None:
+        if self.ckpt is not None:
+            self.ckpt.close()
+        self.rewards.close()
+        self.metrics.close()
+
+
+def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
+    """Build and train a run; returns its summary (accuracies, wall time, last metrics)."""
+    r = Run(cfg, workdir, **kwargs)
+    try:
+        return r.train()
+    finally:
+        r.close()
+
+
+def _debug(event: str, **fields: Any) -> None:
+    """One JSON line per data event, for --logger_levels=rljax.runtime.run:DEBUG."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("data %s %s", event, json.dumps(fields))
+
+
+def _writable_dir(workdir: str) -> str:
+    """Create ``workdir`` and prove it is writable, or fail with a one-line message."""
+    import tempfile
+
+    if "://" in workdir:
+        return workdir
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write_probe"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"--workdir={workdir!r} is not writable ({e.strerror}); pass a directory you can "
+            "write to"
+        ) from None
+    return workdir
+
+
+def _install_sigterm(handler):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
