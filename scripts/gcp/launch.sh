@@ -35,15 +35,17 @@ Flags:
 
 Example:
   ${SCRIPT_NAME} --project=my-project --zone=us-east5-b --tpu-name=rljax-v6e \\
-    --config=configs/gsm8k_grpo.py --bucket=my-rljax-runs --config.max_staleness=2
+    --config=configs/qwen2_5_1_5b_gsm8k.py:v6e8 --bucket=my-rljax-runs \\
+    --config.init=gs://my-rljax-runs/models/Qwen2.5-1.5B-Instruct \\
+    --config.data.path=gs://my-rljax-runs/data/gsm8k/train.jsonl --config.buffer.max_staleness=2
 EOF
 }
 
 parse_flags "$@"
 validate_common
-require config configs/gsm8k_grpo.py
+require config configs/qwen2_5_1_5b_gsm8k.py:v6e8
 [[ "${CONFIG}" =~ ^[A-Za-z0-9_./-]+\.py(:[^[:space:]\']*)?$ && "${CONFIG}" != /* ]] ||
-  die "--config='${CONFIG}' must be a config file relative to the repo root, optionally with ':arg', e.g. --config=configs/gsm8k_grpo.py:runlocal"
+  die "--config='${CONFIG}' must be a config file relative to the repo root, optionally with ':variant', e.g. --config=configs/arith_tiny.py:small"
 if [[ -z "${RUN_NAME}" ]]; then
   RUN_NAME="$(basename "${CONFIG%%:*}" .py)"
   [[ "${CONFIG}" == *:* ]] && RUN_NAME+="-${CONFIG#*:}"
