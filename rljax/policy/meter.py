@@ -9,12 +9,14 @@ reported in any order within a phase; each is attributed to the phase in which i
 and the part of a span that lies before the phase's start is dropped (it belonged to a phase
 already closed).
 
-Events (frozen dataclasses; pass each to :meth:`PhaseMeter.record`):
+Events (immutable named tuples; pass each to :meth:`PhaseMeter.record`):
 
-* ``Generate(start, end, busy_slots, total_slots, steps=1, tokens=0)``: a sampler replica ran
-  ``steps`` decode steps from ``start`` to ``end`` with ``busy_slots`` of its ``total_slots``
-  slots holding a live sequence (the runtime: one ``generate`` call, counting the sequences it
-  finished; the simulator: the span between two changes of a replica's live set).
+* ``Generate(start, end, busy_slots, total_slots, steps=1, tokens=0, kv_tokens=0)``: a sampler
+  replica ran ``steps`` decode steps from ``start`` to ``end`` with ``busy_slots`` of its
+  ``total_slots`` slots holding a live sequence, which together held ``kv_tokens`` tokens of KV
+  cache (prompt plus tokens so far, summed over the live sequences; the mean over the steps),
+  and produced ``tokens`` tokens. The runtime reports one ``generate`` call (counting the
+  sequences it finished); the simulator the span between two changes of a replica's live set.
 * ``SamplerIdle(start, end, slots, held_back=True)``: ``slots`` free decode slots sat empty from
   ``start`` to ``end``. ``held_back=True``: the policies (the staleness controller's capacity or
   a full buffer) refused to fill them; that is the sampler's idle capacity. ``held_back=False``:
@@ -36,10 +38,13 @@ a phase of length ``L`` on a sampler of ``slots`` decode slots:
 * ``sampler_occupancy = decoding slot-seconds (sum of busy_slots * duration over Generate) /
   (sampler_busy_s * slots)``;
 * ``decode_step_s`` = decoding seconds over decode steps, and ``decode_fixed_s`` = the intercept
-  of a least-squares line of step time against busy slots (each decode step one observation):
-  the step time of a replica decoding nothing, i.e. the weight read and launch latency. When
-  every step of the phase ran at one load the line is undetermined; the meter then keeps the
-  last phase's estimate on the same split, else reports 0 (every step cost scales with load);
+  of a least-squares fit of step time on busy slots and KV tokens (each decode step one
+  observation), clamped to ``[0, decode_step_s]``: the step time of a replica decoding nothing,
+  i.e. the weight read and launch latency. The KV term matters: late in a group the few live
+  sequences are the long ones, so a fit on busy slots alone reads their KV reads as fixed cost.
+  Without ``kv_tokens`` (all 0) the fit is on busy slots alone. When every step of the phase
+  ran at one load the fit is undetermined; the meter then keeps the last phase's estimate on
+  the same split, else reports 0 (every step cost scales with the load);
 * ``learner_busy_s`` = the ``Learn`` seconds (at most ``L``), ``learner_idle_s`` = the
   ``LearnerWait`` seconds (at most ``L - learner_busy_s``);
 * ``buffer_fill`` and ``queued_groups`` from the buffer's ``snapshot()`` rows at phase end.
@@ -47,13 +52,16 @@ a phase of length ``L`` on a sampler of ``slots`` decode slots:
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 from rljax.policy.reallocation import PhaseStats, Split
 
+# Events are named tuples, not frozen dataclasses: the simulator reports one per change of a
+# replica's live set (a million in a pod-scale run), and a named tuple is several times cheaper
+# to build. Compare them by type as well as value; ``record`` dispatches on the type.
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Generate:
+
+class Generate(NamedTuple):
     """A sampler replica decoded ``steps`` steps with ``busy_slots`` of ``total_slots`` live."""
 
     start: float
@@ -62,10 +70,10 @@ class Generate:
     total_slots: int
     steps: float = 1
     tokens: int = 0
+    kv_tokens: float = 0.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SamplerIdle:
+class SamplerIdle(NamedTuple):
     """``slots`` free decode slots sat empty; ``held_back``: the policies refused to fill them."""
 
     start: float
@@ -74,8 +82,7 @@ class SamplerIdle:
     held_back: bool = True
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Learn:
+class Learn(NamedTuple):
     """The learner trained one step (or published its weights, with ``tokens=0``)."""
 
     start: float
@@ -83,16 +90,14 @@ class Learn:
     tokens: int = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class LearnerWait:
+class LearnerWait(NamedTuple):
     """The learner waited for a full batch."""
 
     start: float
     end: float
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepEnd:
+class StepEnd(NamedTuple):
     """A learner step finished at ``time``: a phase may end here."""
 
     time: float
@@ -101,12 +106,62 @@ class StepEnd:
 Event = Generate | SamplerIdle | Learn | LearnerWait | StepEnd
 
 
-def _check_span(event) -> None:
-    if not event.end >= event.start:
+def _span(event, phase_start: float) -> float:
+    """Seconds of ``event`` from ``phase_start`` on; refuses a span that ends before it starts."""
+    start, end = event.start, event.end
+    if not end >= start:
         raise ValueError(
-            f"{type(event).__name__} ends before it starts ({event.start} -> {event.end}); "
+            f"{type(event).__name__} ends before it starts ({start} -> {end}); "
             "report (start, end) on one clock"
         )
+    return end - start if start >= phase_start else max(0.0, end - phase_start)
+
+
+def _spread(mean_sq: float, mean: float) -> float:
+    """A variance from E[x^2] and E[x], or 0 when it is within rounding of none."""
+    var = mean_sq - mean * mean
+    return var if var > 1e-9 * max(1.0, mean * mean) else 0.0
+
+
+class _StepFit:
+    """Weighted least squares of decode step seconds on (1, busy slots, KV tokens), as sums.
+
+    Each observation is a span of ``w`` decode steps taking ``seconds``, i.e. ``w`` steps of
+    ``y = seconds / w``, so ``w * y`` is just the seconds.
+    """
+
+    def __init__(self):
+        self.w = self.wn = self.wk = self.wnn = self.wkk = self.wnk = 0.0
+        self.wy = self.wny = self.wky = 0.0
+
+    def add(self, w: float, n: float, kv: float, seconds: float) -> None:
+        self.w += w
+        self.wn += w * n
+        self.wk += w * kv
+        self.wnn += w * n * n
+        self.wkk += w * kv * kv
+        self.wnk += w * n * kv
+        self.wy += seconds
+        self.wny += n * seconds
+        self.wky += kv * seconds
+
+    def intercept(self) -> float | None:
+        """Step seconds at no busy slot and no KV; None when the data cannot tell."""
+        w = self.w
+        mn, mk, my = self.wn / w, self.wk / w, self.wy / w
+        cnn, ckk = _spread(self.wnn / w, mn), _spread(self.wkk / w, mk)
+        cnk = self.wnk / w - mn * mk
+        cny, cky = self.wny / w - mn * my, self.wky / w - mk * my
+        det = cnn * ckk - cnk * cnk
+        if cnn and ckk and det > 1e-9 * cnn * ckk:
+            bn = (ckk * cny - cnk * cky) / det
+            bk = (cnn * cky - cnk * cny) / det
+            return my - bn * mn - bk * mk
+        if cnn:  # KV not reported, or moving in lock-step with the load
+            return my - cny / cnn * mn
+        if ckk:
+            return my - cky / ckk * mk
+        return None
 
 
 class PhaseMeter:
@@ -125,6 +180,13 @@ class PhaseMeter:
         self.phase_start = float(start)
         self.tokens = {"sampler": 0, "learner": 0}
         self._fixed: tuple[Split, float] | None = None  # the last determined fit, by split
+        self._handlers = {
+            Generate: self._generate,
+            SamplerIdle: self._idle,
+            Learn: self._learn_event,
+            LearnerWait: self._wait_event,
+            StepEnd: self._step_end,
+        }
         self._reset()
 
     def _reset(self) -> None:
@@ -132,71 +194,66 @@ class PhaseMeter:
         self._end: float | None = None
         self._held = self._away = 0.0  # held-back / unavailable slot-seconds
         self._filled = 0.0  # decoding slot-seconds: sum of busy_slots * duration
-        # Weighted least-squares sums over decode steps (weight = steps, x = busy slots,
-        # y = seconds per step): sum w, sum w x, sum w x^2, sum w y, sum w x y.
-        self._w = self._wx = self._wxx = self._wy = self._wxy = 0.0
+        self._fit = _StepFit()
         self._learn = self._wait = 0.0
         self._sampler_tokens = self._learner_tokens = 0
 
-    def _clip(self, start: float, end: float) -> float:
-        return max(0.0, end - max(start, self.phase_start))
-
     def record(self, event: Event) -> None:
         """Adds one event to the current phase."""
-        kind = type(event)
-        if kind is StepEnd:
-            self.steps += 1
-            self._end = event.time if self._end is None else max(self._end, event.time)
-            return
-        if kind not in (Generate, SamplerIdle, Learn, LearnerWait):
+        handler = self._handlers.get(type(event))
+        if handler is None:
             raise TypeError(
-                f"PhaseMeter.record takes Generate, SamplerIdle, Learn, LearnerWait or StepEnd, "
+                "PhaseMeter.record takes Generate, SamplerIdle, Learn, LearnerWait or StepEnd, "
                 f"got {event!r}"
             )
-        _check_span(event)
-        seconds = self._clip(event.start, event.end)
-        if kind is Generate:
-            if not 0 <= event.busy_slots <= event.total_slots or event.steps < 0:
-                raise ValueError(
-                    f"Generate has busy_slots={event.busy_slots} of total_slots="
-                    f"{event.total_slots} and steps={event.steps}; need 0 <= busy <= total and "
-                    "steps >= 0"
-                )
-            self._sampler_tokens += event.tokens
-            self._filled += event.busy_slots * seconds
-            if event.steps > 0 and event.end > event.start:
-                # The clipped part of a span keeps its share of the steps.
-                w = event.steps * seconds / (event.end - event.start)
-                x = event.busy_slots
-                self._w += w
-                self._wx += w * x
-                self._wxx += w * x * x
-                self._wy += seconds  # w * (seconds / w)
-                self._wxy += x * seconds
-        elif kind is SamplerIdle:
-            if event.slots < 0:
-                raise ValueError(f"SamplerIdle has slots={event.slots}; report free slots >= 0")
-            if event.held_back:
-                self._held += event.slots * seconds
-            else:
-                self._away += event.slots * seconds
-        elif kind is Learn:
-            self._learn += seconds
-            self._learner_tokens += event.tokens
+        handler(event)
+
+    def _step_end(self, event: StepEnd) -> None:
+        self.steps += 1
+        self._end = event.time if self._end is None else max(self._end, event.time)
+
+    def _generate(self, event: Generate) -> None:
+        busy, steps = event.busy_slots, event.steps
+        if not 0 <= busy <= event.total_slots or steps < 0 or event.kv_tokens < 0:
+            raise ValueError(
+                f"Generate has busy_slots={busy} of total_slots={event.total_slots}, "
+                f"steps={steps} and kv_tokens={event.kv_tokens}; need 0 <= busy <= total, "
+                "steps >= 0 and kv_tokens >= 0"
+            )
+        seconds = _span(event, self.phase_start)
+        self._sampler_tokens += event.tokens
+        self._filled += busy * seconds
+        full = event.end - event.start
+        if steps > 0 and full > 0 and seconds > 0:
+            # One observation per decode step: x = (1, busy, kv), y = seconds per step. A span
+            # cut at the phase start keeps its share of the steps.
+            self._fit.add(steps * seconds / full, busy, event.kv_tokens, seconds)
+
+    def _idle(self, event: SamplerIdle) -> None:
+        if event.slots < 0:
+            raise ValueError(f"SamplerIdle has slots={event.slots}; report free slots >= 0")
+        slot_s = event.slots * _span(event, self.phase_start)
+        if event.held_back:
+            self._held += slot_s
         else:
-            self._wait += seconds
+            self._away += slot_s
+
+    def _learn_event(self, event: Learn) -> None:
+        self._learn += _span(event, self.phase_start)
+        self._learner_tokens += event.tokens
+
+    def _wait_event(self, event: LearnerWait) -> None:
+        self._wait += _span(event, self.phase_start)
 
     def decode_timings(self, split: Split) -> tuple[float, float]:
         """(mean decode step seconds, its fixed part) of the current phase; see the docstring."""
-        if self._w <= 0:
+        fit = self._fit
+        if fit.w <= 0:
             return 0.0, 0.0
-        w = self._w
-        step = self._wy / w
-        mean_x = self._wx / w
-        var = self._wxx / w - mean_x * mean_x
-        if var > 1e-9 * max(1.0, mean_x * mean_x):
-            slope = (self._wxy / w - mean_x * step) / var
-            fixed = min(step, max(0.0, step - slope * mean_x))
+        step = fit.wy / fit.w
+        fixed = fit.intercept()
+        if fixed is not None:
+            fixed = min(step, max(0.0, fixed))
             self._fixed = (split, fixed)
         elif self._fixed is not None and self._fixed[0] == split:
             fixed = min(step, self._fixed[1])

@@ -11,6 +11,9 @@ Slots are filled one sequence at a time, as the runtime's ``Sampler`` does: a gr
 replica with fewer free slots than samples waits in the replica's queue for the rest, and each
 finished sequence frees its slot for the next queued one. A group's prompt is prefilled once,
 on arrival; queued samples reuse that prefix.
+
+Given a :class:`~rljax.policy.meter.PhaseMeter`, a replica reports each stretch of decoding at a
+fixed live set as one ``Generate`` event, as the runtime reports each ``generate`` call.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import heapq
 import itertools
 import math
 
+from rljax.policy.meter import Generate, PhaseMeter
 from rljax.sim.costs import CostModel
 
 _TIEBREAK = itertools.count()  # heap entries never compare requests
@@ -35,7 +39,15 @@ class Replica:
     they surface (a dead request has ``live == queued == 0``).
     """
 
-    def __init__(self, index: int, cost: CostModel, slots: int, now: float, record: bool = False):
+    def __init__(
+        self,
+        index: int,
+        cost: CostModel,
+        slots: int,
+        now: float,
+        record: bool = False,
+        meter: PhaseMeter | None = None,
+    ):
         self.index = index
         self.cost = cost
         self.slots = slots
@@ -50,9 +62,7 @@ class Replica:
         self.counted = 0  # ``n`` as the simulator last counted it
         self.epoch = 0
         self.busy_acc = 0.0
-        self.slot_seconds = 0.0  # integral of live sequences over time, up to t0
-        self.decode_s = 0.0  # seconds spent decoding (live sequences, not paused), up to t0
-        self.decode_steps = 0.0  # decode steps taken in those seconds
+        self.meter = meter
         self.busy_since: float | None = None
         self._record = record
         self._spans: list[tuple[float, float]] = []
@@ -119,11 +129,14 @@ class Replica:
         if now > start:
             steps = self._steps_for(now - start)
             if steps:
+                if self.meter is not None:
+                    n = self.n
+                    kv = self.base + n * (self.p0 + 0.5 * steps)  # mean KV tokens over the steps
+                    self.meter.record(
+                        Generate(start, now, n, self.slots, steps, round(steps * n), kv)
+                    )
                 self.p0 += steps
-                self.decode_s += now - start
-                self.decode_steps += steps
         if now > t0:
-            self.slot_seconds += self.n * (now - t0)
             self.t0 = now
 
     def pause(self, now: float, seconds: float) -> None:

@@ -1,8 +1,12 @@
 """Discrete-event simulator of the sampler/learner pipeline, driving the real policy objects.
 
-The event loop (``heapq``, no threads, no jax) replaces the engines with cost models but asks
-the same ``StalenessController`` how many groups to dispatch, the same ``StalenessBuffer``
-where each goes and when a batch is ready, and the same ``Reallocator`` whether to move chips.
+The event loop (``heapq``, no threads, no jax) replaces the engines with cost models but drives
+the runtime's policies through the runtime's wiring: the ``StalenessController`` built by
+:func:`rljax.policy.admission.controller` says how many groups to dispatch,
+:func:`rljax.policy.routing.route` which replica takes each, the ``StalenessBuffer`` where each
+goes and when a batch is ready, and the ``Reallocator`` whether to move chips, reading the
+``PhaseStats`` that a :class:`~rljax.policy.meter.PhaseMeter` builds from the events the
+replicas, the dispatcher and the learner report (the events the runtime driver reports).
 
 Modes:
   sync:     colocated, eta = 0. All chips generate, then all chips train, then reshard.
@@ -11,8 +15,8 @@ Modes:
   realloc:  async, plus the Reallocator is consulted every ``phase_steps`` learner steps and a
             move pays ``switch_cost_s`` of stall on the learner and on the added replicas.
 
-A group is dispatched to the replica with the most free slots (its G samples share a prefill;
-samples that find no free slot wait there for one), its lengths are drawn at dispatch from the
+A group is dispatched to the replica ``route`` picks (its G samples share a prefill; samples
+that find no free slot wait there for one), its lengths are drawn at dispatch from the
 ``LengthModel`` at the sampler's version, and the group is complete when its last sample
 finishes. The sampler dispatches while some replica has a slot that no queued sample claims,
 so a few long stragglers never hold a replica's other slots empty. In-flight groups keep
@@ -26,78 +30,18 @@ import dataclasses
 import heapq
 import itertools
 
-from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.policy import admission
+from rljax.policy.meter import Learn, LearnerWait, PhaseMeter, SamplerIdle, StepEnd
 from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.policy.routing import ReplicaLoad, route
+from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.sim.config import MODES, SimConfig
 from rljax.sim.costs import CostModel
 from rljax.sim.replica import Replica
 from rljax.sim.results import SimResult, Span
 from rljax.sim.workload import LengthModel
 
-MODES = ("sync", "async", "realloc")
-
-
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    """One simulated run.
-
-    Attributes:
-      mode: "sync" | "async" | "realloc" (see the module docstring).
-      total_chips: chips in the job.
-      sampler_chips: chips on the sampler mesh at the start (ignored by "sync").
-      steps: learner steps to simulate.
-      batch_groups: B, groups per learner step.
-      group_size: G, samples per group.
-      prompt_tokens: prompt length of every group.
-      max_staleness: eta; "sync" requires 0.
-      overprovision: k extra reservations per buffer (redundant rollout).
-      max_slots: cap on concurrent sequences per replica (the engine's batch size).
-      train_flops_per_param: overrides the cost model's per-token training FLOPs / N (e.g. 8
-        when the stack recomputes old log-probs), or None to keep the cost model's.
-      sync_pauses_sampler: whether sampler replicas stall while a weight broadcast lands.
-      phase_steps: learner steps per reallocation phase.
-      switch_cost_s: stall of one reallocation; None estimates it from the cost model.
-      granularity: chips move in units of this many; None = the chip's chips_per_host.
-      reallocator: policy knobs (minimum chips default to what holds the model).
-      seed: seeds the length draws.
-      timeline: record spans for plotting.
-    """
-
-    mode: str = "async"
-    total_chips: int = 64
-    sampler_chips: int = 32
-    steps: int = 100
-    batch_groups: int = 32
-    group_size: int = 16
-    prompt_tokens: int = 256
-    max_staleness: int = 1
-    overprovision: int = 0
-    max_slots: int = 256
-    train_flops_per_param: float | None = None
-    sync_pauses_sampler: bool = True
-    phase_steps: int = 5
-    switch_cost_s: float | None = None
-    granularity: int | None = None
-    reallocator: ReallocatorConfig | None = None
-    seed: int = 0
-    timeline: bool = True
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode={self.mode!r} is unknown; choose one of {MODES}")
-        if self.mode == "sync" and self.max_staleness != 0:
-            raise ValueError("mode='sync' is on-policy: set max_staleness=0 (or use mode='async')")
-        if self.mode != "sync" and not 0 < self.sampler_chips < self.total_chips:
-            raise ValueError(
-                f"sampler_chips={self.sampler_chips} must leave chips for both meshes of "
-                f"total_chips={self.total_chips}; pick 0 < sampler_chips < total_chips"
-            )
-        if min(self.steps, self.batch_groups, self.group_size, self.prompt_tokens) < 1:
-            raise ValueError("steps, batch_groups, group_size and prompt_tokens must be >= 1")
-        if self.max_slots < self.group_size:
-            raise ValueError(
-                f"max_slots={self.max_slots} < group_size={self.group_size}: a replica must "
-                "hold one whole group; raise max_slots"
-            )
+__all__ = ["MODES", "SimConfig", "Simulator"]
 
 
 class _Request:
@@ -159,21 +103,19 @@ class Simulator:
         return Split(self.sampler_chips, self.learner_chips)
 
     def _make_controller(self) -> StalenessController:
-        # Free slots gate dispatch (see _dispatch), so the controller's cap on groups in flight
-        # is only the slot count: a cap of slots // G groups would count a group with one
-        # straggler left as G busy slots and idle the replicas behind long tails.
-        concurrent = max(1, len(self.replicas) * self.slots)
-        return StalenessController(
-            max_staleness=self.cfg.max_staleness,
+        return admission.controller(
+            slots=len(self.replicas) * self.slots,
+            group_size=self.cfg.group_size,
             batch_groups=self.cfg.batch_groups,
-            max_concurrent=concurrent,
+            max_staleness=self.cfg.max_staleness,
             overprovision=self.cfg.overprovision,
         )
 
     def _new_replicas(self, count: int, now: float, ready_at: float) -> list[Replica]:
         made = []
         for _ in range(count):
-            rep = Replica(next(self._replica_ids), self.cost, self.slots, now, self.cfg.timeline)
+            index = next(self._replica_ids)
+            rep = Replica(index, self.cost, self.slots, now, self.cfg.timeline, self.meter)
             rep.pause_until = ready_at
             made.append(rep)
         return made
@@ -204,12 +146,21 @@ class Simulator:
     def _dispatch(self, now: float) -> None:
         """Dispatches what the policies allow; notes the free slots they hold back."""
         denied = self.open and self._dispatch_groups(now)
-        self._blocked_free = len(self.replicas) * self.slots - self._live if denied else 0
+        self._hold(now, len(self.replicas) * self.slots - self._live if denied else 0)
 
-    def _account_blocked(self, now: float) -> None:
-        # Free slot-seconds the staleness controller or the buffer held back: the sampler's
-        # idle capacity (PhaseStats.sampler_idle_s). Free slots are constant between events.
-        self.blocked_slot_s += (now - self._blocked_t) * self._blocked_free
+    def _hold(self, now: float, free: int) -> None:
+        """From ``now`` the policies hold ``free`` free slots back (free slots only change at
+        events); reports the previous stretch, if any, as the sampler's idle capacity."""
+        if free != self._blocked_free:
+            self._flush_held(now)
+            self._blocked_free = free
+
+    def _flush_held(self, now: float) -> None:
+        held, start = self._blocked_free, self._blocked_t
+        if held and now > start:
+            self.blocked_slot_s += (now - start) * held
+            if self.meter is not None:
+                self.meter.record(SamplerIdle(start, now, held))
         self._blocked_t = now
 
     def _dispatch_groups(self, now: float) -> bool:
@@ -236,8 +187,11 @@ class Simulator:
             if self.buffer.reserve(rid, self.sampler_version) is None:
                 self._denied = key
                 return True
-            # Prefer a replica that is decoding now over one still rebuilding after a resize.
-            rep = max(self.open, key=lambda r: (r.pause_until <= now, r.headroom, -r.index))
+            index = route(
+                ReplicaLoad(r.index, r.slots - r.n, r.queued, r.pause_until <= now)
+                for r in self.open
+            )
+            rep = next(r for r in self.open if r.index == index)
             prompt_id = self.requeue.pop() if self.requeue else next(self._prompt_ids)
             lengths = self.draw(self.sampler_version, g)
             req = _Request(rid, prompt_id, self.sampler_version, rep, sum(lengths), g)
@@ -294,16 +248,22 @@ class Simulator:
             self.consumed_prompts.append(prompt_id)
             tokens += group_tokens
         train_s = self.cost.train_step_s(tokens, self.learner_chips)
+        if self.meter is not None and now > self._learner_free_t:
+            self.meter.record(LearnerWait(self._learner_free_t, now))
         self.learner_busy = True
         self.learner_train += train_s
+        self._training = (now, tokens)
         self._span("learner", 0, "train", now, now + train_s)
         self._push(now + train_s, "trained", v + 1)
 
     def _on_trained(self, now: float, version: int) -> None:
         self.steps_done += 1
         split = None
-        if self.cfg.mode == "realloc" and self.steps_done % self.cfg.phase_steps == 0:
-            split = self.reallocator.decide(self._phase_stats(now))
+        if self.meter is not None:
+            self.meter.record(Learn(self._training[0], now, self._training[1]))
+            self.meter.record(StepEnd(now))
+            if self.meter.steps >= self.cfg.phase_steps:
+                split = self.reallocator.decide(self._phase_stats(now))
         switch = 0.0
         if split is not None:
             switch = self._resize(now, split)
@@ -311,15 +271,19 @@ class Simulator:
             sync = self.cost.reshard_local_s()
         else:
             sync = self.cost.sync_s(self.sampler_chips, self.learner_chips)
-        self.learner_sync += sync + switch
         self._span("learner", 0, "switch" if switch else "sync", now, now + sync + switch)
         if self.cfg.sync_pauses_sampler or self.colocated:
             for rep in self.replicas:
                 rep.pause(now + switch, sync)
                 self._schedule_replica(rep)
-        self._push(now + switch + sync, "synced", version)
+        self._push(now + switch + sync, "synced", (version, sync))
 
-    def _on_synced(self, now: float, version: int) -> None:
+    def _on_synced(self, now: float, version: int, sync: float) -> None:
+        # The publish is learner work; the resize stall before it is neither busy nor idle (it
+        # is the switch cost the policy weighs).
+        if self.meter is not None:
+            self.meter.record(Learn(now - sync, now))
+        self._learner_free_t = now
         self.sampler_version = version
         self._changes += 1
         self.learner_busy = False
@@ -327,43 +291,17 @@ class Simulator:
     # ----- reallocation ----------------------------------------------------------------------
 
     def _phase_stats(self, now: float) -> PhaseStats:
-        # The sampler's idle time is its capacity the policies held back: free slot-seconds
-        # while dispatch was denied, over the slots. Counting only time with no live sequence
-        # would call a sampler busy while one straggler per replica keeps it alive and the
-        # staleness window keeps every other slot empty.
-        length = now - self.phase_start
-        self._account_blocked(now)
-        slots = len(self.replicas) * self.slots
-        idle = min(length, (self.blocked_slot_s - self.phase_blocked0) / slots)
+        # Bring every report up to ``now``, then let the meter do the arithmetic.
+        self._flush_held(now)
         for rep in self.replicas:
             rep.advance(now)
-        filled = sum(r.slot_seconds for r in self.replicas) + self.retired_slots
-        occupancy = (filled - self.phase_filled0) / max(1e-9, (length - idle) * slots)
-        self.phase_filled0, self.phase_blocked0 = filled, self.blocked_slot_s
-        decode_s = sum(r.decode_s for r in self.replicas) + self.retired_decode[0]
-        steps = sum(r.decode_steps for r in self.replicas) + self.retired_decode[1]
-        phase_steps = steps - self.phase_decode0[1]
-        step_s = (decode_s - self.phase_decode0[0]) / phase_steps if phase_steps > 0 else 0.0
-        self.phase_decode0 = (decode_s, steps)
-        learner_busy = self.learner_train + self.learner_sync - self.phase_learner0
-        self.phase_start = now
-        self.phase_learner0 = self.learner_train + self.learner_sync
-        rows = self.buffer.snapshot()
-        held = sum(row["occupied"] for row in rows)
-        seats = self.cfg.batch_groups * len(rows)
-        return PhaseStats(
-            sampler_busy_s=length - idle,
-            sampler_idle_s=idle,
-            learner_busy_s=min(learner_busy, length),
-            learner_idle_s=max(0.0, length - learner_busy),
-            buffer_fill=min(1.0, held / seats),
-            queued_groups=held,
+        return self.meter.stats(
             split=self._split(),
+            slots=len(self.replicas) * self.slots,
+            buffer_rows=self.buffer.snapshot(),
+            batch_groups=self.cfg.batch_groups,
             switch_cost_s=self.switch_cost_s,
             granularity=self.unit,
-            sampler_occupancy=min(1.0, occupancy),
-            decode_step_s=max(0.0, step_s),
-            decode_fixed_s=self.cost.decode_memory_s(0.0),  # the weight read
         )
 
     def _account_replicas(self, now: float) -> None:
@@ -376,11 +314,6 @@ class Simulator:
         self.retired_busy += rep.busy_seconds(now)
         self._live -= rep.counted
         rep.advance(now)
-        self.retired_slots += rep.slot_seconds
-        self.retired_decode = (
-            self.retired_decode[0] + rep.decode_s,
-            self.retired_decode[1] + rep.decode_steps,
-        )
         rep.epoch = -1  # its pending finish events are now stale
         self.open.discard(rep)
         self.retired.append(rep)
@@ -417,6 +350,7 @@ class Simulator:
         """Simulates ``cfg.steps`` learner steps and returns the measurements."""
         cfg = self.cfg
         self.events, self._seq = [], itertools.count()
+        self.meter = PhaseMeter() if cfg.mode == "realloc" else None
         self._rid, self._prompt_ids, self._replica_ids = (itertools.count() for _ in range(3))
         if self.colocated:
             self.sampler_chips = self.learner_chips = cfg.total_chips
@@ -427,7 +361,7 @@ class Simulator:
         self.open = set(self.replicas)  # replicas with room for one more group
         self._denied, self._changes = None, 0
         self._live = self._blocked_free = 0
-        self.blocked_slot_s = self._blocked_t = self.phase_blocked0 = 0.0
+        self.blocked_slot_s = self._blocked_t = self._learner_free_t = 0.0
         self.buffer = StalenessBuffer(
             batch_groups=cfg.batch_groups,
             max_staleness=cfg.max_staleness,
@@ -453,21 +387,17 @@ class Simulator:
         self.learner_busy = False
         self.replica_seconds = self._replicas_since = 0.0
         self.retired: list[Replica] = []
-        self.learner_train = self.learner_sync = 0.0
-        self.phase_start = self.phase_learner0 = self.retired_busy = 0.0
-        self.phase_filled0 = self.retired_slots = 0.0
-        self.phase_decode0 = self.retired_decode = (0.0, 0.0)
+        self.learner_train = self.retired_busy = 0.0
+        self._training = (0.0, 0)  # start and tokens of the step being trained
         self.steps_done = self.dispatched = self.aborted = 0
         self.staleness, self.consumed_prompts, self.moves, self.spans = [], [], [], []
         now = 0.0
         self._dispatch(now)
-        # The loop runs once per finished sequence (a million times at pod scale), so it
-        # inlines _account_blocked and skips calls that would change nothing.
+        # The loop runs once per finished sequence (a million times at pod scale), so it skips
+        # calls that would change nothing.
         events, pop, steps = self.events, heapq.heappop, cfg.steps
         while events and self.steps_done < steps:
             now, _, kind, payload = pop(events)
-            self.blocked_slot_s += (now - self._blocked_t) * self._blocked_free
-            self._blocked_t = now
             if kind == "finish":
                 rep, epoch = payload
                 if epoch != rep.epoch:
@@ -476,13 +406,14 @@ class Simulator:
             elif kind == "trained":
                 self._on_trained(now, payload)
             elif kind == "synced":
-                self._on_synced(now, payload)
+                self._on_synced(now, *payload)
             if not self.learner_busy:
                 self._try_train(now)
             if self.open:
                 self._dispatch(now)
-            else:
-                self._blocked_free = 0
+            elif self._blocked_free:
+                self._hold(now, 0)
+        self._flush_held(now)
         if self.steps_done < cfg.steps:
             raise RuntimeError(
                 f"simulation stalled after {self.steps_done}/{cfg.steps} steps: no event left; "

@@ -1,4 +1,4 @@
-"""Tests for rljax.policy.packing: first-fit-decreasing rows and balanced equal-row micro-batches."""
+"""rljax.policy.packing: first-fit-decreasing rows and balanced equal-row micro-batches."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""Tests for rljax.policy.staleness: invariants over random schedules, AReaL capacity, error messages."""
+"""rljax.policy.staleness: invariants over random schedules, AReaL capacity, error messages."""
 
 import copy
 import json
