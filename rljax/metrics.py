@@ -1,20 +1,31 @@
-"""Run metrics: a JSONL file in the workdir, a progress bar, and a phase timeline.
+"""Run metrics: a JSONL file and TensorBoard event files in the workdir, a progress bar, and a
+phase timeline.
 
 Only process 0 writes (multi-host runs log once). Each JSONL line is one record with a
-``step`` and a ``phase`` ('sft', 'eval', 'train', ...). The timeline records named spans per
-thread and writes them as Chrome trace JSON, which Perfetto (ui.perfetto.dev) opens.
+``step`` and a ``phase`` ('sft', 'eval', 'train', ...); every numeric field of a record also
+goes to TensorBoard as the scalar ``<phase>/<key>`` (nested dicts join their keys with '/'),
+one TensorBoard run per phase under ``<workdir>/tensorboard/<phase>``. The timeline records
+named spans per thread and writes them as Chrome trace JSON, which Perfetto
+(ui.perfetto.dev) opens. Every file goes through :mod:`rljax.io`, so the workdir may be a
+``gs://`` URL.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 from typing import Any
 
 import jax
+
+from rljax import io
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+# Record fields that locate a record rather than measure anything.
+_RECORD_KEYS = ("step", "phase", "time")
 
 
 class Timeline:
@@ -54,20 +65,150 @@ class Timeline:
                 out[e["name"]] = out.get(e["name"], 0.0) + e["dur"] / 1e6
         return out
 
-    def write(self, path: str) -> None:
+    def write(self, path: io.PathLike) -> None:
+        """Writes the spans so far to ``path`` (local or remote) as Chrome trace JSON."""
         with self._lock:
             events = list(self._events)
-        with open(path, "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        io.write_text(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The TensorBoard scalars of a metrics record: ``{'<phase>/<key>': value}``.
+
+    Every int, float or bool field except step/phase/time counts; nested dicts join their
+    keys with '/'; strings, lists and None are skipped.
+    """
+    phase = record.get("phase", "metrics")
+    out: dict[str, float] = {}
+
+    def visit(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{prefix}/{k}", v)
+        elif isinstance(value, bool | int | float):
+            out[prefix] = float(value)
+
+    for key, value in record.items():
+        if key not in _RECORD_KEYS:
+            visit(f"{phase}/{key}", value)
+    return out
+
+
+class _SeamRecordWriterFactory:
+    """tensorboardX's hook for a URL scheme: event files written through :mod:`rljax.io`.
+
+    tensorboardX's own ``gs://`` writer talks to google-cloud-storage directly, past the seam
+    and its credentials; this one uploads the whole file on each of the writer's flushes.
+    """
+
+    def open(self, path: str) -> io.AppendFile:
+        return io.AppendFile(path, fresh=True, upload_every_s=None)
+
+    def directory_check(self, path: str) -> None:
+        io.makedirs(path)
+
+
+class TensorBoardWriter:
+    """Scalar metrics as TensorBoard event files, one run (sub-folder) per phase.
+
+    ``purge_steps`` maps a phase to the step from which TensorBoard should drop what earlier
+    event files hold (``purge_step`` of the phase's first new event file): the steps a killed
+    run logged past the checkpoint it resumes from.
+    """
+
+    def __init__(self, logdir: io.PathLike, *, flush_secs: int = 30):
+        from tensorboardX import SummaryWriter, record_writer
+
+        self.logdir = io.path(logdir)
+        self.flush_secs = flush_secs
+        self._summary_writer = SummaryWriter
+        if not io.is_local(self.logdir):
+            scheme = str(self.logdir).split("://", 1)[0]
+            record_writer.register_writer_factory(scheme, _SeamRecordWriterFactory())
+        self._writers: dict[str, Any] = {}
+        self._purge: dict[str, int] = {}
+
+    def write(self, record: dict[str, Any]) -> None:
+        phase = str(record.get("phase", "metrics"))
+        values = scalars(record)
+        if not values:
+            return
+        writer = self._writer(phase)
+        for tag, value in values.items():
+            writer.add_scalar(
+                tag, value, global_step=record.get("step"), walltime=record.get("time")
+            )
+
+    def restart(self, purge_steps: dict[str, int]) -> None:
+        """Closes the event files; each phase's next file purges from ``purge_steps[phase]``."""
+        self.close()
+        self._purge = dict(purge_steps)
+
+    def flush(self) -> None:
+        for writer in self._writers.values():
+            writer.flush()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
+
+    def _writer(self, phase: str):
+        if phase not in self._writers:
+            self._writers[phase] = self._summary_writer(
+                logdir=str(self.logdir / phase),
+                purge_step=self._purge.pop(phase, None),
+                flush_secs=self.flush_secs,
+                # tensorboardX names files by the second; a resume within it must not clobber.
+                filename_suffix=f".{time.time_ns()}",
+            )
+        return self._writers[phase]
+
+
+def _purge_steps(kept: bytes, dropped: bytes) -> dict[str, int]:
+    """Per phase, the first step that a rewind to the end of ``kept`` takes back."""
+    last: dict[str, int] = {}
+    first_dropped: dict[str, int] = {}
+    for chunk, into, pick in ((kept, last, max), (dropped, first_dropped, min)):
+        for line in chunk.decode("utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+                phase, step = str(record["phase"]), int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line of a killed run
+            into[phase] = pick(into.get(phase, step), step)
+    purge = {phase: step + 1 for phase, step in last.items()}
+    for phase, step in first_dropped.items():
+        purge.setdefault(phase, step)
+    return purge
 
 
 class MetricsWriter:
-    """Appends records to ``<workdir>/metrics.jsonl`` and shows a progress bar."""
+    """Appends records to ``<workdir>/metrics.jsonl`` and TensorBoard, shows a progress bar.
 
-    def __init__(self, workdir: str, *, total_steps: int = 0, progress_bar: bool = True):
+    On a remote workdir the JSONL object is uploaded at most every ``upload_every_s`` seconds
+    and whenever :meth:`offset` is asked for, so a checkpoint's cursor is always durable.
+    """
+
+    def __init__(
+        self,
+        workdir: io.PathLike,
+        *,
+        total_steps: int = 0,
+        progress_bar: bool = True,
+        tensorboard: bool = True,
+        upload_every_s: float | None = 10.0,
+    ):
         self.is_writer = jax.process_index() == 0
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self._file = open(self.path, "a") if self.is_writer else None  # noqa: SIM115
+        self.path = io.join(workdir, METRICS_FILE)
+        self._file = (
+            io.AppendFile(self.path, upload_every_s=upload_every_s) if self.is_writer else None
+        )
+        self.tensorboard = (
+            TensorBoardWriter(io.join(workdir, TENSORBOARD_DIR))
+            if tensorboard and self.is_writer
+            else None
+        )
         self._bar = None
         if progress_bar and self.is_writer and total_steps:
             from tqdm.auto import tqdm
@@ -78,18 +219,38 @@ class MetricsWriter:
         if not self.is_writer:
             return
         record = {"step": step, "phase": phase, "time": time.time(), **_plain(metrics)}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._file.write((json.dumps(record) + "\n").encode("utf-8"))
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
 
     def offset(self) -> int | None:
-        """The metrics file's length: saved in checkpoints as the metrics cursor."""
-        return None if self._file is None else self._file.tell()
+        """The metrics file's length, made durable: saved in checkpoints as the metrics cursor."""
+        if self._file is None:
+            return None
+        self._file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+        return self._file.tell()
 
     def rewind(self, offset: int | None) -> None:
-        """Drop records written after ``offset`` (steps a killed run logged past its checkpoint)."""
-        if self._file is not None and offset is not None and offset <= self._file.tell():
-            self._file.truncate(offset)
-            self._file.seek(offset)
+        """Drop records written after ``offset`` (steps a killed run logged past its checkpoint).
+
+        TensorBoard cannot cut files back; each phase's next event file tells it to drop the
+        events from the first step rewound.
+        """
+        if self._file is None or offset is None or offset > self._file.tell():
+            return
+        content = self._file.getvalue()
+        self._file.truncate(offset)
+        if self.tensorboard is not None:
+            self.tensorboard.restart(_purge_steps(content[:offset], content[offset:]))
+
+    def flush(self) -> None:
+        """Makes every record so far durable (uploads a remote metrics file)."""
+        if self._file is not None:
+            self._file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
 
     def progress(self, n: int = 1, **postfix: float) -> None:
         if self._bar is not None:
@@ -109,6 +270,8 @@ class MetricsWriter:
             self._bar.close()
         if self._file is not None:
             self._file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """rljax.io: the filesystem seam, on local disk and on a GCS emulator (a gs:// URL)."""
 
 import os
+import pathlib
 
 import pytest
 
@@ -68,7 +69,7 @@ def test_local_copy(gcs, tmp_path):
     remote = io.join(gcs, "model.bin")
     io.write_bytes(remote, b"weights" * 1000)
     with io.local_copy(remote) as local:
-        assert os.path.isfile(local) and open(local, "rb").read() == b"weights" * 1000
+        assert pathlib.Path(local).read_bytes() == b"weights" * 1000
     assert not os.path.exists(local)
     with io.local_copy(tmp_path / "here.bin") as local:  # a local path is used in place
         assert local == str(tmp_path / "here.bin")
