@@ -3,86 +3,84 @@
 The names below are the public API that research code may import; everything else may change.
 
     import rljax
-    cfg = rljax.testing.arith_tiny()
+    from rljax.configs import arith_tiny
+    cfg = arith_tiny.recipe("small")
     summary = rljax.run(cfg, "/tmp/run", reward_fn=my_reward, loss=my_loss)
+
+Each name is resolved on first use (PEP 562 module ``__getattr__``), so ``import rljax.policy``
+or ``import rljax.sim`` does not load jax or flax.
 """
 
-from rljax import testing
-from rljax.policy.staleness import StalenessBuffer, StalenessController
-from rljax.config import (
-    BufferConfig,
-    CheckpointConfig,
-    ConfigError,
-    DataConfig,
-    LearnerConfig,
-    MeshConfig,
-    MetricsConfig,
-    ModelConfig,
-    RewardConfig,
-    RunConfig,
-    SamplingConfig,
-    SFTConfig,
-    from_config_dict,
-    replace,
-    to_config_dict,
-)
-from rljax.engine.engine import Engine, ResultTokens, SlotSampling
-from rljax.engine.sampler import Request, Sampler, Trajectory
-from rljax.learner.advantages import group_advantages
-from rljax.learner.batch import TrainSequence, pack_batch
-from rljax.learner.learner import Learner
-from rljax.learner.losses import LOSSES, Loss, LossInputs, get_loss
-from rljax.models.sharding import LEARNER_RULES, SAMPLER_RULES, init_sharded, make_mesh
-from rljax.models.tokenizer import Tokenizer
-from rljax.models.transformer import Decoder
-from rljax.rewards.pool import RewardPool
-from rljax.rewards.registry import REWARDS, get_reward
-from rljax.runtime import Run, run
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "LEARNER_RULES",
-    "LOSSES",
-    "REWARDS",
-    "SAMPLER_RULES",
-    "BufferConfig",
-    "CheckpointConfig",
-    "ConfigError",
-    "DataConfig",
-    "Decoder",
-    "Engine",
-    "Learner",
-    "LearnerConfig",
-    "Loss",
-    "LossInputs",
-    "MeshConfig",
-    "MetricsConfig",
-    "ModelConfig",
-    "Request",
-    "ResultTokens",
-    "RewardConfig",
-    "RewardPool",
-    "Run",
-    "RunConfig",
-    "SFTConfig",
-    "Sampler",
-    "SamplingConfig",
-    "SlotSampling",
-    "StalenessBuffer",
-    "StalenessController",
-    "Tokenizer",
-    "TrainSequence",
-    "Trajectory",
-    "from_config_dict",
-    "get_loss",
-    "get_reward",
-    "group_advantages",
-    "init_sharded",
-    "make_mesh",
-    "pack_batch",
-    "replace",
-    "run",
-    "testing",
-    "to_config_dict",
-]
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "BufferConfig": "rljax.config",
+    "CheckpointConfig": "rljax.config",
+    "ConfigError": "rljax.config",
+    "DataConfig": "rljax.config",
+    "LearnerConfig": "rljax.config",
+    "MeshConfig": "rljax.config",
+    "MetricsConfig": "rljax.config",
+    "ModelConfig": "rljax.config",
+    "ReallocatorConfig": "rljax.policy.reallocation",
+    "RewardConfig": "rljax.config",
+    "RunConfig": "rljax.config",
+    "SamplingConfig": "rljax.config",
+    "SFTConfig": "rljax.config",
+    "from_config_dict": "rljax.config",
+    "replace": "rljax.config",
+    "to_config_dict": "rljax.config",
+    "PhaseMeter": "rljax.policy.meter",
+    "StalenessBuffer": "rljax.policy.staleness",
+    "StalenessController": "rljax.policy.staleness",
+    "Engine": "rljax.engine.engine",
+    "ResultTokens": "rljax.engine.engine",
+    "SlotSampling": "rljax.engine.engine",
+    "Request": "rljax.engine.sampler",
+    "Sampler": "rljax.engine.sampler",
+    "Trajectory": "rljax.engine.sampler",
+    "group_advantages": "rljax.learner.advantages",
+    "TrainSequence": "rljax.learner.batch",
+    "pack_batch": "rljax.learner.batch",
+    "Learner": "rljax.learner.learner",
+    "LOSSES": "rljax.learner.losses",
+    "Loss": "rljax.learner.losses",
+    "LossInputs": "rljax.learner.losses",
+    "get_loss": "rljax.learner.losses",
+    "LEARNER_RULES": "rljax.models.sharding",
+    "SAMPLER_RULES": "rljax.models.sharding",
+    "init_sharded": "rljax.models.sharding",
+    "make_mesh": "rljax.models.sharding",
+    "Tokenizer": "rljax.models.tokenizer",
+    "Decoder": "rljax.models.transformer",
+    "RewardPool": "rljax.rewards.pool",
+    "REWARDS": "rljax.rewards.registry",
+    "get_reward": "rljax.rewards.registry",
+    "Run": "rljax.runtime",
+    "run": "rljax.runtime",
+}
+_SUBMODULES = ("testing",)
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
+        raise AttributeError(f"module 'rljax' has no attribute {name!r}")
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
