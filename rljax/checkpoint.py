@@ -14,7 +14,10 @@ Bit rot and half-copied directories are not caught by that; :meth:`Checkpointer.
 any failure into a :class:`CheckpointError` that names the step directory, and with
 ``fallback=True`` moves such a step aside and resumes from the newest earlier step that loads.
 
-Directories may be local paths or ``gs://`` URLs; both go to orbax through etils ``epath``.
+Directories may be local paths or ``gs://`` URLs; both go to orbax through etils ``epath``
+(``rljax.io``'s seam), and orbax writes array chunks through tensorstore's ``file`` or ``gcs``
+kvstore. Other URLs are refused up front: orbax 0.12 builds a tensorstore spec for local paths
+and ``gs://`` only, and fails on, e.g., ``s3://`` mid-save.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from orbax.checkpoint import checkpoint_managers as ocm
 
-from rljax.config import CheckpointConfig
+from rljax import io
+from rljax.config import CheckpointConfig, ConfigError
 from rljax.learner.learner import optimizer_shardings
 
 log = logging.getLogger(__name__)
@@ -137,7 +141,12 @@ class Checkpointer:
 
     def __init__(self, directory: str | epath.PathLike, cfg: CheckpointConfig):
         self.cfg = cfg
-        self.directory = epath.Path(directory)
+        self.directory = io.path(directory)
+        if not io.is_local(self.directory) and not str(self.directory).startswith("gs://"):
+            raise ConfigError(
+                f"checkpoint directory {str(self.directory)!r}: orbax writes checkpoints only to "
+                "local paths and gs:// URLs; put the workdir on one of those"
+            )
         policy = ocm.AnySavePolicy(
             [ocm.FixedIntervalPolicy(cfg.every_steps), ocm.PreemptionCheckpointingPolicy()]
         )

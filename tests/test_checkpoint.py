@@ -17,13 +17,15 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from orbax.checkpoint._src.path import atomicity
 
-from rljax.policy.staleness import StalenessBuffer
+from rljax import io
 from rljax.checkpoint import Checkpointer, CheckpointError, abstract_like, abstract_train_state
-from rljax.config import CheckpointConfig, LearnerConfig
+from rljax.config import CheckpointConfig, ConfigError, LearnerConfig
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
 from rljax.models.sharding import LEARNER_RULES, init_sharded, make_mesh, state_shardings
+from rljax.policy.staleness import StalenessBuffer
 from rljax.testing import TINY_MODEL
+from rljax.testing.filesystems import gcs_workdir
 
 # When one shard read fails, orbax abandons the sibling read coroutines; Python reports them
 # at garbage collection, in whichever test is running then.
@@ -312,3 +314,28 @@ def test_bad_input_messages(tmp_path):
         abstract_like({"w": np.zeros(3)})
     with pytest.raises(ValueError, match="shardings is not a prefix of the tree"):
         abstract_like({"w": np.zeros(3)}, {"v": SingleDeviceSharding(jax.devices()[0])})
+
+
+def test_save_resume_and_fall_back_on_gcs():
+    """A gs:// checkpoint directory (GCS emulator on 127.0.0.1): orbax's metadata goes through
+    gcsfs, its array chunks through tensorstore's gcs driver; a new Checkpointer resumes."""
+    with gcs_workdir() as workdir:
+        directory = f"{workdir}/checkpoints"
+        with Checkpointer(directory, _cfg()) as ckpt:  # async saves
+            for s in (1, 2):
+                tree = _small(float(s))
+                assert ckpt.save(s, params=tree, opt_state=tree, meta={"s": s})
+        with Checkpointer(directory, _cfg()) as ckpt:
+            assert ckpt.all_steps() == [1, 2]
+            params, opt_state, meta = _restore_small(ckpt)
+            assert meta == {"s": 2}
+            assert_bitwise((params, opt_state), jax.device_get((_small(2.0), _small(2.0))))
+            manifest = io.join(directory, "2", "params", "manifest.ocdbt")
+            io.write_bytes(manifest, io.read_bytes(manifest)[:20])  # a truncated copy
+            assert _restore_small(ckpt, fallback=True)[2] == {"s": 1}
+            assert ckpt.latest_step() == 1 and io.is_dir(io.join(directory, "2.corrupt"))
+
+
+def test_directory_orbax_cannot_write_is_refused():
+    with pytest.raises(ConfigError, match="'s3://bucket/ckpt'.*only to local paths and gs://"):
+        Checkpointer("s3://bucket/ckpt", _cfg())
