@@ -1,40 +1,31 @@
-"""The one step loop of every mode: admit -> sample -> score -> buffer -> consume -> learn -> publish.
+"""The one step loop of every mode: admit, sample, score, buffer, consume, learn, publish.
 
 Both schedules drive the same pure policies (:class:`StalenessController` admits,
-:class:`StalenessBuffer` places, releases and hands out batches), assemble groups, learn,
-publish, checkpoint and log with the same code, and write the same metric keys:
+:class:`StalenessBuffer` places, releases and hands out batches) and assemble, learn, publish,
+checkpoint and log with the same code and metric keys:
 
-- **lock-step** (``lockstep=True``: ``mode='sync'``, eta = 0): one thread. Each step admits a
-  batch, generates until enough groups are complete, scores them in one call (one all-gather on
-  several processes), places them, and learns once the buffer is full. Every decision follows
-  from the step alone, so every process of a pod takes the same ones in the same order.
-- **threaded** (``mode='async'``, eta >= 0)::
+- **lock-step** (mode='sync', eta = 0): one thread. Each step admits a batch, generates until
+  enough groups are complete, scores them in one call (one all-gather on several processes),
+  places them, and learns. Every decision follows from the step alone.
+- **threaded** (mode='async'): a sampler thread (admit, reserve, generate), a reward thread
+  (score, occupy or release) and the learner (calling) thread (wait for a full buffer, consume,
+  learn, publish; the sampler swaps weights at its next generate boundary).
 
-    sampler thread:  admit -> reserve a seat -> generate -> completed group ---------+
-    reward thread:   score the group -> occupy its seat, or release it (dynamic sampling)
-    learner thread:  wait until buffer[version] is full -> consume -> learn -> publish
-                     -> the sampler swaps to the new params at its next generate boundary
+The sampler and learner are duck-typed, so tests and benchmarks drive it with fakes
+(``rljax.testing.fakes``): sampler ``version``, ``submit``, ``step() -> finished``,
+``has_work``, ``set_params``, ``abort``, ``interrupt``/``resume`` (safe points), optionally
+``busy_slots`` and ``engine.max_concurrent_decodes`` (occupancy); learner ``version``,
+``step(batch) -> metrics``, ``params``.
 
-The driver depends on the sampler and learner through small duck-typed interfaces, so
-benchmarks and tests drive it with fakes (``rljax.testing.fakes``):
-
-- sampler: ``version``, ``submit(requests)``, ``step() -> finished``, ``has_work()``,
-  ``set_params(params, version)``, ``abort(request_id)``; for :meth:`Driver.safe_point` also
-  ``interrupt(request_id)`` and ``resume(request_id)``; slot occupancy is measured when it has
-  ``busy_slots`` and ``engine.max_concurrent_decodes``;
-- learner: ``version``, ``step(batch) -> metrics``, ``params``.
-
-Step boundary: after each learner step and before its weights are published, the driver calls
-``on_boundary`` and runs any :meth:`Driver.call_at_boundary` work on the learner thread. That is
-the safe point where the runtime resizes the meshes: :meth:`Driver.safe_point` parks the sampler
-thread between two ``generate`` calls and interrupts every in-flight request, keeping its
-partial rollout, and resumes them afterwards. With eta = 0 nothing is in flight then.
+The step boundary (after a learner step, before its weights go out) runs ``on_boundary`` and
+:meth:`Driver.call_at_boundary` work on the learner thread: the safe point for resizes, where
+:meth:`Driver.safe_point` parks the sampler and interrupts in-flight requests as partial
+rollouts.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import queue
 import threading
 import time
@@ -45,6 +36,7 @@ import numpy as np
 
 from rljax.metrics import Timeline
 from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
+from rljax.runtime.boundary import SafePoints
 from rljax.runtime.clocks import RoleClocks, step_metrics
 from rljax.runtime.rollout import Group, lockstep_request_id, make_group
 
@@ -58,7 +50,7 @@ COUNTERS = (
 )
 
 
-class Driver:
+class Driver(SafePoints):
     """Runs ``num_steps`` learner steps (or until ``stop()``) in either schedule."""
 
     def __init__(
@@ -155,79 +147,6 @@ class Driver:
         """``StalenessBuffer.snapshot()``, taken under the lock."""
         with self._cond:
             return self.buffer.snapshot()
-
-    def call_at_boundary(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the learner thread at the next step boundary; wait for its result.
-
-        From the learner thread itself, or when no run is in progress, ``fn`` runs at once. Work
-        still queued when the run ends runs then, after the threads have stopped.
-        """
-        if self.on_learner_thread():
-            return fn()
-        done, box = threading.Event(), {}
-        with self._cond:  # checked and queued under the lock: run() drains after it stops
-            queued = self._running
-            if queued:
-                self._boundary_calls.append((fn, done, box))
-                self._cond.notify_all()
-        if not queued:
-            return fn()
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
-
-    def _run_boundary_calls(self) -> None:
-        while True:
-            with self._cond:
-                if not self._boundary_calls:
-                    return
-                fn, done, box = self._boundary_calls.popleft()
-            try:
-                box["result"] = fn()
-            except BaseException as e:  # handed to the waiting caller
-                box["error"] = e
-            done.set()
-
-    @contextlib.contextmanager
-    def safe_point(self):
-        """Park the sampler thread and interrupt every in-flight request.
-
-        Yields the ids of the requests it interrupted (those with samples still generating).
-        Call on the learner thread between steps. Inside, nothing touches the sampler but the
-        caller: each interrupted request is held with its partial rollout (tokens, log-probs and
-        versions so far), and groups already complete or being scored are untouched. On exit the
-        held requests are resumed (re-prefilled from their prefixes) and the sampler goes on.
-        """
-        with self._cond:
-            self._park = True
-            self._cond.notify_all()
-            while self._sampler_alive and not self._parked and not self._errors:
-                self._cond.wait(timeout=0.05)
-        ids: list[int] = []
-        try:
-            with self._cond:
-                self._apply_aborts()
-                ids = list(self._inflight)
-            held = {rid: self.sampler.interrupt(rid) for rid in ids}
-            self.counters["interrupted_samples"] += sum(held.values())
-            yield [rid for rid, n in held.items() if n]
-        finally:
-            for rid in ids:
-                self.sampler.resume(rid)
-            with self._cond:
-                self._park = False
-                self._cond.notify_all()
-
-    def _wait_while_parked(self) -> None:
-        with self._cond:
-            if not self._park:
-                return
-            self._parked = True
-            self._cond.notify_all()
-            while self._park and not self._stop.is_set():
-                self._cond.wait(timeout=0.1)
-            self._parked = False
 
     def checkpoint_state(self) -> dict[str, Any]:
         """A consistent, JSON-safe snapshot: buffer, prompts to re-dispatch, next id, data state.

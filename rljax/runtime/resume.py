@@ -15,6 +15,8 @@ from rljax.learner.learner import Learner
 from rljax.learner.losses import Loss
 from rljax.mesh import distributed
 from rljax.models.loading import abstract_params, initial_model_config, load_initial_params
+from rljax.policy.staleness import StalenessBuffer
+from rljax.runtime.rollout import decode_group
 
 
 def can_resume(ckpt: Checkpointer | None) -> bool:
@@ -99,17 +101,24 @@ def data_state(meta: dict[str, Any]) -> dict:
     return distributed.process_data_state(meta, index, count)
 
 
-def empty_buffer(batch_groups: int, eta: int, overprovision: int, *, version: int):
-    """An empty staleness buffer at learner ``version`` (a run with no buffered groups)."""
-    from rljax.policy.staleness import StalenessBuffer
+def driver_state(meta: dict[str, Any] | None, cfg: RunConfig, *, version: int):
+    """(buffer, prompts to re-dispatch, next request id) for the driver of a (resumed) run.
 
-    state = {
-        "batch_groups": batch_groups,
-        "max_staleness": eta,
-        "overprovision": overprovision,
+    Checkpoints before the one driver held the threaded driver's state under ``'async'``, and
+    none for a synchronous run; those resume with an empty buffer at their version.
+    """
+    state = (meta or {}).get("driver") or (meta or {}).get("async")
+    if state:
+        buffer = StalenessBuffer.from_state_dict(state["buffer"], decode=decode_group)
+        return buffer, state["pending"], state["next_request_id"]
+    b = cfg.learner.batch_groups
+    empty = {
+        "batch_groups": b,
+        "max_staleness": cfg.buffer.max_staleness,
+        "overprovision": cfg.buffer.overprovision,
         "version": version,
-        "accepted": version * batch_groups,
+        "accepted": version * b,
         "discarded": 0,
         "buffers": [],
     }
-    return StalenessBuffer.from_state_dict(state)
+    return StalenessBuffer.from_state_dict(empty), [], 0

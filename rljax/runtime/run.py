@@ -43,12 +43,12 @@ from rljax.mesh.weight_sync import WeightSync
 from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import load_tokenizer
 from rljax.policy.reallocation import Split
-from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessController
 from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import get_reward
 from rljax.runtime import resizing, resume
 from rljax.runtime.driver import Driver
-from rljax.runtime.rollout import Group, decode_group, encode_group
+from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.warm_start import warm_start
 
 RewardFn = Callable[[str, dict], float]
@@ -372,22 +372,18 @@ class Run:
             return
         cfg = self.cfg
         # Evaluating mid-run needs the sampler to itself: only the lock-step schedule allows it.
-        if cfg.mode == "sync" and cfg.eval_every and 0 < step + 1 < cfg.num_steps:
-            if (step + 1) % cfg.eval_every == 0:
-                acc = self.evaluate(step + 1)
-                self.metrics.print(f"step {step + 1}: held-out accuracy {acc:.3f}")
+        done = step + 1
+        due = cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.num_steps
+        if cfg.mode == "sync" and due:
+            acc = self.evaluate(done)
+            self.metrics.print(f"step {done}: held-out accuracy {acc:.3f}")
 
     def _make_driver(self) -> Driver:
         cfg = self.cfg
         b, eta, k = cfg.learner.batch_groups, cfg.buffer.max_staleness, cfg.buffer.overprovision
-        meta = self.resumed_meta or {}
-        state = meta.get("driver") or meta.get("async")
-        if state:
-            buffer = StalenessBuffer.from_state_dict(state["buffer"], decode=decode_group)
-            requeue, next_id = state["pending"], state["next_request_id"]
-        else:
-            buffer = resume.empty_buffer(b, eta, k, version=self.learner.version)
-            requeue, next_id = [], 0
+        buffer, requeue, next_id = resume.driver_state(
+            self.resumed_meta, cfg, version=self.learner.version
+        )
         slots_in_groups = max(1, cfg.sampling.max_concurrent_decodes // cfg.learner.group_size)
         return Driver(
             sampler=self.sampler,

@@ -18,12 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rljax.runtime.driver import Driver
-from rljax.runtime.rollout import Group
-from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.engine.sampler import FINISH_LENGTH, Request, Trajectory
+from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.rewards.pool import RewardPool
-from rljax.runtime.rollout import encode_group
+from rljax.runtime.driver import Driver
+from rljax.runtime.rollout import Group, encode_group
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,

@@ -17,7 +17,7 @@ from rljax.learner.learner import Learner
 from rljax.models.sharding import LEARNER_RULES, init_sharded, make_mesh
 from rljax.testing.configs import TINY_MODEL
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 6
 ARGS = [
     f"--config={ROOT / 'configs' / 'arith_tiny.py'}:small",
