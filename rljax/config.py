@@ -22,6 +22,8 @@ from typing import Any
 
 import ml_collections
 
+from rljax.policy.reallocation import ReallocatorConfig
+
 DTYPES = ("float32", "bfloat16")
 FAMILIES = ("llama", "qwen2", "qwen3")
 LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
@@ -325,8 +327,9 @@ class MeshConfig:
     With ``reallocate`` on (split mode, async runs), every ``reallocate_every`` learner steps
     the runtime hands the measured phase (busy/idle seconds per role, buffer fill, switch cost)
     to :class:`rljax.policy.reallocation.Reallocator` and resizes the two meshes when it answers
-    with a new split (``Run.resize``); chips move ``reallocate_granularity`` at a time and
-    neither side shrinks below its ``reallocate_min_*``.
+    with a new split (``Run.resize``); chips move ``reallocate_granularity`` at a time. The
+    policy's own settings (the least chips per side, thresholds, hysteresis) are the
+    ``reallocator`` section, shared with the simulator.
     """
 
     mode: str = "colocated"
@@ -339,8 +342,6 @@ class MeshConfig:
     reallocate: bool = False
     reallocate_every: int = 5  # learner steps per reallocation phase
     reallocate_granularity: int = 1  # chips per move (a host's chips on a pod slice)
-    reallocate_min_sampler: int = 1
-    reallocate_min_learner: int = 1
 
     def __post_init__(self):
         _one_of("mesh.mode", self.mode, MESH_MODES)
@@ -362,12 +363,7 @@ class MeshConfig:
                 "False in colocated mode (reallocation moves chips between the two meshes of "
                 "mesh.mode='split')",
             )
-        for k in (
-            "reallocate_every",
-            "reallocate_granularity",
-            "reallocate_min_sampler",
-            "reallocate_min_learner",
-        ):
+        for k in ("reallocate_every", "reallocate_granularity"):
             _positive(f"mesh.{k}", getattr(self, k))
 
 
@@ -460,6 +456,8 @@ class RunConfig:
     sft: SFTConfig = SFTConfig()
     buffer: BufferConfig = BufferConfig()
     mesh: MeshConfig = MeshConfig()
+    # The reallocation policy's settings; the simulator's SimConfig.reallocator is this section.
+    reallocator: ReallocatorConfig = ReallocatorConfig()
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -546,7 +544,12 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
             kwargs[name] = tuple(value)
         else:
             kwargs[name] = value
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as e:  # a section defined outside this module (the policies' settings)
+        raise ConfigError(str(e)) from None
 
 
 def _is_tuple(hint: Any) -> bool:

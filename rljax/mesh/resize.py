@@ -18,13 +18,13 @@ The staleness buffer is host-side and untouched, so no group is lost or duplicat
 staleness accounting carries on. Engines and learners are kept per mesh in a :class:`MeshCache`:
 going back to a mesh already used (6/2 -> 4/4 -> 6/2) reuses its compiled functions.
 
-:class:`Reallocation` is the config-driven trigger (``mesh.reallocate``): it sums the measured
-per-step role clocks into phases and asks the pure :class:`Reallocator` policy for a split.
+:class:`Reallocation` is the config-driven trigger (``mesh.reallocate``): the driver reports its
+events to its :class:`~rljax.policy.meter.PhaseMeter`, which turns each phase into the
+PhaseStats that the pure :class:`Reallocator` policy (settings: ``RunConfig.reallocator``) reads.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -34,9 +34,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ConfigError, MeshConfig
 from rljax.learner.learner import Learner, data_parallel_size, optimizer_shardings
-from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
 from rljax.mesh.topology import Topology, build_topology
 from rljax.models.sharding import LEARNER_RULES, ShardingRules
+from rljax.policy.meter import PhaseMeter
+from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
 
 T = TypeVar("T")
 
@@ -204,75 +205,64 @@ def attach_sampler(sampler, engine, params, version: int) -> None:
 
 
 class Reallocation:
-    """Config-driven resizing: measured phases in, a split (or None) out.
+    """Config-driven resizing: a phase of measured events in, a split (or None) out.
 
-    The driver reports each learner step's role clocks (``record``); every ``every`` steps
-    ``phase`` turns their sums into :class:`PhaseStats` and the pure :class:`Reallocator`
-    decides. Seconds the sampler spent parked for a resize count as neither busy nor idle; the
-    resize itself is the ``switch_cost_s`` the next decision weighs.
+    The driver reports what each role did as :mod:`rljax.policy.meter` events to ``meter``
+    (the simulator reports the same events to its own meter); each ``StepEnd`` is a learner
+    step. Once ``due`` (``mesh.reallocate_every`` steps), ``phase`` closes the meter's phase
+    into :class:`PhaseStats` and the driver asks ``policy.decide(stats)``. Seconds the sampler
+    spends parked for a resize are reported as ``SamplerIdle(held_back=False)``: neither busy
+    nor idle; the resize itself is the ``switch_cost_s`` the next decision weighs.
+
+    Args:
+      mesh: the run's mesh section (``reallocate_every``, ``reallocate_granularity``).
+      settings: the policy's settings, the run's ``reallocator`` section.
+      policy: a policy object to use instead of ``Reallocator(settings)`` (tests script one).
+      meter: the meter the driver reports to (a new one by default).
     """
 
-    def __init__(self, cfg: MeshConfig, policy: Reallocator | None = None):
-        self.every = cfg.reallocate_every
-        self.granularity = cfg.reallocate_granularity
-        self.policy = policy or Reallocator(
-            ReallocatorConfig(
-                min_sampler_chips=cfg.reallocate_min_sampler,
-                min_learner_chips=cfg.reallocate_min_learner,
-            )
-        )
+    def __init__(
+        self,
+        mesh: MeshConfig,
+        settings: ReallocatorConfig | None = None,
+        *,
+        policy: Reallocator | None = None,
+        meter: PhaseMeter | None = None,
+    ):
+        self.every = mesh.reallocate_every
+        self.granularity = mesh.reallocate_granularity
+        self.policy = policy or Reallocator(settings or ReallocatorConfig())
+        self.meter = meter or PhaseMeter()
         self.switch_cost_s: float | None = None  # measured by the last resize
         self.phases: list[PhaseStats] = []
-        self._totals: collections.Counter = collections.Counter()
-        self._steps = 0
-
-    def record(self, sampler: dict[str, float], learner: dict[str, float]) -> None:
-        """Add one step's role clocks (the driver's ``RoleClock.take()`` dicts)."""
-        self._steps += 1
-        for role, clock in (("sampler", sampler), ("learner", learner)):
-            self._totals[f"{role}_busy_s"] += clock["busy_s"]
-            self._totals[f"{role}_idle_s"] += clock["idle_s"]
-        occupancy = sampler.get("occupancy")
-        if occupancy is not None:
-            self._totals["occupancy_weighted"] += occupancy * sampler["busy_s"]
-            self._totals["occupancy_busy_s"] += sampler["busy_s"]
 
     @property
     def due(self) -> bool:
-        return self._steps >= self.every
+        """Whether the phase has run its ``reallocate_every`` learner steps."""
+        return self.meter.steps >= self.every
 
     def phase(
         self,
         *,
         split: Split,
+        slots: int,
         buffer_rows: list[dict[str, int]],
         batch_groups: int,
         estimated_switch_s: float,
     ) -> PhaseStats:
         """The phase since the last call, as PhaseStats; starts the next phase.
 
+        ``slots`` is the sampler's decode slots (``max_concurrent_decodes`` over its engines);
         ``estimated_switch_s`` stands in for the switch cost until a resize has been measured.
         """
-        t = self._totals
-        held = sum(row["occupied"] for row in buffer_rows)
-        seats = batch_groups * max(1, len(buffer_rows))
-        occupancy = (
-            t["occupancy_weighted"] / t["occupancy_busy_s"] if t["occupancy_busy_s"] > 0 else 1.0
-        )
         switch = self.switch_cost_s if self.switch_cost_s is not None else estimated_switch_s
-        stats = PhaseStats(
-            sampler_busy_s=t["sampler_busy_s"],
-            sampler_idle_s=t["sampler_idle_s"],
-            learner_busy_s=t["learner_busy_s"],
-            learner_idle_s=t["learner_idle_s"],
-            buffer_fill=min(1.0, held / seats),
-            queued_groups=held,
+        stats = self.meter.stats(
             split=split,
-            switch_cost_s=max(0.0, switch),
+            slots=slots,
+            buffer_rows=buffer_rows,
+            batch_groups=batch_groups,
+            switch_cost_s=switch,
             granularity=self.granularity,
-            sampler_occupancy=min(1.0, max(0.0, occupancy)),
         )
-        self._totals.clear()
-        self._steps = 0
         self.phases.append(stats)
         return stats

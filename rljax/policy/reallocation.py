@@ -159,22 +159,41 @@ class ReallocatorConfig:
     held_threshold: float = 0.05
 
     def __post_init__(self):
-        if self.min_sampler_chips < 1 or self.min_learner_chips < 1:
-            raise ValueError("min_sampler_chips and min_learner_chips must be >= 1")
-        if not 0.0 <= self.idle_threshold < 1.0:
-            raise ValueError(f"idle_threshold must be in [0, 1), got {self.idle_threshold}")
-        if self.patience < 1 or self.horizon < 1 or min(self.cooldown, self.reversal_block) < 0:
+        # The messages name the config key: this is RunConfig's ``reallocator`` section (and
+        # SimConfig's), so ``--config.reallocator.margin=...`` is how a run sets it.
+        def fail(name: str, expected: str) -> None:
             raise ValueError(
-                "need patience >= 1, horizon >= 1, cooldown >= 0 and reversal_block >= 0 (phases)"
+                f"config key 'reallocator.{name}' = {getattr(self, name)!r} is invalid: "
+                f"expected {expected}"
             )
-        if self.margin <= 0:
-            raise ValueError(f"margin must be positive, got {self.margin}; 1.0 is break-even")
-        if not 0.0 <= self.min_gain < 1.0:
-            raise ValueError(f"min_gain must be a fraction in [0, 1), got {self.min_gain}")
-        if not 0.0 <= self.sliver <= 1.0:
-            raise ValueError(f"sliver must be a fraction in [0, 1], got {self.sliver}")
-        if not 0.0 <= self.held_threshold < 1.0:
-            raise ValueError(f"held_threshold must be in [0, 1), got {self.held_threshold}")
+
+        for name, least in (
+            ("min_sampler_chips", 1),
+            ("min_learner_chips", 1),
+            ("patience", 1),
+            ("horizon", 1),
+            ("cooldown", 0),
+            ("reversal_block", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                unit = "chips" if name.startswith("min_") else "phases"
+                fail(name, f"an integer >= {least} ({unit})")
+        for name, low, high, closed in (
+            ("idle_threshold", 0.0, 1.0, False),
+            ("full_fill", 0.0, 1.0, True),
+            ("max_move_fraction", 0.0, 1.0, True),
+            ("sliver", 0.0, 1.0, True),
+            ("min_gain", 0.0, 1.0, False),
+            ("held_threshold", 0.0, 1.0, False),
+        ):
+            value = getattr(self, name)
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (ok and low <= value and (value <= high if closed else value < high)):
+                fail(name, f"a fraction in [{low}, {high}{']' if closed else ')'}")
+        margin = self.margin
+        if isinstance(margin, bool) or not isinstance(margin, int | float) or not margin > 0:
+            fail("margin", "a positive number (benefit / switch cost; 1.0 is break-even)")
 
 
 def predicted_phase_s(sampler_work: float, learner_work: float, sampler_chips: int, total: int):

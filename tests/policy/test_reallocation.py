@@ -125,7 +125,7 @@ def test_bad_input_messages():
         stats(-1.0, 1.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="below the configured minimum"):
         Reallocator(ReallocatorConfig(min_learner_chips=40)).decide(LEARNER_BOUND)
-    with pytest.raises(ValueError, match="margin must be positive"):
+    with pytest.raises(ValueError, match="reallocator.margin. = 0.0 is invalid"):
         ReallocatorConfig(margin=0.0)
 
 
@@ -212,7 +212,7 @@ def test_reversed_move_is_barred_for_reversal_block_phases():
 def test_decode_timing_and_knob_errors():
     with pytest.raises(ValueError, match="times must be non-negative"):
         timed(1.0, 1.0, 1.0, 1.0, split=(32, 32), step=-0.001)
-    with pytest.raises(ValueError, match="min_gain must be a fraction"):
+    with pytest.raises(ValueError, match="reallocator.min_gain. = 1.5 is invalid"):
         ReallocatorConfig(min_gain=1.5)
-    with pytest.raises(ValueError, match="reversal_block >= 0"):
+    with pytest.raises(ValueError, match="reallocator.reversal_block. = -1 is invalid"):
         ReallocatorConfig(reversal_block=-1)

@@ -1,0 +1,125 @@
+"""The simulator and the runtime drive the policies through the same wiring.
+
+The same event trace gives the same PhaseStats through the runtime's ``Reallocation`` as through
+the simulator; both take admission's one ``max_concurrent`` rule and the same settings section.
+"""
+
+import dataclasses
+
+import pytest
+
+from rljax.config import ConfigError, MeshConfig, RunConfig, from_config_dict, to_config_dict
+from rljax.mesh.resize import Reallocation
+from rljax.policy import meter as phase_meter
+from rljax.policy.admission import max_concurrent_groups
+from rljax.policy.reallocation import ReallocatorConfig
+from rljax.sim import simulator
+from rljax.sim.simulator import SimConfig, Simulator
+from tests.sim.test_simulator import COST, LENGTHS, small
+
+
+class RecordingMeter(phase_meter.PhaseMeter):
+    """A PhaseMeter that keeps the trace it was fed and each phase it closed."""
+
+    def __init__(self, start=0.0):
+        super().__init__(start)
+        self.trace, self.closed = [], []
+
+    def record(self, event):
+        self.trace.append(event)
+        super().record(event)
+
+    def stats(self, **kwargs):
+        out = super().stats(**kwargs)
+        self.closed.append((len(self.trace), kwargs, out))
+        return out
+
+
+def simulate_with_trace(monkeypatch, config):
+    meters = []
+
+    def make(start=0.0):
+        meters.append(RecordingMeter(start))
+        return meters[-1]
+
+    monkeypatch.setattr(simulator, "PhaseMeter", make)
+    sim = Simulator(config, COST, LENGTHS)
+    sim.run()
+    (meter,) = meters
+    return sim, meter
+
+
+def test_one_trace_gives_equal_phase_stats_in_the_runtime_and_the_simulator(monkeypatch):
+    config = small("realloc", steps=24, phase_steps=3, switch_cost_s=0.5)
+    sim, meter = simulate_with_trace(monkeypatch, config)
+    kinds = {type(e) for e in meter.trace}
+    assert kinds == {
+        phase_meter.Generate,
+        phase_meter.SamplerIdle,
+        phase_meter.Learn,
+        phase_meter.LearnerWait,
+        phase_meter.StepEnd,
+    }
+    assert len(meter.closed) == config.steps // config.phase_steps
+
+    mesh = MeshConfig(
+        mode="split",
+        sampler_devices=config.sampler_chips,
+        learner_devices=config.total_chips - config.sampler_chips,
+        reallocate=True,
+        reallocate_every=config.phase_steps,
+        reallocate_granularity=sim.unit,
+    )
+    runtime = Reallocation(mesh, ReallocatorConfig())
+    fed = 0
+    for until, kwargs, expected in meter.closed:
+        for event in meter.trace[fed:until]:
+            runtime.meter.record(event)
+        fed = until
+        assert runtime.due
+        runtime.switch_cost_s = kwargs["switch_cost_s"]  # the simulator's cost of a resize
+        got = runtime.phase(
+            split=kwargs["split"],
+            slots=kwargs["slots"],
+            buffer_rows=kwargs["buffer_rows"],
+            batch_groups=kwargs["batch_groups"],
+            estimated_switch_s=0.0,
+        )
+        assert got == expected
+        assert not runtime.due
+    # The trace is not trivial: the decode-aware inputs and held-back idle are measured.
+    stats = [c[2] for c in meter.closed]
+    assert all(s.decode_step_s > 0 for s in stats)
+    assert any(s.sampler_idle_s > 0 for s in stats)
+    assert any(0 < s.decode_fixed_s < s.decode_step_s for s in stats)
+
+
+def test_the_simulator_fits_the_weight_read_as_the_fixed_decode_part(monkeypatch):
+    # The fit on busy slots and KV tokens recovers the cost model's fixed part (the weight read
+    # plus launch), which a fit on busy slots alone misreads when stragglers carry long KV.
+    config = small("realloc", steps=12, phase_steps=3, switch_cost_s=0.5)
+    _, meter = simulate_with_trace(monkeypatch, config)
+    fixed = COST.decode_memory_s(0.0)
+    for _, _, stats in meter.closed:
+        assert stats.decode_fixed_s == pytest.approx(fixed, rel=1e-3)
+
+
+def test_simulator_and_runtime_share_admission_and_settings():
+    config = small("async", overprovision=2)
+    sim = Simulator(config, COST, LENGTHS)
+    sim.run()
+    slots = len(sim.replicas) * sim.slots
+    expected = max_concurrent_groups(
+        slots=slots, group_size=config.group_size, batch_groups=8, overprovision=2
+    )
+    assert sim.controller.max_concurrent == expected
+    # Every Reallocator setting is a RunConfig key, and SimConfig takes the same section.
+    settings = ReallocatorConfig(patience=3, margin=2.0, held_threshold=0.2)
+    cfg = from_config_dict({"reallocator": dataclasses.asdict(settings)})
+    assert cfg.reallocator == settings
+    assert set(to_config_dict(RunConfig()).reallocator) == {
+        f.name for f in dataclasses.fields(ReallocatorConfig)
+    }
+    assert SimConfig(reallocator=cfg.reallocator).reallocator is cfg.reallocator
+    with pytest.raises(ConfigError, match="'reallocator.patience' = 0 is invalid"):
+        from_config_dict({"reallocator": {"patience": 0}})
