@@ -10,8 +10,8 @@ lognormal with a long tail. Figures, each a ratio taken in this run:
   (a) async learner steps/s vs the ideal min(sampler rate, learner rate), where the sampler
       rate is the driver's with a free learner (zero step cost) and the learner rate the
       driver's with a free sampler; target >= 0.95 once eta >= 1;
-  (b) async vs sync steps/s on the same workload and fakes (sync: sample a whole batch of
-      groups, then learn, then publish, one after another);
+  (b) async vs sync steps/s on the same workload and fakes (sync: the same driver in its
+      lock-step schedule: sample a whole batch of groups, then learn, then publish);
   (c) host overhead per trajectory in microseconds: the driver (eta = 4) with every cost set
       to zero, wall time / trajectories consumed, and the process's CPU time / trajectories
       (wall includes the threads' wake-up latency; CPU time is the Python work itself).
@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from rljax.runtime.driver import Driver
-from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.engine.sampler import Request
+from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.runtime.driver import Driver
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -126,9 +126,18 @@ def _steady_rate(times: list[float], warmup: int) -> float:
 
 
 def run_async(
-    w: Workload, eta: int, *, free_sampler=False, free_learner=False, zero_cost=False
+    w: Workload,
+    eta: int,
+    *,
+    free_sampler=False,
+    free_learner=False,
+    zero_cost=False,
+    lockstep=False,
 ) -> dict:
-    """The real Driver over the fakes; returns its rate and counters."""
+    """The real Driver over the fakes; returns its rate and counters.
+
+    ``lockstep=True`` (eta = 0) is the synchronous baseline: the same driver in mode='sync'.
+    """
     free_sampler |= zero_cost
     free_learner |= zero_cost
     learner = FakeLearner(w.learner_cost(free_learner))
@@ -160,6 +169,7 @@ def run_async(
         group_size=w.group_size,
         num_steps=w.steps,
         on_step=lambda step, metrics: times.append(time.perf_counter()),
+        lockstep=lockstep,
     )
     start, cpu = time.perf_counter(), time.process_time()
     driver.run()
@@ -172,48 +182,6 @@ def run_async(
         "sampler_steps": sampler.stats["steps"],
         "slot_occupancy": sampler.stats["tokens"] / max(1, sampler.stats["steps"] * w.slots),
     }
-
-
-def run_sync(w: Workload) -> dict:
-    """Sample a whole batch, then learn, then publish: the synchronous baseline."""
-    learner = FakeLearner(w.learner_cost(False))
-    sync = FakeWeightSync(cost_s=w.sync_s)
-    sampler = FakeSampler(
-        slots=w.slots,
-        step_cost_s=w.sampler_cost(False),
-        length_sampler=lognormal_lengths(w.median_len, w.sigma, w.max_len),
-        seed=0,
-        params=learner.params,
-    )
-    prompts, rid = _Prompts(w.batch_groups), itertools.count()
-    times = []
-    for _ in range(w.steps):
-        requests = [
-            Request([1] * w.prompt_len, w.group_size, payload=ex, request_id=next(rid))
-            for ex in next(prompts)
-        ]
-        by_group: dict[int, list] = {}
-        for t in sampler.run(requests):
-            by_group.setdefault(t.group_id, []).append(t)
-        groups = [
-            _SyncGroup(trajs, _rewards(trajs), min(t.min_version for t in trajs))
-            for _, trajs in sorted(by_group.items())
-        ]
-        learner.step(fake_make_batch(groups))
-        sync.publish(learner.params, learner.version)
-        sampler.set_params(*sync.acquire())
-        times.append(time.perf_counter())
-    return {
-        "steps_per_s": _steady_rate(times, w.warmup),
-        "slot_occupancy": sampler.stats["tokens"] / max(1, sampler.stats["steps"] * w.slots),
-    }
-
-
-@dataclasses.dataclass
-class _SyncGroup:
-    trajectories: list
-    rewards: np.ndarray
-    min_version: int
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -235,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"learner alone (sampler free): {learner_alone:.2f} steps/s")
     ideal = min(sampler_alone, learner_alone)
 
-    sync = run_sync(w)
+    sync = run_async(w, 0, lockstep=True)
     print(f"sync: {sync['steps_per_s']:.2f} steps/s, slot occupancy {sync['slot_occupancy']:.2f}")
     sweep = {}
     for eta in ETAS:
