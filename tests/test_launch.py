@@ -7,9 +7,14 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
+from rljax.configs import arith_tiny
+
+from rljax import config as config_lib
+from rljax import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CONFIG = str(ROOT / "configs" / "arith_tiny.py") + ":test"
+CONFIG = str(ROOT / "configs" / "arith_tiny.py") + ":small"
 
 
 def _launch(*args, devices=8, timeout=300):
@@ -24,7 +29,7 @@ def _launch(*args, devices=8, timeout=300):
     )
 
 
-def test_launcher_runs_the_test_config_end_to_end(tmp_path):
+def test_launcher_runs_the_small_config_end_to_end(tmp_path):
     proc = _launch(f"--config={CONFIG}", f"--workdir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -38,9 +43,9 @@ def test_launcher_runs_the_test_config_end_to_end(tmp_path):
         "response_length",
         "clip_frac",
         "entropy",
-        "sample_tokens_per_s",
-        "learn_s",
-        "sample_s",
+        "sampler_tokens_per_s",
+        "sampler_busy_s",
+        "learner_busy_s",
     ):
         assert key in train[-1], key
     assert "held-out accuracy after warm start" in proc.stderr + proc.stdout
@@ -69,3 +74,27 @@ def test_bad_input_gets_a_one_line_error(tmp_path, args, message):
     assert last.startswith("rljax: ")
     assert message in last
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("configs/arith_tiny.py:test", "unknown variant 'test' of configs/arith_tiny.py; use one"),
+        ("configs/no_such_recipe.py", "cannot load the --config file"),
+    ],
+    ids=["unknown_variant", "missing_file"],
+)
+@pytest.mark.parametrize("override", [[], ["--config.seed=1"]], ids=["", "with_override"])
+def test_bad_config_file_gets_a_one_line_error(tmp_path, config, message, override):
+    proc = _launch(f"--config={config}", *override, f"--workdir={tmp_path}", timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"rljax: {message}")
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_config_runs_the_default_recipe():
+    try:
+        flags.FLAGS(["rljax"])
+        assert launch._run_config(config_lib) == arith_tiny.recipe()
+    finally:
+        flags.FLAGS.unparse_flags()
