@@ -104,15 +104,21 @@ def test_the_simulator_fits_the_weight_read_as_the_fixed_decode_part(monkeypatch
         assert stats.decode_fixed_s == pytest.approx(fixed, rel=1e-3)
 
 
-def test_simulator_and_runtime_share_admission_and_settings():
-    config = small("async", overprovision=2)
+@pytest.mark.parametrize("sampler_chips, max_slots", [(8, 32), (1, 4)])
+def test_simulator_and_runtime_share_admission_and_settings(sampler_chips, max_slots):
+    # (1, 4): one replica of 4 slots, fewer than a batch of 8 + 2 groups; the one rule still
+    # lets a whole batch be in flight (the simulator alone used to cap it at the 4 slots).
+    config = small("async", overprovision=2, sampler_chips=sampler_chips, max_slots=max_slots)
     sim = Simulator(config, COST, LENGTHS)
-    sim.run()
+    result = sim.run()
     slots = len(sim.replicas) * sim.slots
     expected = max_concurrent_groups(
         slots=slots, group_size=config.group_size, batch_groups=8, overprovision=2
     )
-    assert sim.controller.max_concurrent == expected
+    assert sim.controller.max_concurrent == expected == max(10, slots)
+    assert result.steps == config.steps
+
+def test_every_reallocator_setting_is_a_run_config_key():
     # Every Reallocator setting is a RunConfig key, and SimConfig takes the same section.
     settings = ReallocatorConfig(patience=3, margin=2.0, held_threshold=0.2)
     cfg = from_config_dict({"reallocator": dataclasses.asdict(settings)})
