@@ -116,18 +116,11 @@ def sharded_token_logprobs_and_entropy(
       (logprobs [T], entropy [T]), sharded over ``batch_axes``; differentiable.
     """
     ops.validate(hidden, unembed, targets)
+    sharding.check_axes(mesh, batch_axes=batch_axes, vocab_axis=vocab_axis)
+    sharding.check_divides("hidden's T", hidden.shape[0], mesh, batch_axes, "pad the token batch")
+    sharding.check_divides("unembed's V", unembed.shape[1], mesh, vocab_axis, "pad the vocabulary")
     shards = sharding.axis_size(mesh, batch_axes)
-    if hidden.shape[0] % shards:
-        raise ValueError(
-            f"hidden's T={hidden.shape[0]} tokens must divide by the {shards} shards of mesh "
-            f"axes {batch_axes!r}; pad the token batch."
-        )
     vocab_shards = sharding.axis_size(mesh, vocab_axis)
-    if unembed.shape[1] % vocab_shards:
-        raise ValueError(
-            f"unembed's V={unembed.shape[1]} must divide by the {vocab_shards} shards of mesh "
-            f"axis {vocab_axis!r}; pad the vocabulary."
-        )
     options = ops.resolve_options(
         hidden.shape[0] // shards,
         unembed.shape[1] // vocab_shards,

@@ -176,9 +176,9 @@ def test_sharded_over_tokens_and_vocab(batch_axes, vocab_axis):
 def test_sharded_rejects_indivisible_shapes():
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     hidden, unembed, targets = make_inputs(jnp.float32)
-    with pytest.raises(ValueError, match="T=20 tokens must divide by the 8 shards"):
+    with pytest.raises(ValueError, match="hidden's T=20 must divide by the 8 shards"):
         sharded_token_logprobs_and_entropy(mesh, ("data", "model"), hidden, unembed, targets)
-    with pytest.raises(ValueError, match="V=99 must divide by the 2 shards of mesh axis 'model'"):
+    with pytest.raises(ValueError, match="V=99 must divide by the 2 shards of mesh axes 'model'"):
         sharded_token_logprobs_and_entropy(
             mesh, "data", hidden, unembed[:, :99], targets, vocab_axis="model"
         )

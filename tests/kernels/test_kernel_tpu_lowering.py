@@ -3,19 +3,31 @@
 ``jax.export`` with ``platforms=['tpu']`` runs Pallas' Mosaic lowering (block-shape and
 layout rules, scalar prefetch, DMA and semaphore ops), which interpret mode skips. Mosaic's
 own compiler passes still only run on a TPU.
+
+The first tests export the kernels at one shape per tuning-table entry. The sweep at the end
+exports the public ops' cores, forward and backward, the way a TPU runs them (Pallas, not
+interpreted) over the shapes users hit: vocabularies from 18 (the default recipe's model) to
+151,936 (Qwen), sequence lengths from 1 to 4096 including odd ones, head dims 64 and 128.
+Each case is lowering only (no execution); the sweep pairs its axes instead of crossing them.
 """
+
+import math
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import export
+from rljax.kernels.flash_attention import BlockSizes as FlashBlockSizes
 from rljax.kernels.flash_attention import block_sizes as flash_bs
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
 from rljax.kernels.flash_attention.kernel_bwd import flash_attention_bwd_kernel
+from rljax.kernels.flash_attention.ops import flash_attention_core
 from rljax.kernels.fused_logprobs import block_sizes as logprobs_bs
 from rljax.kernels.fused_logprobs.kernel import token_logprobs_kernel
+from rljax.kernels.fused_logprobs.ops import token_logprobs_and_entropy_core
 from rljax.kernels.paged_attention import block_sizes as paged_bs
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
+from rljax.kernels.paged_attention.ops import paged_decode_attention_core
 
 GENERATIONS = sorted(paged_bs.TUNING_TABLE)
 _S = jax.ShapeDtypeStruct
@@ -23,9 +35,10 @@ _BF16 = jnp.bfloat16
 _I32 = jnp.int32
 
 
-def assert_lowers_to_mosaic(fn, *args):
+def assert_lowers_to_mosaic(fn, *args, calls=1):
+    """Exports ``fn`` for TPU; it must hold at least ``calls`` Mosaic kernels."""
     exported = export.export(jax.jit(fn), platforms=["tpu"])(*args)
-    assert "tpu_custom_call" in exported.mlir_module()
+    assert exported.mlir_module().count("tpu_custom_call") >= calls
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)
@@ -111,3 +124,130 @@ def test_fused_logprobs_lowers(generation):
         _S((256, 152064), _BF16),
         _S((1024,), _I32),
     )
+
+
+# -- the sweep ------------------------------------------------------------------------------
+
+# Every tuning-table entry plus the default, cycled through the cases below.
+SIZES = {"default": None, **{g: g for g in GENERATIONS}}
+_TPU = dict(use_pallas=True, interpret=False)  # what resolve_impl gives on a TPU
+
+
+def _table(bs, generation):
+    return bs.DEFAULT if generation in (None, "default") else bs.TUNING_TABLE[generation]
+
+
+def _grad_fn(core, n_diff, **options):
+    """fn(*args) -> (outputs, grads of a weighted sum of the outputs wrt the first n_diff)."""
+
+    def fn(*args):
+        def loss(*diff):
+            outs = core(*diff, *args[n_diff:], **options)
+            return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree.leaves(outs))
+
+        return jax.value_and_grad(loss, argnums=tuple(range(n_diff)))(*args[:n_diff])
+
+    return fn
+
+
+# (vocabulary, tokens, hidden width, generation): every vocabulary, small and odd token counts.
+LOGPROB_CASES = [
+    (18, 37, 64, "default"),  # the default recipe's model: V below one 128-lane tile
+    (18, 1, 128, "v6e"),
+    (1000, 200, 128, "v4"),  # ragged last vocabulary tile
+    (32000, 4096, 128, "v5e"),
+    (50257, 129, 64, "v5p"),  # odd V and odd T
+    (151936, 1000, 128, "v6e"),
+]
+
+
+@pytest.mark.parametrize("vocab, tokens, width, generation", LOGPROB_CASES)
+def test_fused_logprobs_sweep_lowers_forward_and_backward(vocab, tokens, width, generation):
+    sizes = _table(logprobs_bs, generation).for_shape(tokens, vocab)
+    fn = _grad_fn(
+        token_logprobs_and_entropy_core, 2, temperature=1.0, block_sizes=sizes, **_TPU
+    )
+    # The backward is the chunked jnp backward (see docs/kernels.md); the forward is Pallas.
+    assert_lowers_to_mosaic(
+        fn, _S((tokens, width), _BF16), _S((width, vocab), _BF16), _S((tokens,), _I32)
+    )
+
+
+# (T, head dim, segment ids, generation): odd lengths, one tile, lane tiles, long sequences.
+FLASH_CASES = [
+    (1, 64, True, "default"),
+    (7, 128, False, "v4"),
+    (100, 64, True, "v5e"),
+    (200, 128, True, "default"),  # padded to 3,200 before, and its backward did not lower
+    (300, 64, True, "v6e"),  # padded to 4,864 before
+    (513, 128, False, "v5p"),
+    (1000, 64, True, "v4"),
+    (4095, 128, True, "v6e"),
+]
+
+
+@pytest.mark.parametrize("seq_len, head_dim, with_segments, generation", FLASH_CASES)
+def test_flash_attention_sweep_lowers_forward_and_backward(
+    seq_len, head_dim, with_segments, generation
+):
+    sizes = _table(flash_bs, generation)
+    fn = _grad_fn(
+        flash_attention_core,
+        3,
+        causal=True,
+        sm_scale=1 / math.sqrt(head_dim),
+        block_sizes=sizes,
+        **_TPU,
+    )
+    q = _S((1, seq_len, 4, head_dim), _BF16)  # [B, T, N, H]
+    kv = _S((1, seq_len, 2, head_dim), _BF16)  # GQA: two query heads per kv head
+    seg = _S((1, seq_len), _I32) if with_segments else None
+    assert_lowers_to_mosaic(fn, q, kv, kv, seg, calls=3)  # forward, dK/dV, dQ
+
+
+@pytest.mark.parametrize(
+    "seq_len, head_dim, page_size, generation",
+    [(1, 64, 16, "default"), (200, 128, 16, "v5e"), (4096, 64, 32, "v6e")],
+)
+def test_paged_attention_sweep_lowers(seq_len, head_dim, page_size, generation):
+    pages_per_seq = -(-seq_len // page_size)
+    sizes = _table(paged_bs, generation).for_pages_per_seq(pages_per_seq)
+    fn = lambda *a: paged_decode_attention_core(
+        *a, sm_scale=1 / math.sqrt(head_dim), block_sizes=sizes, **_TPU
+    )
+    assert_lowers_to_mosaic(
+        fn,
+        _S((4, 8, head_dim), _BF16),  # q [B, N, H]
+        _S((2, 4 * pages_per_seq, page_size, head_dim), _BF16),  # [K, P, S, H]
+        _S((2, 4 * pages_per_seq, page_size, head_dim), _BF16),
+        _S((4,), _I32),
+        _S((4, pages_per_seq), _I32),
+    )
+
+
+def _padding(sizes: FlashBlockSizes, seq_len: int) -> float:
+    return sizes.for_seq_len(seq_len).padded_len(seq_len) / seq_len
+
+
+def test_padding_overhead_is_reported_and_under_2x_from_128_tokens(capsys):
+    """Every length 1..4096 under every table entry: flash attention pads T, log-probs T."""
+    lengths = range(1, 4097)
+    rows = []
+    for name, generation in SIZES.items():
+        flash = _table(flash_bs, generation)
+        logprobs = _table(logprobs_bs, generation)
+        flash_pad = {t: _padding(flash, t) for t in lengths}
+        logprob_pad = {}
+        for t in lengths:
+            block_t = logprobs.for_shape(t, 32000).block_t
+            logprob_pad[t] = -(-t // block_t) * block_t / t
+        for label, pad in (("flash_attention", flash_pad), ("fused_logprobs", logprob_pad)):
+            long = {t: p for t, p in pad.items() if t >= 128}
+            worst = max(long, key=long.get)
+            rows.append(
+                f"{label:16s} {name:8s} worst(T>=128) {long[worst]:.3f}x at T={worst}; "
+                f"T=200 {pad[200]:.3f}x, T=300 {pad[300]:.3f}x, T=1 {pad[1]:.0f}x"
+            )
+            assert long[worst] < 2.0, rows[-1]
+    with capsys.disabled():
+        print("\npadding overhead (padded / T):\n" + "\n".join(rows))
