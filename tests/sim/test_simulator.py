@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from rljax.policy.reallocation import ReallocatorConfig
 from rljax.models.presets import PRESETS
+from rljax.policy.reallocation import ReallocatorConfig
 from rljax.sim.chips import CHIPS, get_chip
 from rljax.sim.costs import CostModel, Efficiencies
 from rljax.sim.simulator import SimConfig, Simulator
@@ -252,7 +252,7 @@ def test_held_back_slots_count_as_sampler_idle_and_send_chips_to_the_learner():
 
 def test_phase_stats_carry_decode_step_timings(monkeypatch):
     # The decode-aware policy reads the mean step time and its fixed part (the weight read);
-    # the simulator measures the first from its replicas' clocks.
+    # the simulator's PhaseMeter measures both from the replicas' Generate events.
     from rljax.policy.reallocation import Reallocator
 
     seen, decide = [], Reallocator.decide
