@@ -7,6 +7,8 @@ Three constructors build the same object:
   ``tokenizer_config.json``);
 * :meth:`Tokenizer.from_gguf` - the tokenizer metadata embedded in a GGUF checkpoint.
 
+Paths may be local or ``gs://`` URLs: every file is read and written through :mod:`rljax.io`.
+
 Special tokens are never added implicitly: ``encode`` returns exactly the tokens of the text,
 plus BOS only when asked. Chat templates already write their own BOS/turn markers, and a
 second, implicit BOS silently shifts every position of a prompt.
@@ -22,6 +24,8 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 from tokenizers import Regex, decoders, models, pre_tokenizers
+
+from rljax import io
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 DEFAULT_ALPHABET = "0123456789+-*= "
@@ -52,10 +56,9 @@ def _token_content(value) -> str | None:
     return value
 
 
-def _read_json(path: str) -> dict:
+def _read_json(path: io.PathLike) -> dict:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(io.read_text(path))
     except FileNotFoundError:
         raise FileNotFoundError(f"Tokenizer file {path} does not exist.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -169,27 +172,25 @@ class Tokenizer:
         ``generation_config.json``'s ``eos_token_id`` adds stop ids. Without a pad token,
         ``pad_id`` falls back to ``eos_id``.
         """
-        path = os.fspath(path)
-        tok_path = os.path.join(path, TOKENIZER_FILE)
-        if not os.path.isfile(tok_path):
+        tok_path = io.join(path, TOKENIZER_FILE)
+        if not io.is_file(tok_path):
             raise FileNotFoundError(f"Tokenizer file {tok_path} does not exist.")
         try:
-            tok = tokenizers.Tokenizer.from_file(tok_path)
+            tok = tokenizers.Tokenizer.from_str(io.read_text(tok_path))
         except Exception as exc:
             raise ValueError(f"Tokenizer file {tok_path} could not be parsed: {exc}") from None
-        config_path = os.path.join(path, CONFIG_FILE)
+        config_path = io.join(path, CONFIG_FILE)
         config = _read_json(config_path)
         eos_token = _token_content(config.get("eos_token"))
         if eos_token is None:
             raise ValueError(f"{config_path} has no eos_token; the sampler needs one to stop.")
         template = _select_template(config.get("chat_template"), config_path)
-        template_path = os.path.join(path, CHAT_TEMPLATE_FILE)
-        if os.path.isfile(template_path):
-            with open(template_path, encoding="utf-8") as f:
-                template = f.read()
+        template_path = io.join(path, CHAT_TEMPLATE_FILE)
+        if io.is_file(template_path):
+            template = io.read_text(template_path)
         extra_stop_ids = []
-        gen_path = os.path.join(path, GENERATION_CONFIG_FILE)
-        if os.path.isfile(gen_path):
+        gen_path = io.join(path, GENERATION_CONFIG_FILE)
+        if io.is_file(gen_path):
             eos_ids = _read_json(gen_path).get("eos_token_id")
             extra_stop_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
         return cls(
@@ -293,9 +294,8 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> None:
         """Writes ``tokenizer.json`` and ``tokenizer_config.json`` so that ``from_dir``
         rebuilds an identical tokenizer."""
-        path = os.fspath(path)
-        os.makedirs(path, exist_ok=True)
-        self._tok.save(os.path.join(path, TOKENIZER_FILE))
+        io.makedirs(path)
+        io.write_text(io.join(path, TOKENIZER_FILE), self._tok.to_str(pretty=True))
         config = {
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
@@ -304,12 +304,13 @@ class Tokenizer:
         }
         if self._alphabet_str is not None:
             config["rljax_alphabet"] = self._alphabet_str
-        with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(config, f, ensure_ascii=False, indent=2)
+        io.write_text(io.join(path, CONFIG_FILE), json.dumps(config, ensure_ascii=False, indent=2))
         extra = sorted(self.stop_ids - {self.eos_id})
         if extra:
-            with open(os.path.join(path, GENERATION_CONFIG_FILE), "w", encoding="utf-8") as f:
-                json.dump({"eos_token_id": [self.eos_id, *extra]}, f)
+            io.write_text(
+                io.join(path, GENERATION_CONFIG_FILE),
+                json.dumps({"eos_token_id": [self.eos_id, *extra]}),
+            )
 
     def check_fits(self, model_vocab_size: int) -> None:
         """Raises if some token id would index past the model's embedding table."""
@@ -354,13 +355,18 @@ def _load_gguf(cls, path: str) -> Tokenizer:
         raise ImportError(
             "Tokenizer.from_gguf needs the gguf package; run `pip install gguf`."
         ) from None
-    if not os.path.isfile(path):
+    if not io.is_file(path):
         raise FileNotFoundError(f"GGUF file {path} does not exist.")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
-        raise ValueError(f"GGUF file {path} could not be read: {exc}") from None
+    # gguf memory-maps a local file: a remote one is copied first.
+    with io.local_copy(path) as local:
+        try:
+            reader = gguf.GGUFReader(local)
+        except Exception as exc:
+            raise ValueError(f"GGUF file {path} could not be read: {exc}") from None
+        return _from_gguf_reader(cls, reader, path)
 
+
+def _from_gguf_reader(cls, reader, path: str) -> Tokenizer:
     def field(key: str, default=None):
         value = reader.fields.get(key)
         return default if value is None else value.contents()

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
+from rljax import io
 from rljax.models.tokenizer import Tokenizer
+from rljax.testing.filesystems import gcs_workdir
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +192,19 @@ def test_from_gguf_errors(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)
     with pytest.raises(ImportError, match="needs the gguf package; run `pip install gguf`"):
         Tokenizer.from_gguf(tmp_path / "spm.gguf")
+
+
+def test_save_and_load_on_gcs(tmp_path):
+    """Tokenizer files on a gs:// path (GCS emulator): from_dir, save and from_gguf."""
+    tok = Tokenizer.from_gguf(_write_gguf(tmp_path / "tiny.gguf"))
+    with gcs_workdir() as workdir:
+        tok.save(f"{workdir}/tok")
+        loaded = Tokenizer.from_dir(f"{workdir}/tok")
+        assert loaded.encode("ab a12") == tok.encode("ab a12") and loaded.eos_id == tok.eos_id
+        io.write_bytes(f"{workdir}/tiny.gguf", (tmp_path / "tiny.gguf").read_bytes())
+        assert Tokenizer.from_gguf(f"{workdir}/tiny.gguf").encode("ab a") == [7, 8]
+        with pytest.raises(FileNotFoundError, match="gs://.*/tok/missing/tokenizer.json"):
+            Tokenizer.from_dir(f"{workdir}/tok/missing")
 
 
 def _smollm2_gguf():
