@@ -189,7 +189,8 @@ class LearnerConfig:
     """The RL algorithm and its optimiser.
 
     Symbols follow the papers: G (group_size), epsilon_low/epsilon_high (DAPO clip-higher),
-    beta (KL coefficient, k3 estimator), C (truncated importance-sampling cap).
+    c (clip_ratio_c, verl's dual clip), beta (KL coefficient, k3 estimator), C (truncated
+    importance-sampling cap), pi_prox (decoupled PPO's proximal policy, AReaL).
     """
 
     loss: str = "grpo"
@@ -201,10 +202,17 @@ class LearnerConfig:
     remat: str = "none"  # activation rematerialisation per decoder block: one of REMAT
     epsilon_low: float = 0.2
     epsilon_high: float = 0.28
+    # c: dual clip (verl; Ye et al. 2020): for A < 0 the loss is at most -c * A, so a huge ratio
+    # on a bad token cannot dominate; > 1 when on (verl uses 3.0); 0 disables
+    clip_ratio_c: float = 0.0
     beta: float = 0.0  # KL(pi || pi_ref) coefficient; 0 disables the reference model
     truncated_is: float = 0.0  # C: cap on pi_prox / pi_behaviour; 0 disables
-    proximal: str = "recompute"  # decoupled PPO: 'recompute' or 'loglinear'
-    scale_advantages: bool = True  # divide by the group std (GRPO); Dr. GRPO sets False
+    # pi_prox: 'recompute' (log-probs of the params before the step, once per batch) or
+    # 'loglinear' (interpolated by version, no extra forward pass; see rljax.learner.losses)
+    proximal: str = "recompute"
+    # Divide advantages by the group std. None: the loss decides (False for dr_grpo, which
+    # exists to remove it; True otherwise); see advantages.resolve_scale
+    scale_advantages: bool | None = None
     learning_rate: float = 1e-4
     warmup_steps: int = 0
     decay_steps: int = 0  # > 0: cosine decay to 0 over this many updates after the warmup
@@ -238,9 +246,18 @@ class LearnerConfig:
         _positive_float("learner.epsilon_high", self.epsilon_high)
         if self.epsilon_low >= 1.0:
             _fail("learner.epsilon_low", self.epsilon_low, "a number in (0, 1)")
+        _positive_float("learner.clip_ratio_c", self.clip_ratio_c, allow_zero=True)
+        if 0.0 < self.clip_ratio_c <= 1.0:
+            _fail(
+                "learner.clip_ratio_c",
+                self.clip_ratio_c,
+                "0 (off) or a number > 1 (a bound <= 1 would clip below the PPO clip; verl: 3.0)",
+            )
         _positive_float("learner.beta", self.beta, allow_zero=True)
         _positive_float("learner.truncated_is", self.truncated_is, allow_zero=True)
         _one_of("learner.proximal", self.proximal, ("recompute", "loglinear"))
+        if self.scale_advantages is not None and not isinstance(self.scale_advantages, bool):
+            _fail("learner.scale_advantages", self.scale_advantages, "True, False or None")
         _positive_float("learner.learning_rate", self.learning_rate)
         _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)
         _positive("learner.decay_steps", self.decay_steps, allow_zero=True)
@@ -515,12 +532,26 @@ def to_config_dict(cfg: RunConfig) -> ml_collections.ConfigDict:
 
     def convert(obj: Any) -> Any:
         if dataclasses.is_dataclass(obj):
-            return {f.name: convert(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+            hints = typing.get_type_hints(type(obj))
+            return {
+                f.name: _none_placeholder(hints[f.name])
+                if getattr(obj, f.name) is None
+                else convert(getattr(obj, f.name))
+                for f in dataclasses.fields(obj)
+            }
         if isinstance(obj, Mapping):
             return {k: convert(v) for k, v in obj.items()}
         return obj
 
     return ml_collections.ConfigDict(convert(cfg))
+
+
+def _none_placeholder(hint: Any) -> Any:
+    """A None scalar field as a typed placeholder, so ``--config.x=...`` can still set it."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) == 1 and args[0] in (bool, int, float, str):
+        return ml_collections.config_dict.placeholder(args[0])
+    return None
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:

@@ -1,10 +1,10 @@
 """Turn trajectories into packed, micro-batched training arrays.
 
 Sequences (prompt + response) are packed into rows of ``row_len`` tokens, told apart by segment
-ids, rather than padded to the longest one (:mod:`rljax.policy.packing` decides the placement). At row
-position t the arrays hold the input token and everything about the *next* token, the one that
-position predicts: its id (``targets``), whether it is a trained response token (``mask``), its
-behaviour log-prob, advantage and policy version, and its weight in the loss.
+ids, rather than padded to the longest one (:mod:`rljax.policy.packing` decides the placement).
+At row position t the arrays hold the input token and everything about the *next* token, the
+one that position predicts: its id (``targets``), whether it is a trained response token
+(``mask``), its behaviour log-prob, advantage and policy version, and its weight in the loss.
 
 The weight encodes the loss aggregation, so micro-batches simply add up:
 - ``token_mean``: every response token of the batch weighs 1 / (response tokens in the batch);

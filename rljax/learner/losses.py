@@ -5,15 +5,19 @@ the loss by the batch's ``weights`` (which encode the loss's aggregation, see
 :mod:`rljax.learner.batch`) and averages the metrics over response tokens.
 
 Symbols: r = pi_theta / pi_base (the PPO ratio), A the advantage, epsilon_low/high the clip
-band (DAPO's clip-higher when high > low), beta the KL weight, C the truncated-IS cap.
+band (DAPO's clip-higher when high > low), c the dual-clip bound on negative advantages
+(``clip_ratio_c``, verl), beta the KL weight, C the truncated-IS cap.
 
-Off-policy handling. The learner takes one optimiser step per batch, so the proximal policy of
-decoupled PPO (AReaL), the policy the clip is taken against, is the learner's current policy
-before the step: ``prox = stop_gradient(logp)`` (``proximal='recompute'``). The behaviour
-policy that sampled the tokens enters only through the importance weight
-``w = exp(prox - behaviour)``, truncated at C when set. ``proximal='loglinear'`` instead
-interpolates prox between the behaviour and current log-probs by policy version (AReaL's
-cheap estimate). Plain GRPO with ``truncated_is = C > 0`` uses the same decomposition.
+Off-policy handling (decoupled PPO, AReaL). The proximal policy pi_prox, the one the clip is
+taken against, is the learner's policy before the step: version V = ``learner_version``.
+``proximal='recompute'`` uses its log-probs as computed once per batch, before the
+``ppo_epochs`` updates (``LossInputs.prox_logprobs``; with one update per batch the
+current log-probs are those of pi_prox already). The behaviour policy that sampled the tokens
+enters only through the importance weight ``w = pi_prox / pi_behav``, truncated at C when set.
+``proximal='loglinear'`` skips the forward pass: it takes log pi linear in the version between
+the behaviour (v_b) and the policy this step trains (V + 1), so log pi_prox =
+log pi_behav + alpha (log pi_theta - log pi_behav) with alpha = (V - v_b) / (V + 1 - v_b).
+Plain GRPO with ``truncated_is = C > 0`` uses the same decomposition.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ class LossInputs:
     entropy: jax.Array
     segment_ids: jax.Array  # for sequence-level losses
     versions: jax.Array  # behaviour version of each token
-    learner_version: jax.Array  # scalar
+    learner_version: jax.Array  # scalar: the version of pi_prox, the params before this step
     ref_logprobs: jax.Array | None = None
+    prox_logprobs: jax.Array | None = None  # pi_prox, fixed over the epochs; None: logprobs
 
 
 LossFn = Callable[[LossInputs, LearnerConfig], tuple[jax.Array, dict[str, jax.Array]]]
@@ -48,11 +53,29 @@ LossFn = Callable[[LossInputs, LearnerConfig], tuple[jax.Array, dict[str, jax.Ar
 
 @dataclasses.dataclass(frozen=True)
 class Loss:
-    """A registered loss: the function and how its per-token values are aggregated."""
+    """A registered loss: the function and how its per-token values are aggregated.
+
+    ``proximal`` says when the loss reads pi_prox: ``'always'`` (decoupled PPO),
+    ``'with_is'`` (only when ``truncated_is > 0``) or ``'never'``. ``scale_advantages`` is the
+    loss's default for dividing advantages by the group std, used when
+    ``LearnerConfig.scale_advantages`` is None (see :func:`rljax.learner.advantages.resolve_scale`).
+    """
 
     fn: LossFn
     aggregation: str = "token_mean"
     uses_advantages: bool = True
+    proximal: str = "never"
+    scale_advantages: bool = True
+
+    def __post_init__(self):
+        if self.proximal not in ("always", "with_is", "never"):
+            raise ValueError(
+                f"Loss.proximal={self.proximal!r}; expected 'always', 'with_is' or 'never'"
+            )
+
+    def needs_proximal(self, cfg: LearnerConfig) -> bool:
+        """Whether this loss, under ``cfg``, reads the proximal log-probs."""
+        return self.proximal == "always" or (self.proximal == "with_is" and cfg.truncated_is > 0)
 
 
 def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
@@ -61,24 +84,40 @@ def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
     return jnp.exp(d) - d - 1.0
 
 
+def loglinear_alpha(versions: jax.Array, learner_version: jax.Array) -> jax.Array:
+    """alpha = (V - v_b) / (V + 1 - v_b): where pi_prox (version V) sits, in log space, between
+    the behaviour policy (v_b) and the policy this step trains (V + 1).
+
+    Staleness 0 gives 0 (pi_prox is the behaviour policy), 1 gives 1/2, 2 gives 2/3.
+    """
+    v_b = versions.astype(jnp.float32)
+    v = learner_version.astype(jnp.float32)
+    return jnp.clip((v - v_b) / jnp.maximum(v + 1.0 - v_b, 1.0), 0.0, 1.0)
+
+
 def _proximal(x: LossInputs, cfg: LearnerConfig) -> jax.Array:
     current = jax.lax.stop_gradient(x.logprobs)
-    if cfg.proximal == "recompute":
-        return current
-    # Log-linear in version between behaviour (v_b) and current (V): prox is version V - 1.
-    v_b = x.versions.astype(jnp.float32)
-    v = x.learner_version.astype(jnp.float32)
-    alpha = jnp.where(v > v_b, (v - 1.0 - v_b) / jnp.maximum(v - v_b, 1.0), 1.0)
-    return x.old_logprobs + jnp.clip(alpha, 0.0, 1.0) * (current - x.old_logprobs)
+    if cfg.proximal == "loglinear":
+        alpha = loglinear_alpha(x.versions, x.learner_version)
+        return x.old_logprobs + alpha * (current - x.old_logprobs)
+    if x.prox_logprobs is not None:
+        return jax.lax.stop_gradient(x.prox_logprobs)
+    return current  # one update per batch: the current params are pi_prox's
 
 
 def _clipped_surrogate(ratio, advantages, cfg: LearnerConfig):
+    """PPO's clipped surrogate, and verl's dual clip: for A < 0 the loss is at most -c A."""
     clipped = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
     unclipped_obj = ratio * advantages
     clipped_obj = clipped * advantages
     loss = -jnp.minimum(unclipped_obj, clipped_obj)
-    clip_frac = (clipped_obj < unclipped_obj).astype(jnp.float32)
-    return loss, clip_frac
+    metrics = {"clip_frac": (clipped_obj < unclipped_obj).astype(jnp.float32)}
+    if cfg.clip_ratio_c > 0:
+        bound = -cfg.clip_ratio_c * advantages
+        dual = (advantages < 0) & (loss > bound)
+        loss = jnp.where(dual, bound, loss)
+        metrics["dual_clip_frac"] = dual.astype(jnp.float32)
+    return loss, metrics
 
 
 def _policy_gradient(x: LossInputs, cfg: LearnerConfig, *, decoupled: bool):
@@ -94,9 +133,9 @@ def _policy_gradient(x: LossInputs, cfg: LearnerConfig, *, decoupled: bool):
     else:
         ratio = jnp.exp(x.logprobs - x.old_logprobs)
         weight = 1.0
-    loss, clip_frac = _clipped_surrogate(ratio, x.advantages, cfg)
+    loss, clip_metrics = _clipped_surrogate(ratio, x.advantages, cfg)
     loss = weight * loss
-    metrics.update(ratio=ratio, clip_frac=clip_frac)
+    metrics.update(ratio=ratio, **clip_metrics)
     return _with_kl(loss, metrics, x, cfg)
 
 
@@ -128,8 +167,8 @@ def gspo(x: LossInputs, cfg: LearnerConfig):
     counts = jax.ops.segment_sum(x.mask.reshape(-1), ids, num_segments=r * (t + 1))
     seq_log_ratio = (sums / jnp.maximum(counts, 1.0))[ids].reshape(r, t)
     ratio = jnp.exp(seq_log_ratio)
-    loss, clip_frac = _clipped_surrogate(ratio, x.advantages, cfg)
-    return _with_kl(loss, {"ratio": ratio, "clip_frac": clip_frac}, x, cfg)
+    loss, clip_metrics = _clipped_surrogate(ratio, x.advantages, cfg)
+    return _with_kl(loss, {"ratio": ratio, **clip_metrics}, x, cfg)
 
 
 def sft(x: LossInputs, cfg: LearnerConfig):
@@ -139,11 +178,13 @@ def sft(x: LossInputs, cfg: LearnerConfig):
 
 
 LOSSES: dict[str, Loss] = {
-    "grpo": Loss(grpo),
-    "dapo": Loss(grpo),  # DAPO = GRPO + clip-higher + token-mean + dynamic sampling (buffer)
-    "dr_grpo": Loss(grpo, aggregation="constant"),
+    "grpo": Loss(grpo, proximal="with_is"),
+    # DAPO = GRPO + clip-higher + token-mean + dynamic sampling (buffer)
+    "dapo": Loss(grpo, proximal="with_is"),
+    # Dr. GRPO: no length normalisation (constant) and no std scaling of the advantages.
+    "dr_grpo": Loss(grpo, aggregation="constant", proximal="with_is", scale_advantages=False),
     "gspo": Loss(gspo, aggregation="seq_mean_token_mean"),
-    "decoupled_ppo": Loss(decoupled_ppo),
+    "decoupled_ppo": Loss(decoupled_ppo, proximal="always"),
     "sft": Loss(sft, uses_advantages=False),
 }
 

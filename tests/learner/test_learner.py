@@ -1,75 +1,15 @@
-"""Advantages, losses against hand-computed values, packing, and sampler/learner parity."""
-
-import math
+"""Packing, sampler/learner parity, PPO epochs against a fixed proximal policy, the logged rate."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rljax.config import ConfigError, LearnerConfig
 from rljax.engine.sampler import Request, Sampler
-from rljax.learner import losses
-from rljax.learner.advantages import group_advantages
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner, check_divisible, make_optimizer
 from rljax.models.sharding import make_mesh
 from rljax.testing.engines import tiny_engine
-
-
-def test_group_advantages_by_hand():
-    adv = group_advantages(np.array([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]]))
-    # mean 0.5, population std 0.5 -> +-1 (minus the eps in the denominator)
-    np.testing.assert_allclose(adv[0], [1, -1, -1, 1], atol=1e-5)
-    np.testing.assert_array_equal(adv[1], 0.0)
-    np.testing.assert_allclose(group_advantages(np.array([[3.0, 1.0]]), scale=False), [[1.0, -1.0]])
-    with pytest.raises(ValueError, match="G >= 2"):
-        group_advantages(np.array([[1.0]]))
-
-
-def _inputs(logp, old, adv, mask=None, ref=None):
-    logp = jnp.asarray([logp], jnp.float32)
-    return losses.LossInputs(
-        logprobs=logp,
-        old_logprobs=jnp.asarray([old], jnp.float32),
-        advantages=jnp.asarray([adv], jnp.float32),
-        mask=jnp.ones_like(logp) if mask is None else jnp.asarray([mask], jnp.float32),
-        entropy=jnp.zeros_like(logp),
-        segment_ids=jnp.ones_like(logp, jnp.int32),
-        versions=jnp.zeros_like(logp, jnp.int32),
-        learner_version=jnp.int32(0),
-        ref_logprobs=None if ref is None else jnp.asarray([ref], jnp.float32),
-    )
-
-
-def test_grpo_clipped_loss_by_hand():
-    cfg = LearnerConfig(epsilon_low=0.2, epsilon_high=0.28)
-    # ratios: e^0.5=1.6487 (A>0: clipped at 1.28), e^-0.5=0.6065 (A<0: clipped at 0.8),
-    #         1.0 (unclipped), e^0.1=1.1052 with A<0 (unclipped branch is the min)
-    logp = [0.5, -0.5, 0.0, 0.1]
-    adv = [1.0, -2.0, 0.5, -1.0]
-    per_token, metrics = losses.grpo(_inputs(logp, [0.0] * 4, adv), cfg)
-    want = [-1.28 * 1.0, 0.8 * 2.0, -0.5, math.exp(0.1) * 1.0]
-    np.testing.assert_allclose(per_token[0], want, rtol=1e-5)
-    np.testing.assert_array_equal(metrics["clip_frac"][0], [1.0, 1.0, 0.0, 0.0])
-
-
-def test_k3_kl_by_hand_and_beta():
-    cfg = LearnerConfig(beta=0.1)
-    x = _inputs([-1.0], [-1.0], [0.0], ref=[-1.5])
-    per_token, metrics = losses.grpo(x, cfg)
-    d = -0.5
-    kl = math.exp(d) - d - 1
-    assert float(metrics["kl"][0, 0]) == pytest.approx(kl, rel=1e-5)
-    assert float(per_token[0, 0]) == pytest.approx(0.1 * kl, rel=1e-5)
-
-
-def test_decoupled_ppo_weights_by_behaviour_and_truncates():
-    cfg = LearnerConfig(loss="decoupled_ppo", truncated_is=2.0)
-    # prox = current = -1.0; behaviour -2.0 -> w = e^1 = 2.718 truncated to 2.0; ratio 1.
-    per_token, metrics = losses.decoupled_ppo(_inputs([-1.0], [-2.0], [1.0]), cfg)
-    assert float(metrics["is_weight"][0, 0]) == pytest.approx(2.0)
-    assert float(per_token[0, 0]) == pytest.approx(-2.0)
 
 
 def test_token_mean_aggregation_across_micro_batches():
@@ -141,11 +81,6 @@ def test_learner_step_reduces_sft_loss_and_advances_version():
     assert wq.sharding.spec[1] == "fsdp"  # FSDP over the embedding dimension
 
 
-def test_unknown_loss_lists_registered_ones():
-    with pytest.raises(ValueError, match="registered: .*grpo"):
-        losses.get_loss("ppo2")
-
-
 def test_learning_rate_schedules():
     def rates(**kw):
         _, schedule = make_optimizer(LearnerConfig(learning_rate=1.0, **kw))
@@ -156,3 +91,67 @@ def test_learning_rate_schedules():
     # Cosine decay to 0 over decay_steps, after the warmup when there is one.
     assert rates(decay_steps=100) == [1.0, 0.994, 0.976, 0.345, 0.0, 0.0]
     assert rates(warmup_steps=10, decay_steps=100) == [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
+
+
+def _on_policy_learner(cfg: LearnerConfig, **kw):
+    """A learner on 2 devices and a batch whose behaviour log-probs are its own (staleness 0)."""
+    tiny = tiny_engine()
+    mesh = make_mesh(jax.devices()[:2], {"fsdp": 2, "tensor": 1})
+    learner = Learner(cfg, tiny.graphdef, tiny.params, mesh, **kw)
+    seqs = [
+        TrainSequence([1, 3, 5, 7, 9, 11], 2, advantage=1.0),
+        TrainSequence([1, 4, 8, 12, 2], 1, advantage=-1.0),
+        TrainSequence([2, 6, 10, 3], 2, advantage=1.0),
+        TrainSequence([5, 7, 2, 9, 4, 6], 3, advantage=-1.0),
+    ]
+    batch = pack_batch(seqs, row_len=16, micro_batches=cfg.micro_batches, row_multiple=learner.dp)
+    batch.arrays["old_logprobs"] = learner.token_logprobs(batch) * batch.arrays["mask"]
+    return learner, batch
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"loss": "decoupled_ppo"}, {"loss": "grpo", "truncated_is": 2.0}],
+    ids=["decoupled_ppo", "grpo_tis"],
+)
+def test_ppo_epochs_clip_against_the_policy_before_the_step(overrides):
+    """pi_prox is computed once, before the epochs: later epochs clip, and pi_prox / pi_behav
+    stays 1 on on-policy data. Recomputed each epoch, the ratio was 1 and nothing clipped."""
+    cfg = LearnerConfig(group_size=2, batch_groups=2, ppo_epochs=4, learning_rate=0.05, **overrides)
+    learner, batch = _on_policy_learner(cfg)
+    metrics = learner.step(batch)  # those of the last (fourth) epoch
+    assert metrics["clip_frac"] > 0.0
+    assert abs(metrics["ratio"] - 1.0) > 1e-3
+    assert metrics["is_weight"] == pytest.approx(1.0, abs=1e-4)
+    assert learner.version == 1
+
+
+def test_logged_learning_rate_is_the_rate_the_optimiser_applied():
+    """A learner whose version is ahead of its optimiser (a warm start, a resume onto a fresh
+    optimiser) logs the rate its update used, not schedule(version).
+
+    Adam's first update moves every parameter with a gradient by lr * g / (|g| + eps), so the
+    largest move measures the rate applied.
+    """
+    cfg = LearnerConfig(group_size=2, batch_groups=2, learning_rate=0.01, decay_steps=4)
+    learner, batch = _on_policy_learner(cfg, loss="sft", version=3)
+    before = jax.device_get(learner.params)
+    metrics = learner.step(batch)
+    after = jax.device_get(learner.params)
+    moved = max(
+        float(np.max(np.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)
+    )
+    assert moved == pytest.approx(0.01, rel=1e-3)
+    assert metrics["learning_rate"] == pytest.approx(moved, rel=1e-3)
+
+
+def test_logged_learning_rate_counts_every_epoch():
+    cfg = LearnerConfig(
+        group_size=2, batch_groups=2, ppo_epochs=3, learning_rate=1.0, warmup_steps=4
+    )
+    learner, batch = _on_policy_learner(cfg, loss="sft")
+    _, schedule = make_optimizer(cfg)
+    # Updates 0, 1, 2 ran; the last one applied schedule(2) = 0.5 (schedule(version 0) = 0).
+    assert learner.step(batch)["learning_rate"] == pytest.approx(float(schedule(2)))
+    assert learner.step(batch)["learning_rate"] == pytest.approx(float(schedule(5)))
