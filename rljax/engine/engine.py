@@ -7,8 +7,7 @@ orchestrator can drive it, but rljax does not depend on JetStream.
 Decode state lives on the sampler mesh. Keys and values sit in a page pool [L, K, P, Z, H];
 each slot owns a row of the page table. A host-side :class:`PageAllocator` hands out pages as
 sequences grow and takes them back when a slot is freed, so memory follows the tokens actually
-held rather than slots x maximum length. Page 0 is never handed out: free slots point at it and
-their (discarded) writes land there.
+held rather than slots x maximum length (the bookkeeping lives in :mod:`rljax.engine.pages`).
 
 The slots and the pool are split into ``kv_shards`` equal shards, one per device group of the
 sampler's 'batch' mesh axes (the 'data' axis): each shard's slots use its own pages only, with
@@ -36,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine import sampling
+from rljax.engine.pages import PageAllocator, SlotPages
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
@@ -44,36 +44,6 @@ from rljax.models.sharding import (
     with_shardings,
 )
 from rljax.models.transformer import Decoder
-
-
-class OutOfPages(RuntimeError):
-    """The page pool cannot grow these slots; the caller should preempt a request."""
-
-    def __init__(self, slots: list[int]):
-        super().__init__(f"KV page pool exhausted while growing slots {slots}")
-        self.slots = slots
-
-
-class PageAllocator:
-    """Host-side free list of KV pages. Page 0 is reserved as the null page."""
-
-    def __init__(self, num_pages: int):
-        if num_pages < 2:
-            raise ValueError(f"num_pages={num_pages}: need at least 2 (page 0 is reserved)")
-        self.num_pages = num_pages
-        self._free = list(range(num_pages - 1, 0, -1))
-
-    @property
-    def free_count(self) -> int:
-        return len(self._free)
-
-    def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise OutOfPages([])
-        return [self._free.pop() for _ in range(n)]
-
-    def release(self, pages: list[int]) -> None:
-        self._free.extend(reversed(pages))
 
 
 @struct.dataclass
@@ -169,19 +139,18 @@ class Engine:
         wanted = sampling_cfg.num_pages or b * self.pages_per_slot + self.kv_shards
         self.pages_per_shard = -(-wanted // self.kv_shards)
         self.num_pages = self.pages_per_shard * self.kv_shards
-        self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(self.kv_shards)]
-        self._slot_pages: list[list[int]] = [[] for _ in range(b)]
-        self._host_positions = np.zeros(b, np.int64)
-        self._host_active = np.zeros(b, bool)
-        self._host_table = np.zeros((b, self.pages_per_slot), np.int32)
+        self.pages = SlotPages(
+            num_slots=b,
+            kv_shards=self.kv_shards,
+            pages_per_shard=self.pages_per_shard,
+            page_size=z,
+            max_seq_len=self.max_seq_len,
+        )
         # Buckets beyond max_prefill_length exist only to re-prefill resumed sequences.
         buckets = list(sampling_cfg.buckets)
         while buckets[-1] < self.max_seq_len:
             buckets.append(min(buckets[-1] * 2, self.pages_per_slot * z))
         self.buckets = tuple(buckets)
-        self._use_filters = (
-            sampling_cfg.top_k > 0 or sampling_cfg.top_p < 1.0 or sampling_cfg.min_p > 0.0
-        )
         self._build_jits()
 
     # -- JetStream properties ---------------------------------------------------------------
@@ -259,11 +228,7 @@ class Engine:
 
     def init_decode_state(self) -> DecodeState:
         """Fresh device state, every slot free, and fresh host page allocators."""
-        self.allocators = [PageAllocator(self.pages_per_shard) for _ in range(self.kv_shards)]
-        self._slot_pages = [[] for _ in range(self.max_concurrent_decodes)]
-        self._host_positions[:] = 0
-        self._host_active[:] = False
-        self._host_table[:] = 0
+        self.pages.reset()
         return self._make_state()
 
     def _empty_state(self) -> DecodeState:
@@ -353,31 +318,15 @@ class Engine:
         slots, seeds = list(slots), list(seeds)
         if len(slots) != len(seeds) or not slots:
             raise ValueError(f"bulk_insert needs one seed per slot, got {slots} and {seeds}")
-        for slot in slots:
-            if self._host_active[slot]:
-                raise ValueError(f"slot {slot} is busy; free_slot() it before insert")
-        z = self.sampling_cfg.page_size
-        length = int(prefix.length)
-        per_slot = length // z + 1
-        wanted = np.bincount([self.shard_of(s) for s in slots], minlength=self.kv_shards)
-        if any(n * per_slot > a.free_count for n, a in zip(wanted, self.allocators, strict=True)):
-            raise OutOfPages(slots)
         # Pad to a power of two so only log2(slots) shapes ever compile; padding writes to the
         # null page and to slot index B, which the scatters drop.
         width = 1 << (len(slots) - 1).bit_length()
         rows = np.zeros((width, self.pages_per_slot), np.int32)
+        rows[: len(slots)] = self.pages.admit(slots, int(prefix.length))
         slot_ids = np.full(width, self.max_concurrent_decodes, np.int32)
+        slot_ids[: len(slots)] = slots
         seed_arr = np.zeros(width, np.uint32)
-        for i, (slot, seed) in enumerate(zip(slots, seeds, strict=True)):
-            pages = self.allocators[self.shard_of(slot)].allocate(per_slot)
-            self._slot_pages[slot] = pages
-            self._host_table[slot] = 0
-            self._host_table[slot, :per_slot] = pages
-            self._host_positions[slot] = length
-            self._host_active[slot] = True
-            rows[i] = self._host_table[slot]
-            slot_ids[i] = slot
-            seed_arr[i] = seed % (2**32)
+        seed_arr[: len(slots)] = [seed % (2**32) for seed in seeds]
         s = sampling or SlotSampling.from_config(self.sampling_cfg)
         return self._insert(
             decode_state,
@@ -391,51 +340,40 @@ class Engine:
 
     def free_slot(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Return ``slot``'s pages to the pool and park the slot on the null page."""
-        self.allocators[self.shard_of(slot)].release(self._slot_pages[slot])
-        self._slot_pages[slot] = []
-        self._host_table[slot] = 0
-        self._host_active[slot] = False
+        self.pages.release(slot)
         return self._free(decode_state, jnp.int32(slot))
 
     def shard_of(self, slot: int) -> int:
         """The kv shard whose pages ``slot`` uses."""
-        return int(slot) // self.slots_per_shard
+        return self.pages.shard_of(slot)
+
+    @property
+    def allocators(self) -> list[PageAllocator]:
+        """Each kv shard's page allocator."""
+        return self.pages.allocators
 
     @property
     def free_pages(self) -> int:
         """Pages not held by any slot, over all shards (each shard's null page excluded)."""
-        return sum(a.free_count for a in self.allocators)
+        return self.pages.free_pages
 
     def slot_length(self, slot: int) -> int:
         """Tokens cached for ``slot`` (prompt and generated)."""
-        return int(self._host_positions[slot])
+        return int(self.pages.positions[slot])
 
     def generate(self, params: nnx.State, decode_state: DecodeState):
-        """One token for every active slot. Grows page tables first (raises OutOfPages)."""
-        z = self.sampling_cfg.page_size
-        need = [
-            s
-            for s in np.flatnonzero(self._host_active)
-            if self._host_positions[s] // z >= len(self._slot_pages[s])
-        ]
-        shard = [self.shard_of(s) for s in need]
-        short = [
-            int(s)
-            for s, d in zip(need, shard, strict=True)
-            if shard.count(d) > self.allocators[d].free_count
-        ]
-        if short:
-            raise OutOfPages(short)
-        for s, d in zip(need, shard, strict=True):
-            self._slot_pages[s] += self.allocators[d].allocate(1)
-            self._host_table[s, len(self._slot_pages[s]) - 1] = self._slot_pages[s][-1]
-        if need:  # one small host->device copy of the whole table: no per-shape recompiles
-            table = jax.device_put(self._host_table, decode_state.page_table.sharding)
+        """One token for every active slot.
+
+        Grows page tables first, taking no page when it raises: OutOfPages when the pool is
+        short, ValueError when a slot already holds ``max_seq_len`` tokens.
+        """
+        if self.pages.grow():  # one small host->device copy of the whole table: no recompiles
+            table = jax.device_put(self.pages.table, decode_state.page_table.sharding)
             decode_state = decode_state.replace(page_table=table)
         decode_state, tokens, logprobs, steps = self._generate(params, decode_state)
-        self._host_positions[self._host_active] += 1
+        self.pages.advance()
         tokens, logprobs, steps = jax.device_get((tokens, logprobs, steps))
-        result = ResultTokens(tokens, self._host_active.copy(), steps, logprobs)
+        result = ResultTokens(tokens, self.pages.active.copy(), steps, logprobs)
         return decode_state, result
 
     def lower_generate(self, params: nnx.State) -> jax.stages.Lowered:
@@ -530,7 +468,7 @@ class Engine:
 
         @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep, rep))
         def generate(params, state):
-            model = self._model(params)
+            model, live = self._model(params), state.active
             hidden, kp, vp = model.decode(
                 state.tokens,
                 state.positions,
@@ -545,6 +483,9 @@ class Engine:
             keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(
                 state.keys, state.steps
             )
+            # Filters honour each slot's own settings; the sort they need runs only on steps
+            # where some live, sampled (not greedy) slot asks for one.
+            asks = (state.top_k > 0) | (state.top_p < 1.0) | (state.min_p > 0.0)
             tokens, logprobs = sampling.sample(
                 logits,
                 keys,
@@ -552,9 +493,8 @@ class Engine:
                 state.top_k,
                 state.top_p,
                 state.min_p,
-                use_filters=self._use_filters,
+                use_filters=jnp.any(asks & live & (state.temperature > 0.0)),
             )
-            live = state.active
             new = state.replace(
                 k_pages=kp,
                 v_pages=vp,

@@ -8,8 +8,12 @@ does not idle the batch the way static batching does.
 Every sampled token is tagged with the params version that produced it. Params can be swapped
 between ``generate`` calls (:meth:`Sampler.set_params`):
 - ``inflight``: keep the KV cache and continue (PipelineRL-style in-flight update);
-- ``recompute``: re-prefill every running sequence under the new params;
-- ``drain``: admit nothing new until running sequences finish, then swap.
+- ``recompute``: re-prefill every running sequence under the new params, and every prefix
+  still waiting for a slot;
+- ``drain``: admit nothing new until running sequences finish, then swap; waiting prefixes
+  are re-prefilled under the new params too.
+
+Only ``inflight`` lets a token tagged with the new version read KV made by the old params.
 
 A running sample can be interrupted (partial rollout); it is kept with the tokens it has and
 resumes later from its prefix (prompt + tokens so far), re-prefilled under the current params.
@@ -26,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from rljax.engine.engine import DecodeState, Engine, OutOfPages, Prefix, SlotSampling
+from rljax.engine.engine import DecodeState, Engine, Prefix, SlotSampling
+from rljax.engine.pages import OutOfPages
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -117,7 +122,10 @@ class Sampler:
         self.state: DecodeState = engine.init_decode_state()
         self._slots: list[_Sample | None] = [None] * engine.max_concurrent_decodes
         self._queue: collections.deque[_Sample] = collections.deque()  # resumable samples
-        self._pending: collections.deque[tuple[Prefix, list[_Sample]]] = collections.deque()
+        # Samples waiting for slots with the prefix they share; None: prefill it when used.
+        self._pending: collections.deque[tuple[Prefix | None, list[_Sample]]] = (
+            collections.deque()
+        )
         self._requests: collections.deque[Request] = collections.deque()
         self._held: dict[int, list[_Sample]] = {}  # interrupted, by request id
         self._next_id = itertools.count()
@@ -161,6 +169,22 @@ class Sampler:
     def busy_slots(self) -> int:
         return sum(s is not None for s in self._slots)
 
+    @property
+    def num_slots(self) -> int:
+        """Decode slots: sequences the engine decodes at once."""
+        return len(self._slots)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the live slots hold in the KV cache (prompt plus response so far)."""
+        return sum(len(s.request.prompt_tokens) + len(s.tokens) for s in self._slots if s)
+
+    @property
+    def queued_samples(self) -> int:
+        """Samples waiting for a slot (submitted, pending a prefix, or resumed)."""
+        pending = sum(len(samples) for _, samples in self._pending)
+        return len(self._queue) + pending + sum(r.num_samples for r in self._requests)
+
     def has_work(self) -> bool:
         return bool(self.busy_slots or self._queue or self._pending or self._requests)
 
@@ -187,6 +211,8 @@ class Sampler:
             for slot, s in enumerate(self._slots):
                 if s is not None:
                     self._evict(slot, front=True)
+        if self.swap_mode != "inflight":  # their KV came from the old params
+            self._pending = collections.deque((None, s) for _, s in self._pending if s)
 
     # -- interruption -----------------------------------------------------------------------
 
@@ -284,6 +310,9 @@ class Sampler:
             self._pending.popleft()
         if self._pending:
             prefix, samples = self._pending[0]
+            if prefix is None:  # every sample of an entry shares its prompt and tokens so far
+                prefix = self._prefill(list(samples[0].request.prompt_tokens) + samples[0].tokens)
+                self._pending[0] = (prefix, samples)
             take, samples[:] = samples[:room], samples[room:]
             return prefix, take
         if self._queue:  # resumed: prefill its own prompt + tokens so far

@@ -29,8 +29,9 @@ def filter_logits(
     rank = jnp.arange(v)[None, :]
     keep = jnp.where(top_k_b[:, None] > 0, rank < top_k_b[:, None], True)
     # Nucleus: keep a token while the mass strictly before it is below p (the first always).
+    # p = 1 keeps every token, even where the float cumsum reaches 1 before the tail.
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep &= mass_before < top_p_b[:, None]
+    keep &= (mass_before < top_p_b[:, None]) | (top_p_b[:, None] >= 1.0)
     keep &= probs >= min_p_b[:, None] * probs[:, :1]
     # The smallest kept logit is the row's threshold; ties at the threshold are kept too.
     threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
@@ -45,15 +46,29 @@ def sample(
     top_p_b: jax.Array,
     min_p_b: jax.Array,
     *,
-    use_filters: bool,
+    use_filters: bool | jax.Array = True,
 ) -> tuple[jax.Array, jax.Array]:
-    """One token per row and its log-prob; ``use_filters`` is static (sorting is costly)."""
+    """One token per row and its log-prob.
+
+    ``use_filters`` gates the filters, whose sort is costly: a Python bool decides at trace
+    time; a traced scalar bool decides on the device (``lax.cond``), so one compiled step
+    serves batches with and without filtered rows. A row whose settings are all disabled is
+    unchanged by the filters either way.
+    """
     logits_bv = logits_bv.astype(jnp.float32)
     greedy_b = temperature_b <= 0.0
     safe_t = jnp.where(greedy_b, 1.0, temperature_b)[:, None]
     scaled = logits_bv / safe_t
-    if use_filters:
-        scaled = filter_logits(scaled, top_k_b, top_p_b, min_p_b)
+    if isinstance(use_filters, bool):
+        if use_filters:
+            scaled = filter_logits(scaled, top_k_b, top_p_b, min_p_b)
+    else:
+        scaled = jax.lax.cond(
+            use_filters,
+            lambda x: filter_logits(x, top_k_b, top_p_b, min_p_b),
+            lambda x: x,
+            scaled,
+        )
     logp = jax.nn.log_softmax(scaled, axis=-1)
     drawn = jax.vmap(jax.random.categorical)(keys_b, scaled)
     argmax = jnp.argmax(logits_bv, axis=-1)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from rljax.config import ConfigError, SamplingConfig
-from rljax.engine.engine import OutOfPages, SlotSampling
+from rljax.engine.engine import SlotSampling
+from rljax.engine.pages import OutOfPages
 from rljax.engine.sampler import Request, Sampler
 from rljax.testing.engines import tiny_engine
 
@@ -148,12 +149,24 @@ def test_out_of_pages_is_raised_by_insert():
         eng.insert(prefix, state, 0)
 
 
+@pytest.fixture(scope="module")
+def unfiltered():
+    """An engine whose config asks for no filter: requests may still ask for their own."""
+    return tiny_engine(temperature=0.7)
+
+
+@pytest.mark.parametrize("via", ["config", "request"])
 @pytest.mark.parametrize("filters", [{}, {"top_k": 5}, {"top_p": 0.6}, {"min_p": 0.2}])
-def test_sampled_logprobs_are_from_the_sampled_distribution(filters):
-    """Each recorded log-prob equals log_softmax(filter(logits / tau)) at the sampled token."""
+def test_sampled_logprobs_are_from_the_sampled_distribution(filters, via, unfiltered):
+    """Each recorded log-prob equals log_softmax(filter(logits / tau)) at the sampled token,
+    whether the filter comes from the engine's config or from the request's SlotSampling."""
     tau = 0.7
-    tiny = tiny_engine(temperature=tau, **filters)
-    trajs = Sampler(tiny.engine, tiny.params).run([Request([1, 2, 3], num_samples=3, seed=3)])
+    if via == "config":
+        tiny, own = tiny_engine(temperature=tau, **filters), None
+    else:
+        tiny, own = unfiltered, SlotSampling(temperature=tau, **filters)
+    request = Request([1, 2, 3], num_samples=3, seed=3, sampling=own)
+    trajs = Sampler(tiny.engine, tiny.params).run([request])
     for t in trajs:
         seq = list(t.prompt_tokens)
         for token, logprob in zip(t.response_tokens, t.logprobs, strict=True):
@@ -173,6 +186,44 @@ def test_sampled_logprobs_are_from_the_sampled_distribution(filters):
             want = z[token] - np.log(np.sum(np.exp(z[allowed])))
             assert logprob == pytest.approx(want, abs=2e-4)
             seq.append(token)
+
+
+def test_per_request_filters_apply_to_their_own_slots_only(unfiltered):
+    """One batch: a top_k=1 request decodes greedily with log-prob 0 while its neighbour,
+    unfiltered, keeps the full softmax's log-probs."""
+    tiny, tau = unfiltered, 0.7
+    picky = Request([7, 8, 9], max_new_tokens=6, sampling=SlotSampling(tau, top_k=1), seed=1)
+    plain = Request([7, 8, 9], max_new_tokens=6, seed=2)
+    sampler = Sampler(tiny.engine, tiny.params)
+    sampler.submit([picky, plain])
+    out = {}
+    while sampler.has_work():
+        assert sampler.busy_slots in (0, 2)  # both decode in the same generate calls
+        out.update({t.group_id: t for t in sampler.step()})
+    a, b = out[picky.request_id], out[plain.request_id]
+    assert a.response_tokens == tiny.greedy_reference([7, 8, 9], 6)
+    assert a.logprobs == pytest.approx([0.0] * 6, abs=1e-5)
+    seq = [7, 8, 9]
+    for token, logprob in zip(b.response_tokens, b.logprobs, strict=True):
+        z = tiny.next_logits(seq).astype(np.float64) / tau
+        assert logprob == pytest.approx(z[token] - np.log(np.sum(np.exp(z))), abs=2e-4)
+        seq.append(token)
+
+
+def test_generate_past_max_seq_len_is_refused_without_taking_a_page(tiny):
+    eng = tiny.engine
+    state = eng.init_decode_state()
+    prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 17), true_length=16)
+    state = eng.insert(prefix, state, 1)
+    for _ in range(eng.max_seq_len - 15):  # 15 cached: fill the slot to max_seq_len
+        state, _ = eng.generate(tiny.params, state)
+    assert eng.slot_length(1) == eng.max_seq_len == 28
+    free = eng.free_pages
+    with pytest.raises(ValueError, match=r"slots \[1\] already hold max_seq_len=28 tokens"):
+        eng.generate(tiny.params, state)
+    assert eng.free_pages == free
+    state = eng.free_slot(state, 1)
+    assert eng.free_pages == eng.num_pages - 1
 
 
 def test_bad_requests_fail_with_clear_errors(tiny):

@@ -1,0 +1,122 @@
+"""The host page allocator and slot page tables: numpy only, no device."""
+
+import importlib.util
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from rljax.engine.pages import OutOfPages, PageAllocator, SlotPages
+
+
+def test_pages_module_imports_without_jax(monkeypatch):
+    """Loaded from its file with jax blocked: the allocator is host-only."""
+    monkeypatch.setitem(sys.modules, "jax", None)
+    path = pathlib.Path(__file__).parents[2] / "rljax" / "engine" / "pages.py"
+    spec = importlib.util.spec_from_file_location("pages_without_jax", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.PageAllocator(4).free_count == 3
+
+
+def test_allocator_never_hands_out_the_null_page_and_takes_pages_back():
+    alloc = PageAllocator(5)
+    assert alloc.free_count == 4
+    pages = alloc.allocate(4)
+    assert sorted(pages) == [1, 2, 3, 4]
+    with pytest.raises(OutOfPages):
+        alloc.allocate(1)
+    alloc.release(pages[:2])
+    assert alloc.free_count == 2
+    assert sorted(alloc.allocate(2)) == sorted(pages[:2])
+
+
+@pytest.mark.parametrize("bad", [[0], [3], [1, 1], [9]])
+def test_allocator_refuses_pages_it_did_not_hand_out(bad):
+    alloc = PageAllocator(5)
+    alloc.allocate(2)  # pages 1 and 2
+    with pytest.raises(ValueError, match="were not all handed out"):
+        alloc.release(bad)
+    assert alloc.free_count == 2
+
+
+def _pages(**kw):
+    args = dict(num_slots=4, kv_shards=2, pages_per_shard=5, page_size=4, max_seq_len=12)
+    return SlotPages(**{**args, **kw})
+
+
+def test_admit_grow_release_keep_the_page_count():
+    p = _pages()
+    assert p.pages_per_slot == 3 and p.free_pages == 8
+    rows = p.admit([0, 2], length=5)  # 5 cached + the next token: 2 pages each
+    assert rows.shape == (2, 3) and (rows[:, :2] > 0).all() and (rows[:, 2] == 0).all()
+    assert [a.free_count for a in p.allocators] == [2, 2]
+    assert p.positions[0] == 5 and p.active.tolist() == [True, False, True, False]
+    for _ in range(3):  # positions 5, 6, 7 fit in the second page
+        assert not p.grow()
+        p.advance()
+    assert p.grow()  # position 8 opens the third page
+    assert [a.free_count for a in p.allocators] == [1, 1]
+    assert p.table[0, 2] > 0 and len(p.held(0)) == 3
+    p.release(0)
+    p.release(2)
+    assert p.free_pages == 8 and not p.active.any() and (p.table == 0).all()
+
+
+def test_grow_past_max_seq_len_raises_one_line_and_takes_no_page():
+    p = _pages()
+    p.admit([1], length=11)  # 11 cached + the 12th: 3 pages, the slot's whole row
+    p.grow()
+    p.advance()
+    assert p.positions[1] == 12
+    free = p.free_pages
+    with pytest.raises(ValueError, match=r"slots \[1\] already hold max_seq_len=12 tokens") as e:
+        p.grow()
+    assert "\n" not in str(e.value)
+    assert p.free_pages == free
+
+
+def test_out_of_pages_names_the_short_slots_and_takes_nothing():
+    p = _pages(pages_per_shard=4)  # 3 usable pages per shard
+    p.admit([0], length=7)  # 2 pages of shard 0
+    p.admit([1], length=3)  # 1 page of shard 0: shard 0 is full
+    p.admit([2], length=3)  # 1 page of shard 1
+    p.advance()  # slot 0 reaches position 8, slot 1 position 4: both need a page
+    with pytest.raises(OutOfPages) as e:
+        p.grow()
+    assert e.value.slots == [0, 1]
+    assert [a.free_count for a in p.allocators] == [0, 2]
+    with pytest.raises(OutOfPages):
+        p.admit([3], length=8)  # shard 1 has 2 pages; this needs 3
+    assert not p.active[3] and p.free_pages == 2
+
+
+@pytest.mark.parametrize(
+    "slots, length, match",
+    [
+        ([0, 0], 3, "repeat a slot"),
+        ([4], 3, r"slot 4 is out of range \[0, 4\)"),
+        ([0], 12, "leaves no room in a slot of max_seq_len=12"),
+    ],
+)
+def test_admit_refuses_bad_input_taking_nothing(slots, length, match):
+    p = _pages()
+    with pytest.raises(ValueError, match=match):
+        p.admit(slots, length)
+    assert p.free_pages == 8 and not p.active.any()
+
+
+def test_admit_refuses_a_busy_slot():
+    p = _pages()
+    p.admit([3], length=2)
+    with pytest.raises(ValueError, match="slot 3 is busy; free_slot"):
+        p.admit([3], length=2)
+
+
+def test_reset_frees_everything():
+    p = _pages()
+    p.admit([0, 1, 2], length=4)
+    p.reset()
+    assert p.free_pages == 8 and not p.active.any()
+    assert np.all(p.table == 0) and np.all(p.positions == 0)
