@@ -12,10 +12,10 @@ Records are normalised to the task example format ``{"id", "prompt", "answer"}``
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable
 
+from rljax import io
 from rljax.rewards.verifiers import last_boxed
 
 KINDS = ("auto", "gsm8k", "math")
@@ -26,27 +26,18 @@ PromptFn = Callable[[str], str]
 
 
 def _open_binary(path: str):
-    """Opens a local path, or a URL-style path (``gs://...``) through ``etils.epath``."""
-    if "://" in path:
-        try:
-            from etils import epath
-        except ImportError:
-            raise ImportError(
-                f"Reading {path} needs etils (pip install etils[epath]); or copy the file locally."
-            ) from None
-        try:
-            return epath.Path(path).open("rb")
-        except Exception as exc:
-            raise OSError(f"Cannot open task file {path}: {exc}") from None
+    """Opens a task file, a local path or a ``gs://`` URL, through :mod:`rljax.io`."""
     try:
-        return open(path, "rb")
+        return io.open_file(path, "rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"Task file {path} does not exist.") from None
+    except Exception as exc:  # gcsfs raises its own types (no credentials, HTTP errors)
+        raise OSError(f"Cannot open task file {path}: {exc}") from None
 
 
 def _read_jsonl(path: str) -> list[dict]:
     with _open_binary(path) as f:
-        lines = io.TextIOWrapper(f, encoding="utf-8").read().splitlines()
+        lines = f.read().decode("utf-8").splitlines()
     records = []
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -5,9 +5,11 @@ import json
 
 import pytest
 
+from rljax import io
 from rljax.data import math_tasks
 from rljax.models.tokenizer import Tokenizer
 from rljax.rewards.verifiers import math_answer
+from rljax.testing.filesystems import gcs_workdir
 
 GSM8K_ROWS = [
     {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
@@ -51,22 +53,21 @@ def test_chat_prompt_builder(tmp_path):
     assert examples[0]["prompt"] == "Tom has 3 apples and buys 4. How many?\nAnswer."
 
 
-def test_gs_paths_go_through_epath(tmp_path, monkeypatch):
-    from etils import epath
-
-    local = _write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K_ROWS)
-    opened = []
-
-    class FakePath:
-        def __init__(self, path):
-            opened.append(path)
-
-        def open(self, mode):
-            return open(local, mode)
-
-    monkeypatch.setattr(epath, "Path", FakePath)
-    examples = math_tasks.load_math_examples("gs://bucket/gsm8k.jsonl")
-    assert opened == ["gs://bucket/gsm8k.jsonl"] and len(examples) == 2
+def test_task_files_on_gcs(tmp_path):
+    """JSONL and parquet task files at gs:// URLs (GCS emulator), read through rljax.io."""
+    with gcs_workdir() as workdir:
+        rows = "\n".join(json.dumps(r) for r in GSM8K_ROWS) + "\n"
+        io.write_text(f"{workdir}/gsm8k.jsonl", rows)
+        examples = math_tasks.load_math_examples(f"{workdir}/gsm8k.jsonl")
+        assert [e["answer"] for e in examples] == ["7", "1500"]
+        pq = pytest.importorskip("pyarrow.parquet")
+        pa = pytest.importorskip("pyarrow")
+        pq.write_table(pa.Table.from_pylist(MATH_ROWS), str(tmp_path / "math.parquet"))
+        io.write_bytes(f"{workdir}/math.parquet", (tmp_path / "math.parquet").read_bytes())
+        examples = math_tasks.load_math_examples(f"{workdir}/math.parquet")
+        assert [e["answer"] for e in examples] == ["\\frac{1}{2}", "8"]
+        with pytest.raises(FileNotFoundError, match=r"Task file gs://\S+/nope\.jsonl does not"):
+            math_tasks.load_math_examples(f"{workdir}/nope.jsonl")
 
 
 def test_parquet(tmp_path):
