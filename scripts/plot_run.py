@@ -10,14 +10,15 @@ against the step, one line per workdir, labelled by its folder name, so runs ove
 comparison. Reads ``<workdir>/trace.json`` (Chrome trace events from rljax.metrics.Timeline:
 'X' events with name, ts and dur in microseconds, tid = track) and writes ``timeline.png``:
 one row per track, spans coloured by name. With several workdirs the timeline is the first
-one's. ``--out`` defaults to the first workdir.
+one's. ``--out`` defaults to the first workdir. Workdirs and ``--out`` may be ``gs://`` URLs
+(every file goes through rljax.io).
 """
 
 from __future__ import annotations
 
 import argparse
+import io as stdio
 import json
-import os
 import sys
 
 import matplotlib
@@ -26,28 +27,29 @@ matplotlib.use("Agg")  # files only; no display on a TPU VM or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from rljax import io  # noqa: E402
+
 EVAL_PHASES = ("eval_initial", "eval", "eval_final")
 
 
 def read_metrics(path: str) -> list[dict]:
     """The records of a metrics.jsonl file; a bad line raises naming the file and line."""
-    if not os.path.exists(path):
+    if not io.exists(path):
         raise FileNotFoundError(
             f"{path} does not exist; pass the --workdir of a run (it writes metrics.jsonl)"
         )
     records = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                problem = f"{path}:{n} is not JSON ({e.msg}); is the file truncated?"
-                raise ValueError(problem) from None
-            if not isinstance(record, dict) or "step" not in record or "phase" not in record:
-                raise ValueError(f"{path}:{n} has no 'step' and 'phase'; not an rljax metrics file")
-            records.append(record)
+    for n, line in enumerate(io.read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            problem = f"{path}:{n} is not JSON ({e.msg}); is the file truncated?"
+            raise ValueError(problem) from None
+        if not isinstance(record, dict) or "step" not in record or "phase" not in record:
+            raise ValueError(f"{path}:{n} has no 'step' and 'phase'; not an rljax metrics file")
+        records.append(record)
     return records
 
 
@@ -70,8 +72,7 @@ def curves(records: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
 
 def read_trace(path: str) -> list[dict]:
     """The complete ('X') events of a Chrome trace file."""
-    with open(path) as f:
-        data = json.load(f)
+    data = json.loads(io.read_text(path))
     events = data["traceEvents"] if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ValueError(f"{path} holds no traceEvents list; pass a Timeline.write() file")
@@ -91,7 +92,7 @@ def plot_rewards(runs: dict[str, list[dict]], out_path: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
+    _save(fig, out_path)
     plt.close(fig)
 
 
@@ -118,8 +119,15 @@ def plot_timeline(events: list[dict], out_path: str) -> None:
     ax.set_xlabel("seconds")
     ax.legend(handles=[Patch(color=colour[n], label=n) for n in names], loc="upper right")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
+    _save(fig, out_path)
     plt.close(fig)
+
+
+def _save(fig, out_path: str) -> None:
+    """Renders ``fig`` as PNG bytes and writes them through rljax.io (local or gs://)."""
+    buffer = stdio.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    io.write_bytes(out_path, buffer.getvalue())
 
 
 def main(argv: list[str] | None = None) -> dict[str, str]:
@@ -128,18 +136,18 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     p.add_argument("--out", default=None, help="folder for the PNGs (default: first workdir)")
     args = p.parse_args(argv)
     out = args.out or args.workdir[0]
-    os.makedirs(out, exist_ok=True)
+    io.makedirs(out)
     runs = {}
     for workdir in args.workdir:
-        label = os.path.basename(os.path.normpath(workdir))
+        label = io.path(workdir).name
         if label in runs:
             label = workdir  # two runs share a folder name: tell them apart by path
-        runs[label] = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    written = {"rewards": os.path.join(out, "rewards.png")}
+        runs[label] = read_metrics(str(io.join(workdir, "metrics.jsonl")))
+    written = {"rewards": str(io.join(out, "rewards.png"))}
     plot_rewards(runs, written["rewards"])
-    trace = os.path.join(args.workdir[0], "trace.json")
-    if os.path.exists(trace):
-        written["timeline"] = os.path.join(out, "timeline.png")
+    trace = str(io.join(args.workdir[0], "trace.json"))
+    if io.exists(trace):
+        written["timeline"] = str(io.join(out, "timeline.png"))
         plot_timeline(read_trace(trace), written["timeline"])
     else:
         print(f"no {trace}; skipping timeline.png (set metrics.trace to record one)")

@@ -8,6 +8,9 @@ rows it holds.
 llama.cpp's converter permutes the rows of every Llama ``attn_q``/``attn_k`` weight within
 each head from the half-split RoPE layout to the interleaved one (row ``j * H/2 + i`` moves
 to ``2 * i + j``); the reader undoes it. Qwen2/Qwen3 GGUF files are not permuted.
+
+The path may be local or a ``gs://`` URL (:mod:`rljax.io`): gguf memory-maps a local file, so
+a remote one is copied to a temporary file for the duration of the load.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from rljax import io
 from rljax.config import ModelConfig
 from rljax.models.hf import check_tensors, load_params
 from rljax.models.sharding import ShardingRules
@@ -70,12 +74,16 @@ def _import_gguf():
     return gguf
 
 
-def _open(path: str):
+def _open(path: str, local: str | None = None):
+    """A reader of the GGUF file ``path`` (named in errors), whose bytes are at ``local``
+    (default: ``path`` itself, which must then be local)."""
     gguf = _import_gguf()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    if local is None:
+        if not io.is_file(path):
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        local = os.fspath(path)
     try:
-        return gguf.GGUFReader(path)
+        return gguf.GGUFReader(local)
     except Exception as exc:  # the reader raises ValueError/struct errors on bad bytes
         raise ValueError(f"GGUF file {path} could not be read ({exc}); re-download it") from None
 
@@ -197,6 +205,16 @@ def config_from_gguf(reader, path: str, **overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def read_gguf_config(path: str | os.PathLike, **overrides) -> ModelConfig:
+    """The :class:`ModelConfig` of a local or remote GGUF file, from its metadata alone."""
+    path = os.fspath(path)
+    _import_gguf()
+    if not io.is_file(path):
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    with io.local_copy(path) as local:
+        return config_from_gguf(_open(path, local), path, **overrides)
+
+
 def load_gguf(
     path: str | os.PathLike,
     *,
@@ -210,17 +228,21 @@ def load_gguf(
     ``Tokenizer.from_gguf(path)``. ``dtype`` sets the parameter and compute dtype.
     """
     path = os.fspath(path)
-    reader = _open(path)
-    cfg = config_from_gguf(reader, path, dtype=dtype, param_dtype=dtype)
-    tensors = GGUFTensorReader(
-        reader,
-        path,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        permuted=cfg.family == "llama",
-    )
-    check_tensors(tensors, cfg, f"the metadata of {path}")
-    graphdef, params = load_params(tensors, cfg, mesh=mesh, rules=rules)
+    _import_gguf()
+    if not io.is_file(path):
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    with io.local_copy(path) as local:
+        reader = _open(path, local)
+        cfg = config_from_gguf(reader, path, dtype=dtype, param_dtype=dtype)
+        tensors = GGUFTensorReader(
+            reader,
+            path,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            permuted=cfg.family == "llama",
+        )
+        check_tensors(tensors, cfg, f"the metadata of {path}")
+        graphdef, params = load_params(tensors, cfg, mesh=mesh, rules=rules)
     return cfg, graphdef, params
 
 

@@ -10,6 +10,10 @@ is the view [N, H, D]) and how the view's axes are ordered in rljax (``wq`` [D, 
 axes (2, 0, 1)). The same map drives export in reverse and the GGUF loader (``gguf.py``), which
 presents GGUF tensors under their Hugging Face names. RoPE uses the same half-split layout
 in both, so q/k need no permutation.
+
+Paths may be local or ``gs://`` URLs (:mod:`rljax.io`). ``safe_open`` memory-maps a local
+file, so each remote safetensors file is copied to a temporary folder the reader owns, once,
+when it is first opened; the copy goes when the reader does.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -27,6 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from rljax import io
 from rljax.config import ModelConfig
 from rljax.models.families import config_from_hf, config_to_hf
 from rljax.models.sharding import ShardingRules, state_shardings
@@ -121,23 +127,23 @@ class TensorReader(Protocol):
 class SafetensorsReader:
     """A ``model.safetensors`` file or a sharded set listed in ``model.safetensors.index.json``."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: io.PathLike):
         from safetensors import safe_open
 
         self._safe_open = safe_open
-        index_path = os.path.join(path, INDEX_FILE)
-        single = os.path.join(path, WEIGHTS_FILE)
-        if os.path.isfile(index_path):
+        index_path = str(io.join(path, INDEX_FILE))
+        single = str(io.join(path, WEIGHTS_FILE))
+        self._local_dir: tempfile.TemporaryDirectory | None = None  # copies of remote files
+        if io.is_file(index_path):
             self.source = index_path
             try:
-                with open(index_path, encoding="utf-8") as f:
-                    weight_map = json.load(f)["weight_map"]
+                weight_map = json.loads(io.read_text(index_path))["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ValueError(
                     f"{index_path} is not a valid safetensors index ({exc}); re-download it"
                 ) from None
-            self._file_of = {k: os.path.join(path, v) for k, v in weight_map.items()}
-        elif os.path.isfile(single):
+            self._file_of = {k: str(io.join(path, v)) for k, v in weight_map.items()}
+        elif io.is_file(single):
             self.source = single
             self._file_of = None
         else:
@@ -156,18 +162,27 @@ class SafetensorsReader:
 
     def _open(self, file: str):
         if file not in self._handles:
-            if not os.path.isfile(file):
+            if not io.is_file(file):
                 raise FileNotFoundError(
                     f"safetensors file {file} (listed in {self.source}) does not exist; "
                     "re-download the checkpoint"
                 )
             try:
-                self._handles[file] = self._safe_open(file, framework="numpy")
+                self._handles[file] = self._safe_open(self._local(file), framework="numpy")
             except Exception as exc:  # safetensors raises its own SafetensorError
                 raise ValueError(
                     f"safetensors file {file} is corrupt or unreadable ({exc}); re-download it"
                 ) from None
         return self._handles[file]
+
+    def _local(self, file: str) -> str:
+        """``file`` itself when local, else its copy in the reader's temporary folder."""
+        if io.is_local(file):
+            return file
+        if self._local_dir is None:
+            self._local_dir = tempfile.TemporaryDirectory(prefix="rljax-safetensors-")
+        name = f"{len(self._handles)}-{io.path(file).name}"
+        return io.download(file, os.path.join(self._local_dir.name, name))
 
     def where(self, name: str) -> str:
         """The file that holds (or should hold) the tensor."""
@@ -271,12 +286,11 @@ def load_params(
     return graphdef, abstract
 
 
-def read_config(path: str | os.PathLike) -> dict[str, Any]:
+def read_config(path: io.PathLike) -> dict[str, Any]:
     """The parsed ``config.json`` of a model directory, with clear errors."""
-    file = os.path.join(os.fspath(path), CONFIG_FILE)
+    file = str(io.join(path, CONFIG_FILE))
     try:
-        with open(file, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(io.read_text(file))
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{file} does not exist; point at a Hugging Face model directory"
@@ -302,8 +316,7 @@ def load_hf(
     parameter and compute dtype; None keeps the checkpoint's. Returns ``(cfg, graphdef,
     params)``; ``nnx.merge(graphdef, params)`` is the Decoder.
     """
-    path = os.fspath(path)
-    config_source = os.path.join(path, CONFIG_FILE)
+    config_source = str(io.join(path, CONFIG_FILE))
     overrides = {} if dtype is None else {"dtype": dtype, "param_dtype": dtype}
     cfg = config_from_hf(read_config(path), source=config_source, **overrides)
     reader = SafetensorsReader(path)
@@ -348,12 +361,9 @@ def save_hf(
     ``tokenizer`` (``rljax.models.tokenizer.Tokenizer``) its files are written too and its
     special-token ids go into ``config.json``.
     """
-    from safetensors.numpy import save_file
-
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes={max_shard_bytes} must be positive; use e.g. 4 << 30")
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
+    io.makedirs(path)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, array in hf_tensors(cfg, params):
@@ -364,16 +374,16 @@ def save_hf(
         size += array.nbytes
     metadata = {"format": "pt"}  # transformers refuses safetensors without a format tag
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(path, WEIGHTS_FILE), metadata=metadata)
+        _save_safetensors(shards[0], io.join(path, WEIGHTS_FILE), metadata)
     else:
         weight_map, total = {}, 0
         for k, shard in enumerate(shards):
             file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(path, file), metadata=metadata)
+            _save_safetensors(shard, io.join(path, file), metadata)
             weight_map.update({name: file for name in shard})
             total += sum(a.nbytes for a in shard.values())
-        with open(os.path.join(path, INDEX_FILE), "w", encoding="utf-8") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        io.write_text(io.join(path, INDEX_FILE), json.dumps(index, indent=2))
     config = config_to_hf(cfg)
     if tokenizer is not None:
         tokenizer.save(path)
@@ -382,5 +392,14 @@ def save_hf(
             eos_token_id=tokenizer.eos_id,
             pad_token_id=tokenizer.pad_id,
         )
-    with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
+    io.write_text(io.join(path, CONFIG_FILE), json.dumps(config, indent=2))
+
+
+def _save_safetensors(tensors: dict[str, np.ndarray], file, metadata: dict[str, str]) -> None:
+    """Streams to a local file; a remote one is uploaded from bytes (one shard in memory)."""
+    from safetensors.numpy import save, save_file
+
+    if io.is_local(file):
+        save_file(tensors, os.fspath(file), metadata=metadata)
+    else:
+        io.write_bytes(file, save(tensors, metadata=metadata))

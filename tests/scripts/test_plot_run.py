@@ -116,3 +116,18 @@ def test_bad_inputs_name_the_problem(plot, tmp_path):
     (tmp_path / "t.json").write_text('{"traceEvents": 3}')
     with pytest.raises(ValueError, match="holds no traceEvents list"):
         plot.read_trace(str(tmp_path / "t.json"))
+
+
+def test_reads_and_writes_a_gcs_workdir(plot, tmp_path):
+    """A gs:// workdir (GCS emulator): metrics and trace read, both PNGs written there."""
+    from rljax import io as rio
+    from rljax.testing.filesystems import gcs_workdir
+
+    _write_run(tmp_path / "run", 0.05)
+    with gcs_workdir() as workdir:
+        for name in ("metrics.jsonl", "trace.json"):
+            rio.write_bytes(f"{workdir}/{name}", (tmp_path / "run" / name).read_bytes())
+        with contextlib.redirect_stdout(io.StringIO()):
+            written = plot.main([f"--workdir={workdir}"])
+        assert written == {k: f"{workdir}/{k}.png" for k in ("rewards", "timeline")}
+        assert all(rio.read_bytes(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in written.values())
