@@ -134,6 +134,13 @@ def ensure_writable_dir(p: PathLike, *, flag: str = "--workdir") -> epath.Path:
     return d
 
 
+def download(p: PathLike, local: str) -> str:
+    """Copies ``p`` (any filesystem) to the local file ``local``, in chunks; returns ``local``."""
+    with path(p).open("rb") as src, open(local, "wb") as dst:
+        shutil.copyfileobj(src, dst, _COPY_CHUNK)
+    return local
+
+
 @contextlib.contextmanager
 def local_copy(p: PathLike) -> Iterator[str]:
     """A local filename holding ``p``'s bytes, for libraries that insist on one.
@@ -146,10 +153,7 @@ def local_copy(p: PathLike) -> Iterator[str]:
         return
     folder = tempfile.mkdtemp(prefix="rljax-io-")
     try:
-        local = os.path.join(folder, path(p).name)
-        with path(p).open("rb") as src, open(local, "wb") as dst:
-            shutil.copyfileobj(src, dst, _COPY_CHUNK)
-        yield local
+        yield download(p, os.path.join(folder, path(p).name))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
