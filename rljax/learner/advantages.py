@@ -23,6 +23,11 @@ def group_advantages(
     ``scale=False`` keeps only the mean baseline (Dr. GRPO), which avoids up-weighting
     groups whose rewards barely differ. A group whose rewards are all equal gets zeros.
     """
+    if not isinstance(scale, bool | np.bool_):
+        raise TypeError(
+            f"group_advantages(scale={scale!r}): pass a bool; for a run's config use "
+            "scale=resolve_scale(cfg.learner, loss) (scale_advantages=None means the loss decides)"
+        )
     rewards_ng = np.asarray(rewards_ng, np.float64)
     if rewards_ng.ndim != 2 or rewards_ng.shape[1] < 2:
         raise ValueError(f"rewards must be [groups, G] with G >= 2, got shape {rewards_ng.shape}")

@@ -48,6 +48,12 @@ def test_resolve_scale_follows_the_loss_unless_set(loss, explicit, want):
     assert resolve_scale(LearnerConfig(loss=loss, scale_advantages=explicit)) is want
 
 
+def test_group_advantages_refuse_an_unresolved_scale():
+    """scale_advantages=None passed straight through would silently drop GRPO's std scaling."""
+    with pytest.raises(TypeError, match="resolve_scale"):
+        group_advantages(np.array([[1.0, 0.0]]), scale=LearnerConfig().scale_advantages)
+
+
 def test_resolve_scale_reads_a_custom_loss_object():
     cfg = LearnerConfig()
     assert resolve_scale(cfg, Loss(grpo)) is True
