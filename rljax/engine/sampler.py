@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from rljax.engine.engine import DecodeState, Engine, Prefix, SlotSampling
+from rljax.engine.engine import Engine
 from rljax.engine.pages import OutOfPages
+from rljax.engine.state import DecodeState, Prefix, SlotSampling
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
