@@ -55,7 +55,7 @@ _EXPORTS = {
     "get_loss": "rljax.learner.losses",
     "LEARNER_RULES": "rljax.models.sharding",
     "SAMPLER_RULES": "rljax.models.sharding",
-    "init_sharded": "rljax.models.sharding",
+    "init_sharded": "rljax.models.transformer",
     "make_mesh": "rljax.models.sharding",
     "Tokenizer": "rljax.models.tokenizer",
     "Decoder": "rljax.models.transformer",

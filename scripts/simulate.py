@@ -1,6 +1,6 @@
 """Compares sync colocated, async static split and async with reallocation in the simulator.
 
-  python scripts/simulate.py --config=configs/sim/pod_compare.py[:runlocal]
+  python scripts/simulate.py --config=configs/sim/pod_compare.py[:small]
   python scripts/simulate.py --config=configs/sim/verl_async_h20.py
   python scripts/simulate.py --config=configs/sim/growing_v5p128.py
 

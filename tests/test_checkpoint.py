@@ -22,7 +22,8 @@ from rljax.checkpoint import Checkpointer, CheckpointError, abstract_like, abstr
 from rljax.config import CheckpointConfig, ConfigError, LearnerConfig
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
-from rljax.models.sharding import LEARNER_RULES, init_sharded, make_mesh, state_shardings
+from rljax.models.sharding import LEARNER_RULES, make_mesh, state_shardings
+from rljax.models.transformer import init_sharded
 from rljax.policy.staleness import StalenessBuffer
 from rljax.testing import TINY_MODEL
 from rljax.testing.filesystems import gcs_workdir

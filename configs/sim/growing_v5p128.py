@@ -8,15 +8,22 @@ chips (the 4-chip host granularity) runs the same workload; reallocation starts 
 smallest, the middle and the largest of them.
 
   python scripts/simulate.py --config=configs/sim/growing_v5p128.py
-  python scripts/simulate.py --config=configs/sim/growing_v5p128.py:runlocal   # 100 steps
+  python scripts/simulate.py --config=configs/sim/growing_v5p128.py:small   # 100 steps
 """
 
 import ml_collections
 
+VARIANTS = ("small",)  # small: 100 steps over three splits
+
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    """Builds the scenario; ``arg="runlocal"`` runs 100 steps over three splits."""
-    runlocal = arg == "runlocal"
+    """Builds the scenario; ``arg="small"`` runs 100 steps over three splits."""
+    if arg and arg not in VARIANTS:
+        raise ValueError(
+            f"unknown variant {arg!r} of configs/sim/growing_v5p128.py; "
+            f"use one of {VARIANTS} or none"
+        )
+    small = arg == "small"
     c = ml_collections.ConfigDict()
     c.name = "growing_v5p128"
     c.model = "qwen2.5-7b"
@@ -28,7 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     )
     c.train_flops_per_param = ml_collections.ConfigDict(dict(sync=6.0, async_=6.0))
     c.total_chips = 64
-    c.steps = 100 if runlocal else 1000
+    c.steps = 100 if small else 1000
     c.batch_groups = 64
     c.group_size = 16
     c.prompt_tokens = 512
@@ -39,7 +46,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.lengths = ml_collections.ConfigDict(
         dict(median=700.0, sigma=0.7, max_tokens=16384, growth=10.0, growth_steps=c.steps)
     )
-    splits = [16, 32, 48] if runlocal else list(range(16, 49, 4))
+    splits = [16, 32, 48] if small else list(range(16, 49, 4))
     c.growth = ml_collections.ConfigDict(
         dict(
             median=700.0,
@@ -50,7 +57,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             eta=4,
             splits=splits,
             starts=[16, 32, 48],
-            plot="" if runlocal else "docs/sim_growing.png",
+            plot="" if small else "docs/sim_growing.png",
         )
     )
     c.etas, c.sampler_fractions, c.tails = [], [], []

@@ -10,9 +10,16 @@ response tokens. Colocated sync: 356.30 s/step (gen 177.85, old_log_prob 53.92, 
 
 import ml_collections
 
+VARIANTS = ("small",)  # small: 6 steps instead of 20
+
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    """The verl case; ``arg="runlocal"`` runs fewer steps."""
+    """The verl case; ``arg="small"`` runs fewer steps."""
+    if arg and arg not in VARIANTS:
+        raise ValueError(
+            f"unknown variant {arg!r} of configs/sim/verl_async_h20.py; "
+            f"use one of {VARIANTS} or none"
+        )
     c = ml_collections.ConfigDict()
     c.name = "verl_async_h20"
     c.model = "qwen2.5-7b"  # Qwen2.5-Math-7B has the same shapes
@@ -28,7 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # rollout's log-probs.
     c.train_flops_per_param = ml_collections.ConfigDict(dict(sync=8.0, async_=6.0))
     c.total_chips = 128
-    c.steps = 6 if arg == "runlocal" else 20
+    c.steps = 6 if arg == "small" else 20
     c.batch_groups = 512
     c.group_size = 16
     c.prompt_tokens = 200

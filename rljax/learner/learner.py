@@ -35,10 +35,10 @@ from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
     axis_size,
+    kernel_mesh_axes,
     state_shardings,
     with_shardings,
 )
-from rljax.models.transformer import kernel_mesh_axes
 
 # Only the rate is injected (kept in the optimiser state); the rest stay Python constants.
 _STATIC_ADAMW_ARGS = ("b1", "b2", "eps", "eps_root", "weight_decay")

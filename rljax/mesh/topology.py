@@ -17,8 +17,8 @@ import jax
 from jax.sharding import Mesh
 
 from rljax.config import ConfigError, MeshConfig
-from rljax.policy.reallocation import Split
 from rljax.models.sharding import make_mesh
+from rljax.policy.reallocation import Split
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,15 +11,16 @@ from __future__ import annotations
 from flax import nnx
 from jax.sharding import Mesh
 
+from rljax import io
 from rljax.config import ConfigError, ModelConfig, RunConfig
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
-    init_sharded,
     state_shardings,
     with_shardings,
 )
 from rljax.models.tokenizer import Tokenizer
+from rljax.models.transformer import Decoder, init_sharded
 
 
 def resolve_init(init: str) -> str:
@@ -56,13 +57,13 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
     path = resolve_init(cfg.init)
     dtype = cfg.model.dtype
     if path.endswith(".gguf"):
-        from rljax.models import gguf
+        from rljax.models.gguf import read_gguf_config
 
-        return gguf.config_from_gguf(gguf._open(path), path, dtype=dtype, param_dtype=dtype)
+        return read_gguf_config(path, dtype=dtype, param_dtype=dtype)
     from rljax.models import hf
     from rljax.models.families import config_from_hf
 
-    source = f"{path}/{hf.CONFIG_FILE}"
+    source = str(io.join(path, hf.CONFIG_FILE))
     return config_from_hf(hf.read_config(path), source=source, dtype=dtype, param_dtype=dtype)
 
 
@@ -87,8 +88,6 @@ def abstract_params(model_cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = L
     Nothing is allocated: a restore target, so a resumed run never initialises or loads the
     model only to overwrite it.
     """
-    from rljax.models.transformer import Decoder
-
     model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(model)
     return graphdef, with_shardings(state, state_shardings(state, mesh, rules))

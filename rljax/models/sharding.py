@@ -201,13 +201,3 @@ def kernel_mesh_axes(
         used.update(axes)
         out.append(axes[0] if len(axes) == 1 else axes)
     return mesh, tuple(out)
-
-
-def __getattr__(name: str):
-    # init_sharded builds a Decoder, so it lives in models/transformer.py (which imports this
-    # module); this lazy alias keeps the old import path working until its callers move.
-    if name == "init_sharded":
-        from rljax.models import transformer
-
-        return transformer.init_sharded
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,8 @@ class SafePoints:
                 return
             self._parked = True
             self._cond.notify_all()
+            start = time.perf_counter()
             while self._park and not self._stop.is_set():
                 self._cond.wait(timeout=0.1)
             self._parked = False
+        self.clocks.sampler_parked(start, time.perf_counter())

@@ -42,8 +42,11 @@ class RoleClocks:
     def generate(self, start: float, end: float, finished: list, sampler) -> None:
         """One sampler ``generate`` call that finished ``finished`` trajectories."""
         busy = getattr(sampler, "busy_slots", None)
-        engine = getattr(sampler, "engine", None)
-        total = getattr(engine, "max_concurrent_decodes", None)
+        total = getattr(sampler, "num_slots", None)
+        # KV the step read: the live slots' tokens now, plus the sequences it just finished.
+        kv = getattr(sampler, "kv_tokens", 0) + sum(
+            len(t.prompt_tokens) + len(t.response_tokens) for t in finished
+        )
         tokens = sum(len(t.response_tokens) for t in finished)
         with self._lock:
             self._t["sampler_busy_s"] += end - start
@@ -55,7 +58,7 @@ class RoleClocks:
             self._t["fill"] += used / total
             self._t["calls"] += 1
             self._slots = total
-        self._record(phase_meter.Generate(start, end, used, total, tokens=tokens))
+        self._record(phase_meter.Generate(start, end, used, total, tokens=tokens, kv_tokens=kv))
         if used < total:
             # Slots the driver left empty: admission (the staleness window) or a full buffer
             # held them back, since it fills every free slot it is allowed to.
@@ -65,6 +68,11 @@ class RoleClocks:
         """The sampler had nothing to generate: admission held it back or the buffer is full."""
         if self._slots:
             self._record(phase_meter.SamplerIdle(start, end, self._slots, held_back=True))
+
+    def sampler_parked(self, start: float, end: float) -> None:
+        """The sampler was parked for a resize: its slots count as neither busy nor idle."""
+        if self._slots:
+            self._record(phase_meter.SamplerIdle(start, end, self._slots, held_back=False))
 
     def learner_wait(self, start: float, end: float) -> None:
         self._record(phase_meter.LearnerWait(start, end))
@@ -101,8 +109,11 @@ class RoleClocks:
             }
             self._t = collections.Counter()
             self._since = now
-        self._record(phase_meter.StepEnd(now))
         return out
+
+    def step_end(self) -> None:
+        """A learner step finished: the PhaseMeter's phases end at step boundaries."""
+        self._record(phase_meter.StepEnd(time.perf_counter()))
 
 
 def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, sync) -> dict:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from rljax.metrics import Timeline
+from rljax.policy.routing import ReplicaLoad, route
 from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
 from rljax.runtime.boundary import SafePoints
 from rljax.runtime.clocks import RoleClocks, step_metrics
@@ -198,7 +199,13 @@ class Driver(SafePoints):
             cap = self.controller.capacity(
                 self.buffer.version, self.buffer.num_pending, self.buffer.accepted
             )
+            queued = self._queued_samples()
             for _ in range(cap):
+                # Threaded: a group goes out only while a slot is free that no queued sample
+                # claims (rljax.policy.routing, as in the simulator); lock-step admits its whole
+                # batch at once and the sampler queues what does not fit.
+                if queued is not None and route([self._load(queued)]) is None:
+                    break
                 example = self._next_prompt()
                 # An id is spent only on a granted seat, so ids (and the sampling seeds derived
                 # from them) do not depend on how often admission was retried.
@@ -210,10 +217,22 @@ class Driver(SafePoints):
                 self._lockstep_admitted += 1
                 self._inflight[rid] = example
                 requests.append(self._make_request(example, rid))
+                if queued is not None:
+                    queued += self.group_size
         if requests:
             self.sampler.submit(requests)
             self.counters["dispatched"] += len(requests)
         return len(requests)
+
+    def _queued_samples(self) -> int | None:
+        """Samples waiting for a slot, or None when admission is not held to the slots."""
+        if self.lockstep:
+            return None
+        return getattr(self.sampler, "queued_samples", None)
+
+    def _load(self, queued: int) -> ReplicaLoad:
+        free = self.sampler.num_slots - self.sampler.busy_slots
+        return ReplicaLoad(0, free_slots=free, queued=queued)
 
     def _generate(self) -> list[list]:
         """One ``generate`` call; returns the groups it completed (their trajectories)."""
@@ -414,6 +433,7 @@ class Driver(SafePoints):
         self.clocks.learn(start, end, getattr(batch, "num_tokens", 0))
         self.timeline.add("learn", start, end, track="learner")
         self._lockstep_admitted = 0
+        self.clocks.step_end()
         # The safe point: the step is done and its weights are not yet out (a resize may run).
         if self._on_boundary is not None:
             self._on_boundary(step)

@@ -74,13 +74,13 @@ def maybe_reallocate(run) -> dict[str, Any] | None:
     r = run.reallocation
     if r is None or run.driver is None:
         return None
-    r.step_done()
     if not r.due:
         return None
     # Until a resize is measured: moving params and two Adam moments once (>= 3 syncs).
     history = run.weight_sync.history
     stats = r.phase(
         split=run.topology.split,
+        slots=run.sampler.num_slots,
         buffer_rows=run.driver.buffer_rows(),
         batch_groups=run.cfg.learner.batch_groups,
         estimated_switch_s=3 * history[-1].seconds if history else 0.0,

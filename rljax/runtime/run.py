@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
@@ -26,13 +25,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from rljax import io
 from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, RunConfig
 from rljax.data.pipeline import prompt_iterator
 from rljax.data.tasks import encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import FINISH_STOP, Request, Sampler, Trajectory
-from rljax.learner.advantages import group_advantages
+from rljax.learner.advantages import group_advantages, resolve_scale
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import check_divisible
 from rljax.learner.losses import Loss, get_loss
@@ -42,8 +42,8 @@ from rljax.mesh.topology import Topology, build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import load_tokenizer
+from rljax.policy import admission
 from rljax.policy.reallocation import Split
-from rljax.policy.staleness import StalenessController
 from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import get_reward
 from rljax.runtime import resizing, resume
@@ -98,12 +98,13 @@ class Run:
         self.shard_index, self.shard_count = distributed.data_shard()
         check_supported(cfg, self.shard_count)
         self.cfg = cfg
-        self.workdir = _writable_dir(workdir)
+        self.workdir = str(io.ensure_writable_dir(workdir))
         self.loss = get_loss(loss or cfg.learner.loss)
+        self._scale = resolve_scale(cfg.learner, self.loss)  # dr_grpo: no std scaling
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology: Topology = build_topology(cfg.mesh, self.devices)
         self.ckpt = (
-            Checkpointer(os.path.join(self.workdir, "checkpoints"), cfg.checkpoint)
+            Checkpointer(io.join(self.workdir, "checkpoints"), cfg.checkpoint)
             if cfg.checkpoint.enabled
             else None
         )
@@ -144,7 +145,9 @@ class Run:
         self.learners.put(self.topology.learner, self.learner)
         # Called as hook(run, step) on the learner thread at each step boundary (see resize).
         self.step_hooks: list[Callable[[Run, int], None]] = []
-        self.reallocation = Reallocation(cfg.mesh) if cfg.mesh.reallocate else None
+        self.reallocation = (
+            Reallocation(cfg.mesh, cfg.reallocator) if cfg.mesh.reallocate else None
+        )
         self.sampler = Sampler(
             self.engine,
             self.engine.load_params(self.learner.params),
@@ -278,7 +281,8 @@ class Run:
         """Group-normalised advantages, then a packed batch for the configured loss."""
         _debug("learner", process=self.shard_index, prompts=[g.example["prompt"] for g in groups])
         adv = group_advantages(
-            np.stack([g.rewards for g in groups]), scale=self.cfg.learner.scale_advantages
+            np.stack([g.rewards for g in groups]),
+            scale=resolve_scale(self.cfg.learner, self.learner.loss),
         )
         seqs = [
             TrainSequence(
@@ -384,16 +388,16 @@ class Run:
         buffer, requeue, next_id = resume.driver_state(
             self.resumed_meta, cfg, version=self.learner.version
         )
-        slots_in_groups = max(1, cfg.sampling.max_concurrent_decodes // cfg.learner.group_size)
         return Driver(
             sampler=self.sampler,
             learner=self.learner,
             weight_sync=self.weight_sync,
             buffer=buffer,
-            controller=StalenessController(
-                max_staleness=eta,
+            controller=admission.controller(
+                slots=self.sampler.num_slots,
+                group_size=cfg.learner.group_size,
                 batch_groups=b,
-                max_concurrent=max(b + k, slots_in_groups),
+                max_staleness=eta,
                 overprovision=k,
             ),
             prompts=iter(self.next_prompts, None),
@@ -462,7 +466,7 @@ class Run:
         }
         self.metrics.write(cfg.num_steps, "summary", summary)
         if cfg.metrics.trace:
-            self.timeline.write(os.path.join(self.workdir, "trace.json"))
+            self.timeline.write(io.join(self.workdir, "trace.json"))
         self.save(force=True)
         return summary
 
@@ -486,24 +490,6 @@ def _debug(event: str, **fields: Any) -> None:
     """One JSON line per data event, for --logger_levels=rljax.runtime.run:DEBUG."""
     if log.isEnabledFor(logging.DEBUG):
         log.debug("data %s %s", event, json.dumps(fields))
-
-
-def _writable_dir(workdir: str) -> str:
-    """Create ``workdir`` and prove it is writable, or fail with a one-line message."""
-    import tempfile
-
-    if "://" in workdir:
-        return workdir
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write_probe"):
-            pass
-    except OSError as e:
-        raise ConfigError(
-            f"--workdir={workdir!r} is not writable ({e.strerror}); pass a directory you can "
-            "write to"
-        ) from None
-    return workdir
 
 
 def _install_sigterm(handler):

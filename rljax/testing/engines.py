@@ -12,7 +12,8 @@ from flax import nnx
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.engine import Engine
-from rljax.models.sharding import SAMPLER_RULES, init_sharded, make_mesh
+from rljax.models.sharding import SAMPLER_RULES, make_mesh
+from rljax.models.transformer import init_sharded
 from rljax.testing.configs import TINY_MODEL
 
 

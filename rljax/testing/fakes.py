@@ -181,6 +181,18 @@ class FakeSampler:
     def busy_slots(self) -> int:
         return sum(s is not None for s in self._slots)
 
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def queued_samples(self) -> int:
+        return len(self._queue)
+
+    @property
+    def kv_tokens(self) -> int:
+        return sum(len(s.request.prompt_tokens) + len(s.versions) for s in self._slots if s)
+
     def has_work(self) -> bool:
         return bool(self._queue) or self.busy_slots > 0
 

@@ -242,7 +242,10 @@ def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles)
     for p in policy.phases:
         # A sampler held back by the staleness bound for a whole phase is idle all of it.
         assert p.sampler_busy_s + p.sampler_idle_s > 0 and p.learner_busy_s > 0
-        assert 0 < p.sampler_occupancy <= 1 and p.granularity == 1
+        assert 0 <= p.sampler_occupancy <= 1 and p.granularity == 1
+    # A generate call still running when a one-step phase ends is reported in the next phase,
+    # so a phase can close with no decode measured; most phases measure one.
+    assert sum(p.sampler_occupancy > 0 for p in policy.phases) >= len(policy.phases) // 2
 
     # Requests were in flight at each move, and every one of them came through whole.
     assert all(r["interrupted_requests"] > 0 for r in resizes)

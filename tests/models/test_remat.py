@@ -11,8 +11,8 @@ from flax import nnx
 from rljax.config import REMAT, ConfigError, LearnerConfig
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
-from rljax.models.sharding import LEARNER_RULES, init_sharded, make_mesh
-from rljax.models.transformer import REMAT_POLICIES, Decoder
+from rljax.models.sharding import LEARNER_RULES, make_mesh
+from rljax.models.transformer import REMAT_POLICIES, Decoder, init_sharded
 from rljax.testing.configs import TINY_MODEL
 
 

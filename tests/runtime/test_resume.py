@@ -14,7 +14,8 @@ import numpy as np
 from rljax.checkpoint import Checkpointer, abstract_like
 from rljax.config import CheckpointConfig, LearnerConfig
 from rljax.learner.learner import Learner
-from rljax.models.sharding import LEARNER_RULES, init_sharded, make_mesh
+from rljax.models.sharding import LEARNER_RULES, make_mesh
+from rljax.models.transformer import init_sharded
 from rljax.testing.configs import TINY_MODEL
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

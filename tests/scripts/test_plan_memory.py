@@ -21,13 +21,13 @@ GIB = 1024**3
 CONFIG = """
 from rljax.config import MeshConfig, ModelConfig, LearnerConfig, SamplingConfig, replace
 from rljax.config import to_config_dict
-from rljax.testing.configs import arith_tiny
+from rljax.configs import arith_tiny
 
 TARGETS = {"cpu8": ("tpu-v5e", 8)}
 
 
 def get_config(arg):
-    cfg = arith_tiny("test")
+    cfg = arith_tiny.recipe("small")
     cfg = replace(
         cfg,
         model=ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,

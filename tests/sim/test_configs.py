@@ -21,7 +21,7 @@ def load(path):
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-@pytest.mark.parametrize("arg", ["", "runlocal"])
+@pytest.mark.parametrize("arg", ["", "small"])
 def test_config_builds(path, arg):
     c = load(path).get_config(arg)
     cost = CostModel(
