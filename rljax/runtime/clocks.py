@@ -125,6 +125,8 @@ def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, syn
         "response_length": float(np.mean(lengths)),
         "staleness_hist": {str(k): v for k, v in sorted(staleness.items())},
         "staleness_max": max(staleness),
+        # The consumed prompts' ids, so a run can be audited from its metrics alone.
+        "prompt_ids": [_example_id(g.example) for g in groups],
         "step_s": clocks["wall_s"],
         "sampler_busy_s": clocks["sampler_busy_s"],
         "sampler_idle_s": clocks["sampler_idle_s"],
@@ -139,3 +141,7 @@ def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, syn
         "sync_s": sync.seconds if sync else 0.0,
     }
     return out
+
+
+def _example_id(example: Any) -> Any:
+    return example.get("id") if isinstance(example, dict) else None

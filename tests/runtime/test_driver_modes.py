@@ -123,6 +123,7 @@ def test_lockstep_is_on_policy_and_loses_nothing(overprovision, dynamic):
     assert learner.version == 6 and len(steps) == 6
     assert all(m["staleness_max"] == 0 for m in steps)
     assert len(consumed) == len(set(consumed)) == 6 * BATCH
+    assert [i for m in steps for i in m["prompt_ids"]] == consumed
     # Lock-step ids come from the step, so a resumed run samples the same requests.
     assert all(i // LOCKSTEP_ID_STRIDE >= 1 for i in driver.request_ids)
     assert driver.request_ids[:BATCH] == [LOCKSTEP_ID_STRIDE + k for k in range(BATCH)]
@@ -151,6 +152,7 @@ def test_every_mode_logs_the_same_metric_keys(lockstep, eta):
         "response_length",
         "staleness_hist",
         "staleness_max",
+        "prompt_ids",
         "step_s",
         "sampler_busy_s",
         "sampler_idle_s",
