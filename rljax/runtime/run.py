@@ -29,7 +29,7 @@ from rljax import io
 from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, RunConfig
 from rljax.data.pipeline import prompt_iterator
-from rljax.data.tasks import encode_prompt, load_task
+from rljax.data.tasks import check_prompts, encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import FINISH_STOP, Request, Sampler, Trajectory
 from rljax.learner.advantages import group_advantages, resolve_scale
@@ -41,11 +41,11 @@ from rljax.mesh.resize import MeshCache, Reallocation
 from rljax.mesh.topology import Topology, build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.metrics import MetricsWriter, Timeline
-from rljax.models.loading import load_tokenizer
+from rljax.models.loading import check_tokenizer_fits, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool
-from rljax.rewards.registry import get_reward
+from rljax.rewards.registry import check_reward_fn, get_reward
 from rljax.runtime import resizing, resume
 from rljax.runtime.driver import Driver
 from rljax.runtime.rollout import Group, encode_group
@@ -99,8 +99,12 @@ class Run:
         check_supported(cfg, self.shard_count)
         self.cfg = cfg
         self.workdir = str(io.ensure_writable_dir(workdir))
-        self.loss = get_loss(loss or cfg.learner.loss)
+        self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
         self._scale = resolve_scale(cfg.learner, self.loss)  # dr_grpo: no std scaling
+        self.tokenizer = load_tokenizer(cfg)
+        self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
+        check_prompts(self.tokenizer, cfg.data, self.train_examples)
+        reward = get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology: Topology = build_topology(cfg.mesh, self.devices)
         self.ckpt = (
@@ -119,15 +123,13 @@ class Run:
                 cfg, self.topology.learner, self.loss
             )
         self.graphdef = self.learner.graphdef
-        self.tokenizer = load_tokenizer(cfg)
-        self.tokenizer.check_fits(self.model_cfg.vocab_size)
-        self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
+        check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
         )
         self.rewards = RewardPool(
-            reward_fn or get_reward(cfg.reward.name),
+            reward,
             num_workers=cfg.reward.num_workers,
             timeout_s=cfg.reward.timeout_s,
             mode=cfg.reward.mode,
@@ -206,12 +208,6 @@ class Run:
             request_id=request_id,
         )
 
-    def sample(self, examples: list[dict], *, greedy: bool = False) -> list[Trajectory]:
-        """Sample ``examples`` outside training (evaluation), with ids 0..n-1 when greedy."""
-        base = 0 if greedy else (self.learner.version + 1) * 1_000_000
-        requests = [self.make_request(ex, base + i, greedy=greedy) for i, ex in enumerate(examples)]
-        return self.sampler.run(requests)
-
     def next_prompts(self) -> list[dict]:
         """The next global batch of prompts: every process's shard, in process order.
 
@@ -260,8 +256,8 @@ class Run:
         if latest is not None and latest[1] > self.sampler.version:
             self.sampler.set_params(*latest)
         with self.timeline.span("eval"):
-            trajs = self.sample(examples, greedy=True)
-            rewards = self.score(trajs)
+            requests = [self.make_request(ex, i, greedy=True) for i, ex in enumerate(examples)]
+            rewards = self.score(self.sampler.run(requests))
         acc = float(np.mean(rewards))
         self.metrics.write(step, phase, {"heldout_accuracy": acc, "examples": len(examples)})
         return acc

@@ -9,9 +9,7 @@ boundary runs before the next batch is admitted.
 
 from __future__ import annotations
 
-import collections
 import json
-import threading
 import time
 
 import jax
@@ -21,21 +19,10 @@ from jax.experimental.compilation_cache import compilation_cache
 from rljax.configs import arith_tiny
 
 from rljax.config import ConfigError, MeshConfig, replace
-from rljax.engine.sampler import Request
 from rljax.mesh.resize import MeshCache, Reallocation, plan_resize
 from rljax.policy.meter import Generate, Learn, LearnerWait, SamplerIdle, StepEnd
 from rljax.policy.reallocation import PhaseStats, Split
-from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.runtime import Run
-from rljax.runtime.driver import Driver
-from rljax.testing.fakes import (
-    FakeLearner,
-    FakeSampler,
-    FakeWeightSync,
-    constant_cost,
-    fake_make_batch,
-    lognormal_lengths,
-)
 
 GROUP, BATCH_GROUPS = 8, 4
 
@@ -411,114 +398,3 @@ def test_reallocation_turns_a_phase_of_meter_events_into_stats():
     )
     assert stats.switch_cost_s == 1.25
     assert r.phases[-1] is stats and len(r.phases) == 2
-
-
-class InterruptibleFakeSampler(FakeSampler):
-    """The fake sampler plus interrupt/resume: held samples keep the tokens revealed so far."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.held: dict[int, list] = {}
-
-    def interrupt(self, request_id: int) -> int:
-        mine = [s for s in self._queue if s.request.request_id == request_id]
-        self._queue = collections.deque(
-            s for s in self._queue if s.request.request_id != request_id
-        )
-        for slot, s in enumerate(self._slots):
-            if s is not None and s.request.request_id == request_id:
-                mine.append(s)
-                self._slots[slot] = None
-        self.held.setdefault(request_id, []).extend(mine)
-        return len(mine)
-
-    def resume(self, request_id: int) -> None:
-        self._queue.extend(self.held.pop(request_id, []))
-
-
-def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
-    eta, batch, group, steps = 1, 2, 3, 8
-    consumed, staleness, boundaries, paused = [], [], [], []
-    learner = FakeLearner(constant_cost(0.001))
-    weight_sync = FakeWeightSync()
-    sampler = InterruptibleFakeSampler(
-        slots=6,
-        step_cost_s=constant_cost(0.002),  # slower than the learner: requests stay in flight
-        length_sampler=lognormal_lengths(20, 0.5, 60),
-        params=learner.params,
-    )
-    prompts = ([{"id": i * batch + j} for j in range(batch)] for i in range(10**6))
-    dispatched = []
-
-    def make_request(example, rid):
-        dispatched.append(rid)
-        return Request([1, 2], group, payload=example, request_id=rid)
-
-    def make_batch(groups):
-        consumed.extend(g.request_id for g in groups)
-        staleness.extend(learner.version - g.min_version for g in groups)
-        return fake_make_batch(groups)
-
-    def on_boundary(step):
-        latest = weight_sync.acquire()
-        boundaries.append((step, learner.version, None if latest is None else latest[1]))
-        if step % 3 == 1:
-            with driver.safe_point() as ids:
-                before = sampler.stats["steps"]
-                time.sleep(0.03)  # a parked sampler thread takes no step meanwhile
-                paused.append((ids, sampler.has_work(), sampler.stats["steps"] - before))
-
-    driver = Driver(
-        sampler=sampler,
-        learner=learner,
-        weight_sync=weight_sync,
-        buffer=StalenessBuffer(batch_groups=batch, max_staleness=eta),
-        controller=StalenessController(max_staleness=eta, batch_groups=batch, max_concurrent=2),
-        prompts=prompts,
-        make_request=make_request,
-        score=lambda trajs: np.arange(len(trajs), dtype=float),
-        make_batch=make_batch,
-        group_size=group,
-        num_steps=steps,
-        on_boundary=on_boundary,
-    )
-    seen = {}
-
-    def from_another_thread():
-        while not driver.running:
-            time.sleep(0.001)
-        seen["result"] = driver.call_at_boundary(
-            lambda: (driver.on_learner_thread(), learner.version, weight_sync.acquire())
-        )
-
-    caller = threading.Thread(target=from_another_thread)
-    caller.start()
-    watchdog = threading.Timer(30, driver.stop)
-    watchdog.start()
-    try:
-        driver.run()
-    finally:
-        watchdog.cancel()
-        caller.join()
-
-    # The boundary comes after each step and before its weights are published.
-    assert [b[:2] for b in boundaries] == [(s, s + 1) for s in range(steps)]
-    assert all(latest in (None, step) for step, _, latest in boundaries)
-    on_learner, version, latest = seen["result"]
-    assert on_learner and (latest is None if version == 1 else latest[1] == version - 1)
-
-    # Inside the safe point the sampler holds nothing in its slots and takes no step.
-    assert len(paused) == 3
-    assert all(not has_work and took == 0 for _, has_work, took in paused)
-    assert driver.counters["interrupted_samples"] > 0
-    # Interrupted requests resumed: every batch full, nothing lost or duplicated.
-    assert len(consumed) == steps * batch == len(set(consumed))
-    assert max(staleness) <= eta
-    assert consumed == sorted(consumed[:batch]) + consumed[batch:]  # a batch is in id order
-    held = {
-        item["request_id"]
-        for b in driver.buffer.state_dict()["buffers"]
-        for item in b["groups"] + b["reservations"]
-    }
-    assert set(dispatched) == set(consumed) | held and not set(consumed) & held
-    assert dispatched == list(range(len(dispatched)))  # ids are spent only on granted seats
