@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -132,6 +133,20 @@ def ensure_writable_dir(p: PathLike, *, flag: str = "--workdir") -> epath.Path:
             "a directory or bucket path you can write to"
         ) from None
     return d
+
+
+@contextlib.contextmanager
+def input_error(key: str, value: object) -> Iterator[None]:
+    """Turns a failure to read the file(s) named by config key ``key`` into a one-line
+    :class:`ConfigError` that starts with the key, so the launcher prints it without a
+    traceback; the loader's own message (which names the file and the fix) follows."""
+    try:
+        yield
+    except (OSError, ValueError, ImportError) as e:
+        message = re.sub(r"\s*\n\s*", " ", str(e).strip()) or type(e).__name__
+        if message.startswith(f"config key '{key}'"):
+            raise ConfigError(message) from e
+        raise ConfigError(f"config key '{key}' = {value!r}: {message}") from e
 
 
 def download(p: PathLike, local: str) -> str:

@@ -75,13 +75,14 @@ def main(argv: list[str]) -> None:
 
     from rljax import config as config_lib
     from rljax import runtime
+    from rljax.checkpoint import CheckpointError
     from rljax.mesh import distributed
 
     try:
         # Joins the hosts of a pod (or JAX_COORDINATOR_ADDRESS world) before any device is used.
         world = distributed.maybe_initialize()
         summary = runtime.run(_run_config(config_lib), _WORKDIR.value)
-    except (config_lib.ConfigError, distributed.DistributedConfigError) as e:
+    except (config_lib.ConfigError, distributed.DistributedConfigError, CheckpointError) as e:
         sys.exit(f"rljax: {e}")
     if not world.is_primary:
         return

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rljax.config import ConfigError
 from rljax.data.arithmetic import ArithmeticTask, careless_sum
 
 # name -> answer(example, slip, rng): the targets a supervised warm start imitates.
@@ -32,9 +33,28 @@ def load_task(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
             seed=seed,
         )
         return task.train(), task.heldout()
+    from rljax import io
     from rljax.data import math_tasks
 
-    return math_tasks.load_splits(data_cfg)
+    with io.input_error("data.path", data_cfg.path):
+        return math_tasks.load_splits(data_cfg)
+
+
+def check_prompts(tokenizer, data_cfg, examples: list[dict]) -> None:
+    """Encodes the first example, so a prompt the tokenizer cannot take (a character outside
+    a char-level alphabet, a chat template that fails) refuses the run before it starts."""
+    if not examples:
+        return
+    try:
+        encode_prompt(tokenizer, data_cfg, examples[0])
+    except (ValueError, TypeError, KeyError) as e:
+        message = " ".join(str(e).split())
+        raise ConfigError(
+            f"config key 'data.prompt_format' = {data_cfg.prompt_format!r}: the tokenizer cannot "
+            f"encode the first prompt of data.task={data_cfg.task!r} ({message}); use a "
+            "tokenizer (config key 'tokenizer') that covers the task's text and has a working "
+            "chat template for 'chat'"
+        ) from e
 
 
 def teacher_answer(teacher: str, example: dict, slip: float, rng: np.random.Generator) -> str:

@@ -143,7 +143,7 @@ class Learner:
     def _configure(self, cfg, graphdef, mesh, rules, loss, learning_rate, temperature):
         """Everything but the arrays: shared by the constructor and :meth:`abstract`."""
         self.cfg = cfg
-        self.loss = get_loss(loss or cfg.loss)
+        self.loss = get_loss(loss or cfg.loss, cfg)
         self.mesh = mesh
         self.rules = rules
         self.graphdef = graphdef

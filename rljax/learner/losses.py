@@ -23,13 +23,14 @@ Plain GRPO with ``truncated_is = C > 0`` uses the same decomposition.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from rljax.config import LearnerConfig
+from rljax.config import ConfigError, LearnerConfig
 
 
 @struct.dataclass
@@ -189,13 +190,97 @@ LOSSES: dict[str, Loss] = {
 }
 
 
-def get_loss(name: str | Loss) -> Loss:
-    """A Loss by registry name (or pass a Loss through)."""
+def get_loss(name: str | Loss, cfg: LearnerConfig | None = None) -> Loss:
+    """A Loss by registry name (or pass a Loss through).
+
+    With ``cfg``, a Loss that is not a built-in is first traced once on tiny inputs
+    (:func:`check_loss`), so a wrong signature or output refuses with one line before any
+    train step compiles.
+    """
     if isinstance(name, Loss):
+        if cfg is not None and name not in LOSSES.values():
+            check_loss(name, cfg)
         return name
-    if name not in LOSSES:
-        raise ValueError(
+    if callable(name):
+        raise TypeError(
+            f"loss {getattr(name, '__qualname__', name)!r} is a bare function; wrap it as "
+            "rljax.learner.Loss(fn) (and set its aggregation), or register it in LOSSES"
+        )
+    if not isinstance(name, str) or name not in LOSSES:
+        raise ConfigError(
             f"unknown loss {name!r}; registered: {', '.join(sorted(LOSSES))} "
-            "(add yours to rljax.learner.LOSSES or pass a Loss)"
+            "(set config key 'learner.loss' to one of them, add yours to rljax.learner.LOSSES "
+            "or pass a Loss)"
         )
     return LOSSES[name]
+
+
+_LOSS_USAGE = (
+    "a loss maps (inputs: LossInputs, cfg: LearnerConfig) to (per-token loss [R, T], "
+    "{metric name: [R, T] array})"
+)
+
+
+def check_loss(loss: Loss, cfg: LearnerConfig, rows: int = 2, length: int = 3) -> None:
+    """Traces ``loss.fn`` on abstract [rows, length] inputs; raises one line if it cannot be
+    called as ``fn(inputs, cfg)`` or does not return a per-token loss and per-token metrics."""
+    fn = loss.fn
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    if not callable(fn):
+        raise TypeError(f"Loss.fn={fn!r} is not callable; {_LOSS_USAGE}")
+    try:
+        inspect.signature(fn).bind(None, cfg)
+    except TypeError:
+        raise TypeError(
+            f"loss function {name}{inspect.signature(fn)} cannot be called as fn(inputs, cfg); "
+            f"{_LOSS_USAGE}"
+        ) from None
+    except ValueError:  # no signature to inspect (a builtin); the trace below still checks
+        pass
+    f32 = jax.ShapeDtypeStruct((rows, length), jnp.float32)
+    i32 = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    inputs = LossInputs(
+        logprobs=f32,
+        old_logprobs=f32,
+        advantages=f32,
+        mask=f32,
+        entropy=f32,
+        segment_ids=i32,
+        versions=i32,
+        learner_version=jax.ShapeDtypeStruct((), jnp.int32),
+        ref_logprobs=f32 if cfg.beta > 0 else None,
+        prox_logprobs=f32 if loss.needs_proximal(cfg) else None,
+    )
+    try:
+        out = jax.eval_shape(lambda x: fn(x, cfg), inputs)
+    except Exception as e:  # anything the user's function raises while tracing
+        text = " ".join(str(e).split())[:300]
+        raise TypeError(
+            f"loss function {name} failed on [{rows}, {length}] inputs "
+            f"({type(e).__name__}: {text}); {_LOSS_USAGE}"
+        ) from e
+    want = (rows, length)
+    if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[1], dict)):
+        raise TypeError(f"loss function {name} returned {_describe(out)}; {_LOSS_USAGE}")
+    per_token, metrics = out
+    if not isinstance(per_token, jax.ShapeDtypeStruct) or per_token.shape != want:
+        raise ValueError(
+            f"loss function {name} returned a loss of {_describe(per_token)} for [{rows}, "
+            f"{length}] inputs; return one value per token (no reduction: the learner weighs "
+            "and sums it)"
+        )
+    for key, value in metrics.items():
+        if not isinstance(value, jax.ShapeDtypeStruct) or value.shape != want:
+            raise ValueError(
+                f"loss function {name} returned metric {key!r} of {_describe(value)} for "
+                f"[{rows}, {length}] inputs; return one value per token (the learner averages "
+                "it over response tokens)"
+            )
+
+
+def _describe(value) -> str:
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return f"shape {list(value.shape)}"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"

@@ -39,21 +39,47 @@ def resolve_init(init: str) -> str:
 
 
 def load_tokenizer(cfg: RunConfig) -> Tokenizer:
-    """'char', a tokenizer directory, or 'init': the tokenizer of the initial checkpoint."""
+    """'char', a tokenizer directory, or 'init': the tokenizer of the initial checkpoint.
+
+    A missing or unreadable tokenizer raises :class:`ConfigError` naming ``tokenizer``.
+    """
     if cfg.tokenizer == "char":
         return Tokenizer.char_level()
     if cfg.tokenizer == "init":
-        path = resolve_init(cfg.init)
-        if path.endswith(".gguf"):
-            return Tokenizer.from_gguf(path)
-        return Tokenizer.from_dir(path)
-    return Tokenizer.from_dir(cfg.tokenizer)
+        if cfg.init == "random":
+            raise ConfigError(
+                "config key 'tokenizer' = 'init' needs a checkpoint in 'init' (it is 'random'); "
+                "set tokenizer='char' or a tokenizer directory, or init to a model"
+            )
+        with io.input_error("init", cfg.init):
+            path = resolve_init(cfg.init)
+            if path.endswith(".gguf"):
+                return Tokenizer.from_gguf(path)
+            return Tokenizer.from_dir(path)
+    with io.input_error("tokenizer", cfg.tokenizer):
+        return Tokenizer.from_dir(cfg.tokenizer)
+
+
+def check_tokenizer_fits(cfg: RunConfig, tokenizer: Tokenizer, model_cfg: ModelConfig) -> None:
+    """Refuses, naming the config keys, a tokenizer with ids past the model's embedding."""
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        source = "model.vocab_size" if cfg.init == "random" else f"the model of init={cfg.init!r}"
+        raise ConfigError(
+            f"config key 'tokenizer' = {cfg.tokenizer!r} has {tokenizer.vocab_size} ids but "
+            f"{source} has only {model_cfg.vocab_size} embedding rows; use a tokenizer that fits "
+            f"or a model with vocab_size >= {tokenizer.vocab_size}"
+        )
 
 
 def initial_model_config(cfg: RunConfig) -> ModelConfig:
     """The model config of ``cfg.init`` from its metadata alone (no tensor is read)."""
     if cfg.init == "random":
         return cfg.model
+    with io.input_error("init", cfg.init):
+        return _initial_model_config(cfg)
+
+
+def _initial_model_config(cfg: RunConfig) -> ModelConfig:
     path = resolve_init(cfg.init)
     dtype = cfg.model.dtype
     if path.endswith(".gguf"):
@@ -68,18 +94,22 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
 
 
 def load_initial_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
-    """(model config, graphdef, params) of ``cfg.init``, sharded on ``mesh``."""
+    """(model config, graphdef, params) of ``cfg.init``, sharded on ``mesh``.
+
+    A missing or damaged checkpoint raises :class:`ConfigError` naming ``init``.
+    """
     if cfg.init == "random":
         graphdef, params = init_sharded(cfg.model, mesh, rules, cfg.seed)
         return cfg.model, graphdef, params
-    path = resolve_init(cfg.init)
-    if path.endswith(".gguf"):
-        from rljax.models.gguf import load_gguf
+    with io.input_error("init", cfg.init):
+        path = resolve_init(cfg.init)
+        if path.endswith(".gguf"):
+            from rljax.models.gguf import load_gguf
 
-        return load_gguf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
-    from rljax.models.hf import load_hf
+            return load_gguf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
+        from rljax.models.hf import load_hf
 
-    return load_hf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
+        return load_hf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
 
 
 def abstract_params(model_cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):

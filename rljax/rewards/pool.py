@@ -1,9 +1,29 @@
 """RewardPool: scores completions with a verifier on worker threads or processes.
 
 A verifier is untrusted code as far as the training loop is concerned: it may raise, hang, or
-return garbage. The pool turns every such failure into reward 0.0 plus a counter in
-:attr:`RewardPool.stats`, so the caller never crashes and never waits longer than
-``timeout_s`` per completion.
+return garbage. The pool isolates every such failure, counts it by kind in
+:attr:`RewardPool.stats`, and scores the failed completion as ``on_failure`` says, so the
+caller never crashes and never waits longer than ``timeout_s`` per call. The kinds
+(:data:`FAILURE_KINDS`) are:
+
+* ``raised``: the call raised (or its worker process died, or its input or result could not be
+  pickled);
+* ``timeout``: the call overran ``timeout_s``;
+* ``nan`` / ``inf``: it returned NaN or +-inf;
+* ``type``: it returned something that is not a real number (a string, None, a list; for a
+  batched verifier, something that is not a sequence of numbers);
+* ``count``: a batched verifier returned a sequence of the wrong length.
+
+Counts are completions, so a batched call that fails counts once per completion it held.
+
+``on_failure`` decides what a failed completion scores: ``"zero"`` (0.0, the group trains
+with it) or ``"drop"`` (NaN, which the driver reads as "drop this group": it releases the
+group's seat and counts it in ``dropped_reward_failure``; see ``rljax.runtime.driver``).
+
+A verifier is per completion, ``fn(completion, example) -> float``, or, with ``batched=True``,
+per call, ``fn(completions, examples) -> sequence of floats`` over everything one
+:meth:`RewardPool.submit` holds (the driver submits one group at a time when threaded, one
+step's groups when lock-step); ``timeout_s`` then bounds the whole call.
 
 How a hang is handled depends on ``mode``:
 
@@ -19,198 +39,117 @@ How a hang is handled depends on ``mode``:
   Children are spawned (forking a process that holds a JAX runtime is unsafe), so a script
   that builds a process-mode pool needs the ``if __name__ == "__main__":`` guard.
 
-Timeouts run from the moment a worker starts a completion, not from submission, so a long
-queue never turns into spurious timeouts.
+Timeouts run from the moment a worker starts a call, not from submission, so a long queue
+never turns into spurious timeouts.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import logging
 import math
-import multiprocessing
 import numbers
 import pickle
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from rljax.rewards.workers import ProcessRunner, ThreadRunner
+
 _LOG = logging.getLogger(__name__)
 _MODES = ("thread", "process")
-# A spawned child imports the verifier's module; allow for a slow import before giving up.
-_PROCESS_START_TIMEOUT_S = 120.0
+ON_FAILURE = ("zero", "drop")
+FAILURE_KINDS = ("raised", "timeout", "nan", "inf", "type", "count")
 _LOGGED_FAILURES = 10
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardStats:
-    """Counters since the pool was created. The failure counters are disjoint.
+    """Counters since the pool was created, in completions. The failure counters are disjoint.
 
     Attributes:
       calls: completions scored (successes and failures).
-      errors: calls that raised, returned a non-number, or whose worker process died.
-      timeouts: calls that overran ``timeout_s``.
-      nans: calls that returned NaN or +-inf.
-      abandoned: hung worker threads left behind (thread mode only).
+      raised: the verifier raised, its worker process died, or pickling failed.
+      timeouts: the call overran ``timeout_s``.
+      nans: the verifier returned NaN.
+      infs: the verifier returned +-inf.
+      wrong_types: the verifier returned something that is not a real number.
+      wrong_counts: a batched verifier returned the wrong number of rewards.
+      abandoned: hung worker threads left behind (thread mode only; in calls, not completions).
       restarts: worker processes killed or found dead and replaced (process mode only).
       last_error: a one-line description of the most recent failure, or "".
     """
 
     calls: int = 0
-    errors: int = 0
+    raised: int = 0
     timeouts: int = 0
     nans: int = 0
+    infs: int = 0
+    wrong_types: int = 0
+    wrong_counts: int = 0
     abandoned: int = 0
     restarts: int = 0
     last_error: str = ""
 
     @property
+    def errors(self) -> int:
+        """Completions whose call raised or returned the wrong type or count."""
+        return self.raised + self.wrong_types + self.wrong_counts
+
+    @property
     def failures(self) -> int:
-        """All calls that were scored 0.0 because of a failure."""
-        return self.errors + self.timeouts + self.nans
+        """All completions scored as failures (0.0 or NaN, as ``on_failure`` says)."""
+        return sum(self.by_kind().values())
+
+    def by_kind(self) -> dict[str, int]:
+        """``{kind: count}`` for every kind in :data:`FAILURE_KINDS`."""
+        return {kind: getattr(self, field) for kind, field in _FIELDS.items()}
 
 
-def _run_verifier(fn, completion, example) -> tuple[str, object]:
+# Failure kind -> RewardStats field.
+_FIELDS = {
+    "raised": "raised",
+    "timeout": "timeouts",
+    "nan": "nans",
+    "inf": "infs",
+    "type": "wrong_types",
+    "count": "wrong_counts",
+}
+
+
+def failure_metrics(counts: Mapping[str, int]) -> dict[str, int]:
+    """The metric keys of reward failures: ``reward_errors`` (all) and ``reward_errors/<kind>``.
+
+    Args:
+      counts: failures by kind (:meth:`RewardStats.by_kind`, maybe summed over processes);
+        missing kinds count 0, unknown kinds are refused.
+    """
+    unknown = sorted(set(counts) - set(FAILURE_KINDS))
+    if unknown:
+        raise ValueError(f"unknown reward failure kinds {unknown}; use {list(FAILURE_KINDS)}")
+    out = {"reward_errors": int(sum(counts.values()))}
+    out.update({f"reward_errors/{k}": int(counts.get(k, 0)) for k in FAILURE_KINDS})
+    return out
+
+
+def _check_value(value: object) -> tuple[float, str | None, str]:
+    """(reward, failure kind or None, message) for one value a verifier returned."""
+    is_scalar_array = isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0
+    if not (isinstance(value, numbers.Real) or is_scalar_array):
+        return 0.0, "type", f"verifier returned {type(value).__name__}, not a float"
     try:
-        return "ok", fn(completion, example)
-    except BaseException as exc:  # noqa: BLE001 - any failure of the verifier becomes a 0.0.
-        return "error", f"{type(exc).__name__}: {exc}"
-
-
-def _thread_worker(fn, inbox: queue.SimpleQueue, outbox: queue.SimpleQueue) -> None:
-    while (item := inbox.get()) is not None:
-        outbox.put(_run_verifier(fn, *item))
-
-
-def _process_worker(fn, conn) -> None:
-    """Child-process loop: receive (completion, example), send (status, value)."""
-    conn.send(("ready", None))
-    while True:
-        try:
-            item = conn.recv()
-        except EOFError:
-            return
-        if item is None:
-            return
-        status, value = _run_verifier(fn, *item)
-        try:
-            conn.send((status, value))
-        except Exception as exc:  # noqa: BLE001 - pickling can fail many ways.
-            conn.send(("error", f"result of type {type(value).__name__} is not picklable: {exc}"))
-
-
-class _ThreadRunner:
-    """Runs calls on one worker thread; replaces the thread when a call hangs."""
-
-    def __init__(self, fn, on_abandon: Callable[[], None]):
-        self._fn = fn
-        self._on_abandon = on_abandon
-        self._start()
-
-    def _start(self) -> None:
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(
-            target=_thread_worker,
-            args=(self._fn, self._inbox, self._outbox),
-            name="rljax-reward-thread",
-            daemon=True,
-        ).start()
-
-    def run(self, completion, example, timeout_s: float) -> tuple[str, object]:
-        self._inbox.put((completion, example))
-        try:
-            return self._outbox.get(timeout=timeout_s)
-        except queue.Empty:
-            # Tell the hung thread to exit once its call returns; its result goes to an
-            # outbox nobody reads. A fresh thread takes over this runner's work.
-            self._inbox.put(None)
-            self._on_abandon()
-            self._start()
-            return "timeout", None
-
-    def close(self) -> None:
-        self._inbox.put(None)
-
-
-class _ProcessRunner:
-    """Runs calls in one spawned child process; kills and restarts it on a hang or crash."""
-
-    def __init__(self, fn, on_restart: Callable[[], None]):
-        self._fn = fn
-        self._on_restart = on_restart
-        self._ctx = multiprocessing.get_context("spawn")
-        self._proc = None
-        self._start()
-
-    def _start(self) -> None:
-        self._conn, child_conn = self._ctx.Pipe()
-        self._proc = self._ctx.Process(
-            target=_process_worker,
-            args=(self._fn, child_conn),
-            name="rljax-reward-process",
-            daemon=True,
-        )
-        self._proc.start()
-        child_conn.close()
-        self._ready = False
-
-    def _wait_ready(self) -> str | None:
-        if self._ready:
-            return None
-        try:
-            if self._conn.poll(_PROCESS_START_TIMEOUT_S):
-                self._conn.recv()
-                self._ready = True
-                return None
-            return f"worker process did not start within {_PROCESS_START_TIMEOUT_S:.0f}s"
-        except (EOFError, OSError) as exc:
-            return f"worker process died while starting ({type(exc).__name__})"
-
-    def _restart(self) -> None:
-        self._kill()
-        self._on_restart()
-        self._start()
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
-        if self._proc is not None:
-            self._proc.join(timeout=5.0)
-        self._conn.close()
-
-    def run(self, completion, example, timeout_s: float) -> tuple[str, object]:
-        problem = self._wait_ready()
-        if problem is not None:
-            self._restart()
-            return "error", problem
-        try:
-            self._conn.send((completion, example))
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            return "error", f"completion/example is not picklable: {exc}"
-        except OSError as exc:
-            self._restart()
-            return "error", f"worker process is gone ({type(exc).__name__})"
-        try:
-            if not self._conn.poll(timeout_s):
-                self._restart()
-                return "timeout", None
-            return self._conn.recv()
-        except (EOFError, OSError):
-            exitcode = self._proc.exitcode
-            self._restart()
-            return "error", f"worker process died (exit code {exitcode})"
-
-    def close(self) -> None:
-        # The child may already be dead; killing it below is all that is left to do.
-        with contextlib.suppress(OSError):
-            self._conn.send(None)
-        self._proc.join(timeout=2.0)
-        self._kill()
+        reward = float(value)
+    except (TypeError, ValueError) as exc:
+        return 0.0, "type", f"verifier returned a non-float: {exc}"
+    if math.isnan(reward):
+        return 0.0, "nan", "verifier returned nan"
+    if math.isinf(reward):
+        return 0.0, "inf", f"verifier returned {reward}"
+    return reward, None, ""
 
 
 class _Batch:
@@ -224,10 +163,10 @@ class _Batch:
         if size == 0:
             self.future.set_result(self.rewards)
 
-    def set(self, index: int, reward: float) -> None:
-        self.rewards[index] = reward
+    def set(self, start: int, rewards: np.ndarray) -> None:
+        self.rewards[start : start + len(rewards)] = rewards
         with self._lock:
-            self._remaining -= 1
+            self._remaining -= len(rewards)
             done = self._remaining == 0
         if done:
             self.future.set_result(self.rewards)
@@ -237,10 +176,14 @@ class RewardPool:
     """Scores ``fn(completion, example) -> float`` for many completions in parallel.
 
     Args:
-      fn: the verifier, e.g. ``rljax.rewards.get_reward("math_answer")``.
+      fn: the verifier, e.g. ``rljax.rewards.get_reward("math_answer")``; with ``batched``,
+        ``fn(completions, examples) -> sequence of floats``.
       num_workers: number of calls that run at once.
-      timeout_s: longest a single call may run before it scores 0.0 as a timeout.
+      timeout_s: longest a single call may run before its completions fail as a timeout.
       mode: ``"thread"`` or ``"process"``; see the module docstring for the trade-off.
+      on_failure: what a failed completion scores: ``"zero"`` (0.0) or ``"drop"`` (NaN, the
+        driver's mark to drop its group).
+      batched: call ``fn`` once per :meth:`submit` with lists, instead of once per completion.
     """
 
     def __init__(
@@ -250,6 +193,8 @@ class RewardPool:
         num_workers: int = 2,
         timeout_s: float = 5.0,
         mode: str = "thread",
+        on_failure: str = "zero",
+        batched: bool = False,
     ):
         if not callable(fn):
             raise TypeError(f"RewardPool needs a callable verifier, got {type(fn).__name__}.")
@@ -259,6 +204,12 @@ class RewardPool:
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
         if mode not in _MODES:
             raise ValueError(f"mode={mode!r} is not supported; use one of {list(_MODES)}.")
+        if on_failure not in ON_FAILURE:
+            raise ValueError(
+                f"on_failure={on_failure!r} is not supported; use one of {list(ON_FAILURE)}."
+            )
+        if not isinstance(batched, bool):
+            raise ValueError(f"batched={batched!r} must be True or False.")
         if mode == "process":
             try:
                 pickle.dumps(fn)
@@ -271,6 +222,8 @@ class RewardPool:
         self._fn = fn
         self._timeout_s = float(timeout_s)
         self._mode = mode
+        self._failed_value = 0.0 if on_failure == "zero" else math.nan
+        self._batched = batched
         self._lock = threading.Lock()
         self._stats = RewardStats()
         self._failures_logged = 0
@@ -296,58 +249,74 @@ class RewardPool:
 
     def _make_runner(self):
         if self._mode == "thread":
-            return _ThreadRunner(self._fn, on_abandon=lambda: self._bump(abandoned=1))
-        return _ProcessRunner(self._fn, on_restart=lambda: self._bump(restarts=1))
+            return ThreadRunner(self._fn, on_abandon=lambda: self._bump(abandoned=1))
+        return ProcessRunner(self._fn, on_restart=lambda: self._bump(restarts=1))
 
     def _dispatch(self) -> None:
         runner = None
         try:
             while (task := self._tasks.get()) is not None:
-                batch, index, completion, example = task
+                batch, start, completions, examples = task
+                args = (completions, examples) if self._batched else (completions[0], examples[0])
                 try:
                     if runner is None:
                         runner = self._make_runner()
-                    status, value = runner.run(completion, example, self._timeout_s)
+                    status, value = runner.run(*args, self._timeout_s)
                 except Exception as exc:  # noqa: BLE001 - a broken worker must not hang callers.
                     # Drop the runner; the next task builds a fresh one.
                     runner = None
                     status, value = "error", f"reward worker failed: {type(exc).__name__}: {exc}"
-                batch.set(index, self._to_reward(status, value))
+                batch.set(start, self._to_rewards(status, value, len(completions)))
         finally:
             if runner is not None:
                 runner.close()
 
-    def _to_reward(self, status: str, value: object) -> float:
-        """Validates one result; every failure becomes 0.0 and bumps one counter."""
+    def _to_rewards(self, status: str, value: object, n: int) -> np.ndarray:
+        """Validates one call's result; each failed completion bumps the counter of its kind."""
         if status == "timeout":
-            return self._fail("timeouts", f"verifier exceeded timeout_s={self._timeout_s}")
-        if status != "ok":
-            return self._fail("errors", str(value))
-        is_scalar_array = isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0
-        if not (isinstance(value, numbers.Real) or is_scalar_array):
-            return self._fail("errors", f"verifier returned {type(value).__name__}, not a float")
-        try:
-            reward = float(value)
-        except (TypeError, ValueError) as exc:
-            return self._fail("errors", f"verifier returned a non-float: {exc}")
-        if not math.isfinite(reward):
-            return self._fail("nans", f"verifier returned {reward}")
-        self._bump(calls=1)
-        return reward
-
-    def _fail(self, counter: str, message: str) -> float:
-        with self._lock:
-            self._stats = dataclasses.replace(
-                self._stats,
-                calls=self._stats.calls + 1,
-                last_error=message,
-                **{counter: getattr(self._stats, counter) + 1},
+            return self._record(
+                n, ["timeout"] * n, f"verifier exceeded timeout_s={self._timeout_s}"
             )
-            should_log = self._failures_logged < _LOGGED_FAILURES
-            self._failures_logged += 1
+        if status != "ok":
+            return self._record(n, ["raised"] * n, str(value))
+        if not self._batched:
+            reward, kind, message = _check_value(value)
+            return self._record(n, [kind], message, [reward])
+        if isinstance(value, str | bytes | Mapping) or not (
+            isinstance(value, Sequence) or (isinstance(value, np.ndarray) and value.ndim == 1)
+        ):
+            message = f"batched verifier returned {type(value).__name__}, not a list of floats"
+            return self._record(n, ["type"] * n, message)
+        if len(value) != n:
+            message = f"batched verifier returned {len(value)} rewards for {n} completions"
+            return self._record(n, ["count"] * n, message)
+        checked = [_check_value(v) for v in value]
+        message = next((m for _, kind, m in reversed(checked) if kind), "")
+        return self._record(n, [k for _, k, _ in checked], message, [r for r, _, _ in checked])
+
+    def _record(
+        self, n: int, kinds: list, message: str, rewards: list[float] | None = None
+    ) -> np.ndarray:
+        """Counts ``n`` completions and their failures (``kinds``, None for a success)."""
+        out = np.asarray(rewards if rewards is not None else [0.0] * n, np.float32)
+        failed = [i for i, kind in enumerate(kinds) if kind is not None]
+        out[failed] = self._failed_value
+        counts = collections.Counter(_FIELDS[kinds[i]] for i in failed)
+        with self._lock:
+            changes = {k: getattr(self._stats, k) + v for k, v in counts.items()}
+            if failed:
+                changes["last_error"] = message
+            self._stats = dataclasses.replace(self._stats, calls=self._stats.calls + n, **changes)
+            should_log = bool(failed) and self._failures_logged < _LOGGED_FAILURES
+            self._failures_logged += bool(failed)
         if should_log:
-            _LOG.warning("Reward scored 0.0 (%s): %s", counter, message)
-        return 0.0
+            _LOG.warning(
+                "Reward of %d completion(s) failed (%s): %s",
+                len(failed),
+                ", ".join(sorted({kinds[i] for i in failed})),
+                message,
+            )
+        return out
 
     def submit(
         self, completions: Sequence[str], examples: Sequence[dict]
@@ -364,12 +333,17 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError("RewardPool is closed; create a new pool to score more.")
             batch = _Batch(len(completions))
-            for index, (completion, example) in enumerate(zip(completions, examples)):
-                self._tasks.put((batch, index, completion, example))
+            if self._batched:
+                if completions:
+                    self._tasks.put((batch, 0, list(completions), list(examples)))
+            else:
+                for index, (completion, example) in enumerate(zip(completions, examples)):
+                    self._tasks.put((batch, index, [completion], [example]))
         return batch.future
 
     def score(self, completions: Sequence[str], examples: Sequence[dict]) -> np.ndarray:
-        """Scores completions, blocking until done; returns float32 rewards, 0.0 on failure."""
+        """Scores completions, blocking until done; returns float32 rewards (failures as
+        ``on_failure`` says: 0.0 or NaN)."""
         return self.submit(completions, examples).result()
 
     def close(self) -> None:
