@@ -1,0 +1,155 @@
+"""Audits of a finished run, read back from its workdir: what ``scripts/chaos.py`` checks.
+
+Each ``audit_*`` function takes what a run left behind (the records of ``metrics.jsonl``, a
+checkpoint's meta or arrays) and returns a list of failures, empty when the run passes:
+
+- :func:`audit_steps`: train steps 0..num_steps-1 once each, in order (a resumed run rewinds
+  the metrics a killed one logged past its checkpoint), one evaluation of each kind;
+- :func:`audit_staleness`: no consumed group staler than eta;
+- :func:`audit_prompts`: every prompt drawn from the stream consumed once or still held;
+- :func:`audit_same_metrics` / :func:`audit_same_state`: two runs equal, bit for bit.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import re
+from typing import Any
+
+
+def read_metrics(workdir: pathlib.Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_meta(workdir: pathlib.Path, step: int) -> dict[str, Any]:
+    """The JSON meta of checkpoint ``step`` (what ``Checkpointer.save`` wrote beside the arrays)."""
+    path = workdir / "checkpoints" / str(step) / "meta" / "metadata"
+    return json.loads(path.read_text())["meta"]
+
+
+def audit_steps(records: list[dict[str, Any]], num_steps: int) -> list[str]:
+    """Train steps 0..num_steps-1 once each, in order, version = step + 1; one of each eval."""
+    failures = []
+    train = [r for r in records if r["phase"] == "train"]
+    steps = [r["step"] for r in train]
+    if steps != list(range(num_steps)):
+        dup = sorted(s for s, n in collections.Counter(steps).items() if n > 1)
+        failures.append(f"train steps {steps} are not 0..{num_steps - 1} once each (twice: {dup})")
+    bad = [(r["step"], r["version"]) for r in train if r["version"] != r["step"] + 1]
+    if bad:
+        failures.append(f"(step, version) pairs with version != step + 1: {bad}")
+    for phase in ("eval_initial", "eval_final", "summary"):
+        n = sum(r["phase"] == phase for r in records)
+        if n != 1:
+            failures.append(f"{n} '{phase}' records in metrics.jsonl, expected 1")
+    return failures
+
+
+def audit_staleness(records: list[dict[str, Any]], eta: int) -> list[str]:
+    """No consumed group was staler than eta (from staleness_max and staleness_hist)."""
+    failures = []
+    for r in records:
+        if r["phase"] != "train":
+            continue
+        worst = max([r["staleness_max"], *(int(k) for k in r["staleness_hist"])])
+        if worst > eta:
+            failures.append(f"step {r['step']} consumed a group of staleness {worst} > eta {eta}")
+    return failures
+
+
+def leftover_prompts(meta: dict[str, Any]) -> list[Any]:
+    """Ids of the prompts a checkpoint holds: buffered groups, then pending prompts."""
+    driver = meta.get("driver") or {}
+    ids = [
+        g["group"]["example"]["id"]
+        for b in driver.get("buffer", {}).get("buffers", [])
+        for g in b["groups"]
+    ]
+    return ids + [ex["id"] for ex in driver.get("pending", [])]
+
+
+def audit_prompts(records: list[dict[str, Any]], leftover: list, drawn: list) -> list[str]:
+    """Consumed + leftover prompts are exactly the ``drawn`` ones: none lost, none twice."""
+    consumed = [i for r in records if r["phase"] == "train" for i in r["prompt_ids"]]
+    failures = []
+    twice = sorted(i for i, n in collections.Counter(consumed).items() if n > 1)
+    if twice:
+        failures.append(f"prompts consumed more than once: {twice}")
+    held = collections.Counter(consumed) + collections.Counter(leftover)
+    want = collections.Counter(drawn)
+    if held != want:
+        lost, extra = sorted((want - held).elements()), sorted((held - want).elements())
+        failures.append(f"prompts drawn but never consumed nor held: {lost}; extra: {extra}")
+    return failures
+
+
+TIMING = re.compile(r"(_s|_per_s)$|^time$")  # wall-clock metrics differ between any two runs
+
+
+def audit_same_metrics(clean: list[dict[str, Any]], killed: list[dict[str, Any]]) -> list[str]:
+    """Every train step's metrics equal the clean run's, except wall-clock ones."""
+    failures = []
+    want = {r["step"]: r for r in clean if r["phase"] == "train"}
+    for r in killed:
+        if r["phase"] != "train" or r["step"] not in want:
+            continue
+        diff = sorted(
+            k
+            for k in set(r) | set(want[r["step"]])
+            if not TIMING.search(k) and r.get(k) != want[r["step"]].get(k)
+        )
+        if diff:
+            failures.append(f"step {r['step']}: metrics {diff} differ from the uninterrupted run")
+    return failures
+
+
+def load_arrays(step_dir: pathlib.Path) -> dict[str, list]:
+    """The params and optimiser state of a checkpoint as host numpy leaves, in tree order."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    out = {}
+    for item in ("params", "opt_state"):
+        with ocp.PyTreeCheckpointer() as ckptr:
+            tree = ckptr.metadata(step_dir / item).item_metadata.tree
+            args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+            out[item] = jax.tree.leaves(ckptr.restore(step_dir / item, restore_args=args))
+    return out
+
+
+def audit_same_state(clean: pathlib.Path, killed: pathlib.Path, step: int) -> list[str]:
+    """The final params and optimiser state equal the clean run's, bit for bit."""
+
+    want = load_arrays(clean / "checkpoints" / str(step))
+    got = load_arrays(killed / "checkpoints" / str(step))
+    failures = []
+    for item in want:
+        if len(want[item]) != len(got[item]):
+            failures.append(f"{item}: {len(got[item])} leaves, uninterrupted {len(want[item])}")
+            continue
+        differ = [
+            i
+            for i, (a, b) in enumerate(zip(want[item], got[item], strict=True))
+            if a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes()
+        ]
+        if differ:
+            failures.append(f"{item}: leaves {differ} differ from the uninterrupted run's")
+    return failures
+
+
+def drawn_prompts(cfg, data_state: Any, limit: int = 100_000) -> list[Any]:
+    """Ids of the prompts a run drew to reach ``data_state`` (the iterator's saved state)."""
+    from rljax.data.pipeline import prompt_iterator
+    from rljax.data.tasks import load_task
+
+    train, _ = load_task(cfg.data, cfg.seed)
+    it = prompt_iterator(train, batch_size=cfg.learner.batch_groups, seed=cfg.seed)
+    ids: list[Any] = []
+    while len(ids) <= limit:
+        if json.loads(json.dumps(it.get_state())) == data_state:
+            return ids
+        ids.extend(ex["id"] for ex in next(it))
+    raise ValueError(f"the prompt stream never reaches the saved data state {data_state}")

@@ -1,0 +1,179 @@
+"""scripts/chaos.py: its audits on hand-made records, its plan, and the quick run for real.
+
+The quick run launches, kills (SIGKILL at seeded random moments) and resumes real runs of the
+small sync and async configs, then audits them; its assertions hold wherever the kills land.
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import pathlib
+import random
+import signal
+import sys
+
+import pytest
+
+from rljax.testing import audit
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    path = REPO / "scripts/chaos.py"
+    spec = importlib.util.spec_from_file_location("chaos", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(step, prompts, staleness=0):
+    return {
+        "phase": "train",
+        "step": step,
+        "version": step + 1,
+        "prompt_ids": prompts,
+        "staleness_max": staleness,
+        "staleness_hist": {str(staleness): len(prompts)},
+    }
+
+
+def _run(*train):
+    return [{"phase": "eval_initial"}, *train, {"phase": "eval_final"}, {"phase": "summary"}]
+
+
+def test_audit_steps_catches_a_step_logged_twice():
+    assert audit.audit_steps(_run(_train(0, [1]), _train(1, [2])), 2) == []
+    # A killed run's step 1, not rewound, then the resumed run's step 1 again.
+    twice = _run(_train(0, [1]), _train(1, [2]), _train(1, [2]))
+    assert "twice: [1]" in audit.audit_steps(twice, 2)[0]
+    # A fresh restart (killed before its first checkpoint) that appended to the old metrics.
+    restarted = [{"phase": "eval_initial"}, *_run(_train(0, [1]))]
+    assert audit.audit_steps(restarted, 1) == [
+        "2 'eval_initial' records in metrics.jsonl, expected 1"
+    ]
+    wrong_version = _run({**_train(0, [1]), "version": 0})
+    assert "version != step + 1: [(0, 0)]" in audit.audit_steps(wrong_version, 1)[0]
+
+
+def test_audit_staleness_reads_max_and_histogram():
+    assert audit.audit_staleness(_run(_train(0, [1], staleness=1)), 1) == []
+    assert audit.audit_staleness(_run(_train(0, [1], staleness=2)), 1) == [
+        "step 0 consumed a group of staleness 2 > eta 1"
+    ]
+    hidden = {**_train(0, [1]), "staleness_hist": {"0": 1, "3": 1}}
+    assert audit.audit_staleness([hidden], 1)
+
+
+def test_audit_prompts_catches_lost_and_twice():
+    records = _run(_train(0, [5, 3]), _train(1, [9, 1]))
+    assert audit.audit_prompts(records, leftover=[7], drawn=[5, 3, 9, 1, 7]) == []
+    lost = audit.audit_prompts(records, leftover=[], drawn=[5, 3, 9, 1, 7])
+    assert lost == ["prompts drawn but never consumed nor held: [7]; extra: []"]
+    again = audit.audit_prompts(_run(_train(0, [5, 3]), _train(1, [3, 1])), [], [5, 3, 1])
+    assert again[0] == "prompts consumed more than once: [3]"
+    # A stream that repeats (a second epoch) may hand out the same id twice, and that counts.
+    assert audit.audit_prompts(records, leftover=[5], drawn=[5, 3, 9, 1, 5]) == []
+
+
+def test_leftover_prompts_reads_buffer_and_pending():
+    group = {"group": {"example": {"id": 4}}}
+    meta = {"driver": {"buffer": {"buffers": [{"groups": [group]}]}, "pending": [{"id": 8}]}}
+    assert audit.leftover_prompts(meta) == [4, 8]
+    assert audit.leftover_prompts({"version": 3}) == []
+
+
+def test_audit_same_metrics_ignores_wall_clock_only():
+    a = _train(0, [1]) | {"loss": 0.5, "step_s": 1.0, "sampler_tokens_per_s": 9.0, "time": 1}
+    b = a | {"step_s": 2.0, "sampler_tokens_per_s": 3.0, "time": 2}
+    assert audit.audit_same_metrics([a], [b]) == []
+    c = b | {"loss": 0.25, "dispatched": 4}
+    assert audit.audit_same_metrics([a], [c]) == [
+        "step 0: metrics ['dispatched', 'loss'] differ from the uninterrupted run"
+    ]
+
+
+def test_audit_sigterms(chaos):
+    def term(**kw):
+        return {"signal": "SIGTERM", "fired": True, "checkpoint_at_signal": 2, "trained": True} | kw
+
+    assert chaos.audit_sigterms([term(rc=0, stopped_at=4)]) == []
+    assert chaos.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None, trained=False)]) == []
+    late = chaos.audit_sigterms([term(rc=0, stopped_at=9)])
+    assert late == [
+        "launch 0: SIGTERM at checkpoint 2 gave exit 0, stopped at 9 (expected exit 0 by step 4)"
+    ]
+    assert chaos.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None)])
+    assert chaos.audit_sigterms([{"signal": "SIGKILL", "fired": True, "rc": -9}]) == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_moments_leave_room_for_the_interruptions_to_come(chaos, seed):
+    rng, num_steps, planned = random.Random(seed), 8, 5
+    resumed, startup = 0, None
+    for i in range(planned):
+        left = planned - i
+        m = chaos.pick_moment(rng, resumed, num_steps, left, startup, 0.5)
+        if m.after is None:
+            assert 0 <= m.delay_s <= startup
+        else:
+            assert resumed < m.after <= num_steps - left
+            assert 0 <= m.delay_s <= 0.5
+            resumed = m.after + rng.randint(0, 1)  # the kill may land a checkpoint later
+        startup = 3.0
+
+
+def test_command_and_environment(chaos, tmp_path, monkeypatch):
+    sc = chaos.SCENARIOS["async_resize"]
+    cmd = chaos.command(sc, tmp_path / "w", 7)
+    assert cmd[1:3] == ["-m", "rljax.launch"]
+    assert f"--config={REPO / 'configs/arith_async.py'}:small" in cmd
+    for flag in ("num_steps=7", "checkpoint.every_steps=1", "mesh.reallocate=True"):
+        assert f"--config.{flag}" in cmd
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_foo=1")
+    env = chaos.environment(2, tmp_path / "cache")
+    assert env["JAX_NUM_CPU_DEVICES"] == "2" and env["XLA_FLAGS"] == "--xla_foo=1"
+    assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache")
+    # The typed config the audit reads is the one the command line builds.
+    cfg = chaos.run_config(sc, 7)
+    assert cfg.num_steps == 7 and cfg.mesh.reallocate and cfg.buffer.max_staleness == 1
+
+
+def test_too_few_steps_for_the_interruptions(chaos, tmp_path):
+    with pytest.raises(ValueError, match="pass --num_steps=4 or more"):
+        chaos.run_scenario(
+            chaos.SCENARIOS["sync"],
+            tmp_path,
+            seed=0,
+            kills=2,
+            terms=1,
+            num_steps=3,
+            cache_dir=None,
+            baseline=False,
+        )
+
+
+def test_quick_chaos_run(chaos, tmp_path):
+    """Two SIGKILLs each of the small sync and async runs; every audit passes."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        figures = chaos.main(["--quick", f"--workdir={tmp_path}", "--seed=1"])
+    assert json.loads(out.getvalue().strip().splitlines()[-1]) == json.loads(
+        json.dumps(figures, default=str)
+    )
+    for name in ("sync", "async"):
+        r = figures["scenarios"][name]
+        assert r["failures"] == [], r
+        assert r["sigkills"] + r["not_sent"] == 2 and r["sigkills"] >= 1
+        assert 2 <= r["launches"] <= 3  # a kill not sent because the run had finished ends it
+    assert figures["scenarios"]["sync"]["audits_passed"] == [
+        "bitwise",
+        "prompts",
+        "sigterm",
+        "staleness",
+        "steps",
+    ]
+    assert figures["audits_failed"] == 0
