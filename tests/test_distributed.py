@@ -288,3 +288,26 @@ def test_two_processes_run_the_launcher(tmp_path):
         assert [(e["prompts"], e["trajectories"]) for e in train] == [(sorted(reads[p][0]), 16)]
         # Held-out evaluation (before and after): 4 greedy samples, 2 scored on each process.
         assert [(e["trajectories"], e["of"]) for e in scored if e["of"] == 4] == [(2, 4)] * 2
+
+
+def test_processes_with_different_configs_are_refused_on_every_process(monkeypatch):
+    from rljax.configs import arith_tiny
+
+    from rljax.config import replace
+    from rljax.mesh import distributed as dist
+
+    cfg = arith_tiny.recipe("small")
+    hashes = {}
+
+    def record(obj):  # one process: remember the hash the config gave
+        hashes["mine"] = obj
+        return [obj]
+
+    monkeypatch.setattr(dist, "allgather_objects", record)
+    dist.check_same_config(replace(cfg, seed=1))
+    other = hashes["mine"]
+    # Two processes: this one, and one launched with seed=1.
+    monkeypatch.setattr(dist, "allgather_objects", lambda obj: [obj, other])
+    dist.check_same_config(replace(cfg, seed=1))  # the same config on both: accepted
+    with pytest.raises(ConfigError, match=r"process 1 runs a different config than process 0"):
+        dist.check_same_config(cfg)

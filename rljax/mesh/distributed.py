@@ -23,6 +23,7 @@ global-mesh programs.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -224,3 +225,23 @@ def process_data_state(meta: dict[str, Any], index: int, count: int) -> dict:
             f"run has {count}; resume it with {len(states)} process(es), or start a fresh workdir"
         )
     return states[index]
+
+
+def check_same_config(cfg: Any) -> None:
+    """Refuse, on every process, a run whose processes were launched with different configs.
+
+    A collective. Each process hashes its validated config; the hashes are all-gathered, so
+    every process sees the same list and raises the same one-line error, instead of the hosts
+    taking different decisions and hanging in their next collective.
+    """
+    from rljax.config import ConfigError, to_config_dict
+
+    text = json.dumps(to_config_dict(cfg).to_dict(), sort_keys=True, default=str)
+    digests = allgather_objects(hashlib.sha256(text.encode()).hexdigest()[:16])
+    odd = [i for i, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise ConfigError(
+            f"process {odd[0]} runs a different config than process 0 (config hash "
+            f"{digests[odd[0]]} vs {digests[0]}); launch every process with the same --config "
+            "file and the same --config.* overrides"
+        )
