@@ -73,8 +73,29 @@ def build_topology(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
             f"only {len(devices)} device(s) are visible; shrink the split or add devices "
             "(on CPU set JAX_NUM_CPU_DEVICES)"
         )
+    check_host_boundary(devices[:need], cfg.sampler_devices)
     return Topology(
         sampler=_axes_mesh(devices[: cfg.sampler_devices], sampler_axes, "mesh.sampler_*"),
         learner=_axes_mesh(devices[cfg.sampler_devices : need], learner_axes, "mesh.learner_*"),
         colocated=False,
     )
+
+
+def check_host_boundary(devices: Sequence, sampler_devices: int) -> None:
+    """Refuse a split that gives one host's devices to both meshes.
+
+    The sampler takes the first ``sampler_devices`` devices, the learner the rest. One host
+    holds both meshes by definition; on several hosts each mesh must be made of whole hosts,
+    so that a host runs one role and the weight sync is a transfer between hosts.
+    """
+    sides: dict[int, set[bool]] = {}
+    for i, d in enumerate(devices):
+        sides.setdefault(getattr(d, "process_index", 0), set()).add(i < sampler_devices)
+    cut = sorted(p for p, s in sides.items() if len(s) > 1)
+    if cut and len(sides) > 1:  # one host holds both meshes by definition
+        per_host = sum(getattr(d, "process_index", 0) == cut[0] for d in devices)
+        raise ConfigError(
+            f"config key 'mesh.sampler_devices' = {sampler_devices} cuts host {cut[0]} in two "
+            f"(its {per_host} devices would serve both meshes); use a multiple of {per_host}, "
+            "the devices per host"
+        )
