@@ -16,6 +16,7 @@ Object stores differ from disks in two ways that callers should not have to know
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -127,12 +128,23 @@ def ensure_writable_dir(p: PathLike, *, flag: str = "--workdir") -> epath.Path:
             f"{flag}={os.fspath(p)!r} needs a filesystem backend that is not installed "
             f"({_brief(e)}); pip install gcsfs for gs:// or s3fs for s3://"
         ) from None
-    except Exception as e:  # OSError locally; gcsfs and s3fs raise their own types
-        raise ConfigError(
-            f"{flag}={os.fspath(p)!r} is not writable ({type(e).__name__}: {_brief(e)}); pass "
-            "a directory or bucket path you can write to"
-        ) from None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(
+                f"{flag}={os.fspath(p)!r} is on a full disk ({_brief(e)}); free some space or "
+                "pass a directory on another disk"
+            ) from None
+        raise ConfigError(_not_writable(flag, p, e)) from None
+    except Exception as e:  # gcsfs and s3fs raise their own types
+        raise ConfigError(_not_writable(flag, p, e)) from None
     return d
+
+
+def _not_writable(flag: str, p: PathLike, e: BaseException) -> str:
+    return (
+        f"{flag}={os.fspath(p)!r} is not writable ({type(e).__name__}: {_brief(e)}); pass "
+        "a directory or bucket path you can write to"
+    )
 
 
 @contextlib.contextmanager

@@ -48,7 +48,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        sys.exit(f"rljax: {_last_line(e)}")
+        message = _last_line(e)
+        if isinstance(e, flags.IllegalFlagValueError) and str(e).startswith("flag --config."):
+            message += "; give the key a value of the type its default in the config file has"
+        sys.exit(f"rljax: {message}")
     except OSError as e:  # a missing config file, when --config.<key> overrides touch it
         sys.exit(f"rljax: {_cannot_load(e)}")
 

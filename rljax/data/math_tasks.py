@@ -30,14 +30,26 @@ def _open_binary(path: str):
     try:
         return io.open_file(path, "rb")
     except FileNotFoundError:
-        raise FileNotFoundError(f"Task file {path} does not exist.") from None
+        raise FileNotFoundError(
+            f"Task file {path} does not exist; point data.path at a JSONL or parquet file."
+        ) from None
     except Exception as exc:  # gcsfs raises its own types (no credentials, HTTP errors)
-        raise OSError(f"Cannot open task file {path}: {exc}") from None
+        text = " ".join(str(exc).split())[:200]
+        raise OSError(
+            f"Cannot open task file {path}: {text}; check the path and your credentials."
+        ) from None
 
 
 def _read_jsonl(path: str) -> list[dict]:
     with _open_binary(path) as f:
-        lines = f.read().decode("utf-8").splitlines()
+        data = f.read()
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {exc.start}); JSONL task files must be UTF-8 JSON "
+            "lines."
+        ) from None
     records = []
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -45,9 +57,14 @@ def _read_jsonl(path: str) -> list[dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} line {line_number} is not valid JSON: {exc}") from None
+            raise ValueError(
+                f"{path} line {line_number} is not valid JSON: {exc}; fix or delete that line."
+            ) from None
         if not isinstance(record, dict):
-            raise ValueError(f"{path} line {line_number} must be a JSON object.")
+            raise ValueError(
+                f"{path} line {line_number} must be a JSON object, not "
+                f"{type(record).__name__}; write one {{...}} record per line."
+            )
         records.append(record)
     return records
 
@@ -64,7 +81,10 @@ def _read_parquet(path: str) -> list[dict]:
         try:
             table = pq.read_table(f)
         except Exception as exc:
-            raise ValueError(f"{path} is not a readable parquet file: {exc}") from None
+            text = " ".join(str(exc).split())[:200]
+            raise ValueError(
+                f"{path} is not a readable parquet file: {text}; re-export it or use JSONL."
+            ) from None
     return table.to_pylist()
 
 
@@ -75,7 +95,9 @@ def read_records(path: str) -> list[dict]:
         return _read_parquet(path)
     if path.endswith((".jsonl", ".json")):
         return _read_jsonl(path)
-    raise ValueError(f"Task file {path} must end in .jsonl, .json or .parquet.")
+    raise ValueError(
+        f"Task file {path} must end in .jsonl, .json or .parquet; rename or convert it."
+    )
 
 
 def gsm8k_final_answer(solution: str) -> str | None:
@@ -101,20 +123,33 @@ def _normalise(record: dict, kind: str, path: str, row: int) -> tuple[str, str]:
     where = f"{path} row {row}"
     if kind == "gsm8k":
         if "question" not in record or "answer" not in record:
-            raise ValueError(f"{where}: GSM8K rows need 'question' and 'answer' keys.")
+            raise ValueError(
+                f"{where}: GSM8K rows need 'question' and 'answer' keys (it has "
+                f"{sorted(record)}); fix or delete the row."
+            )
         answer = gsm8k_final_answer(str(record["answer"]))
         if answer is None:
-            raise ValueError(f"{where}: GSM8K answer has no '#### <final answer>' line.")
+            raise ValueError(
+                f"{where}: GSM8K answer has no '#### <final answer>' line; end the answer with one."
+            )
         return str(record["question"]), answer
     if "problem" not in record:
-        raise ValueError(f"{where}: MATH rows need a 'problem' key.")
+        raise ValueError(
+            f"{where}: MATH rows need a 'problem' key (it has {sorted(record)}); fix or delete "
+            "the row."
+        )
     if record.get("answer") not in (None, ""):
         return str(record["problem"]), str(record["answer"]).strip()
     if "solution" not in record:
-        raise ValueError(f"{where}: MATH rows need a 'solution' or an 'answer' key.")
+        raise ValueError(
+            f"{where}: MATH rows need a 'solution' or an 'answer' key; add one to the row."
+        )
     answer = last_boxed(str(record["solution"]))
     if answer is None:
-        raise ValueError(f"{where}: MATH solution has no \\boxed{{...}} final answer.")
+        raise ValueError(
+            f"{where}: MATH solution has no \\boxed{{...}} final answer; add an 'answer' key "
+            "or box the answer."
+        )
     return str(record["problem"]), answer.strip()
 
 
@@ -164,7 +199,9 @@ def load_math_examples(
         raise ValueError(f"limit={limit!r} must be a positive int or None.")
     records = read_records(path)
     if not records:
-        raise ValueError(f"Task file {path} has no rows.")
+        raise ValueError(
+            f"Task file {path} has no rows; point data.path at a file with one record per line."
+        )
     if limit is not None:
         records = records[:limit]
     if kind == "auto":

@@ -50,10 +50,10 @@ def check_prompts(tokenizer, data_cfg, examples: list[dict]) -> None:
     except (ValueError, TypeError, KeyError) as e:
         message = " ".join(str(e).split())
         raise ConfigError(
-            f"config key 'data.prompt_format' = {data_cfg.prompt_format!r}: the tokenizer cannot "
-            f"encode the first prompt of data.task={data_cfg.task!r} ({message}); use a "
-            "tokenizer (config key 'tokenizer') that covers the task's text and has a working "
-            "chat template for 'chat'"
+            f"the tokenizer (config key 'tokenizer') cannot encode the first prompt of "
+            f"data.task={data_cfg.task!r} with data.prompt_format={data_cfg.prompt_format!r} "
+            f"({message}); use a tokenizer that covers the task's text, and for 'chat' one "
+            "whose chat template renders a user turn"
         ) from e
 
 

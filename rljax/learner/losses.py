@@ -261,7 +261,10 @@ def check_loss(loss: Loss, cfg: LearnerConfig, rows: int = 2, length: int = 3) -
         ) from e
     want = (rows, length)
     if not (isinstance(out, tuple | list) and len(out) == 2 and isinstance(out[1], dict)):
-        raise TypeError(f"loss function {name} returned {_describe(out)}; {_LOSS_USAGE}")
+        raise TypeError(
+            f"loss function {name} returned {_describe(out)}, not a (loss, metrics) pair; "
+            f"{_LOSS_USAGE}"
+        )
     per_token, metrics = out
     if not isinstance(per_token, jax.ShapeDtypeStruct) or per_token.shape != want:
         raise ValueError(

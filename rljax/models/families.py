@@ -127,7 +127,13 @@ def config_from_hf(
         }
     except KeyError as exc:
         raise _unsupported(
-            source, f"{arch} config lacks key {exc.args[0]!r}", "the file is incomplete"
+            source,
+            f"{arch} config lacks key {exc.args[0]!r}",
+            "the file is incomplete: re-download it or add the key",
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise _unsupported(
+            source, f"{arch} config has a non-integer size ({exc})", "fix the value in the file"
         ) from None
     theta, scaling = _rope(config_json, source)
     dtype = _dtype(config_json)

@@ -80,12 +80,20 @@ def _open(path: str, local: str | None = None):
     gguf = _import_gguf()
     if local is None:
         if not io.is_file(path):
-            raise FileNotFoundError(f"GGUF file {path} does not exist")
+            raise FileNotFoundError(_missing(path))
         local = os.fspath(path)
     try:
         return gguf.GGUFReader(local)
     except Exception as exc:  # the reader raises ValueError/struct errors on bad bytes
-        raise ValueError(f"GGUF file {path} could not be read ({exc}); re-download it") from None
+        text = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(
+            f"GGUF file {path} could not be read ({text}); re-download it (it may be truncated "
+            "or not a GGUF file)"
+        ) from None
+
+
+def _missing(path: str) -> str:
+    return f"GGUF file {path} does not exist; check the path (a local file or a gs:// URL)"
 
 
 class GGUFTensorReader:
@@ -165,7 +173,7 @@ def config_from_gguf(reader, path: str, **overrides) -> ModelConfig:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(
             f"GGUF file {path}: unsupported architecture {arch!r}; supported are "
-            f"{', '.join(GGUF_ARCHITECTURES)}"
+            f"{', '.join(GGUF_ARCHITECTURES)}; use a GGUF of one of those families"
         )
     names = {t.name: t for t in reader.tensors}
     if "rope_freqs.weight" in names:
@@ -174,12 +182,18 @@ def config_from_gguf(reader, path: str, **overrides) -> ModelConfig:
             "not read; load the Hugging Face checkpoint with load_hf instead"
         )
     if "token_embd.weight" not in names:
-        raise ValueError(f"GGUF file {path} has no token_embd.weight tensor; it is not a model")
+        raise ValueError(
+            f"GGUF file {path} has no token_embd.weight tensor; it is not a model: point at a "
+            "model GGUF (not a LoRA adapter or vocabulary file)"
+        )
 
     def need(key):
         value = field(f"{arch}.{key}")
         if value is None:
-            raise ValueError(f"GGUF file {path} lacks metadata {arch}.{key}; it is incomplete")
+            raise ValueError(
+                f"GGUF file {path} lacks metadata {arch}.{key}; it is incomplete: re-download "
+                "or re-convert it with llama.cpp's convert_hf_to_gguf.py"
+            )
         return value
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
@@ -210,7 +224,7 @@ def read_gguf_config(path: str | os.PathLike, **overrides) -> ModelConfig:
     path = os.fspath(path)
     _import_gguf()
     if not io.is_file(path):
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
+        raise FileNotFoundError(_missing(path))
     with io.local_copy(path) as local:
         return config_from_gguf(_open(path, local), path, **overrides)
 
@@ -230,7 +244,7 @@ def load_gguf(
     path = os.fspath(path)
     _import_gguf()
     if not io.is_file(path):
-        raise FileNotFoundError(f"GGUF file {path} does not exist")
+        raise FileNotFoundError(_missing(path))
     with io.local_copy(path) as local:
         reader = _open(path, local)
         cfg = config_from_gguf(reader, path, dtype=dtype, param_dtype=dtype)

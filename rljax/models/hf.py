@@ -41,6 +41,8 @@ from rljax.models.transformer import LAYER_PARAMS, abstract_decoder
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# safetensors dtype names of the weights load_hf casts to the model's dtype.
+FLOAT_DTYPES = ("F64", "F32", "BF16", "F16")
 _LAYER = "model.layers.{i}."
 
 
@@ -139,8 +141,9 @@ class SafetensorsReader:
             try:
                 weight_map = json.loads(io.read_text(index_path))["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
+                text = " ".join(str(exc).split())[:200]
                 raise ValueError(
-                    f"{index_path} is not a valid safetensors index ({exc}); re-download it"
+                    f"{index_path} is not a valid safetensors index ({text}); re-download it"
                 ) from None
             self._file_of = {k: str(io.join(path, v)) for k, v in weight_map.items()}
         elif io.is_file(single):
@@ -153,12 +156,15 @@ class SafetensorsReader:
             )
         self._handles: dict[str, Any] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._dtypes: dict[str, str] = {}
         files = sorted(set(self._file_of.values())) if self._file_of else [single]
         for file in files:
             handle = self._open(file)
             for key in handle.keys():  # noqa: SIM118  (safe_open handles are not iterable)
                 if self._file_of is None or self._file_of.get(key) == file:
-                    self._shapes[key] = tuple(handle.get_slice(key).get_shape())
+                    tensor = handle.get_slice(key)
+                    self._shapes[key] = tuple(tensor.get_shape())
+                    self._dtypes[key] = str(tensor.get_dtype())
 
     def _open(self, file: str):
         if file not in self._handles:
@@ -170,8 +176,9 @@ class SafetensorsReader:
             try:
                 self._handles[file] = self._safe_open(self._local(file), framework="numpy")
             except Exception as exc:  # safetensors raises its own SafetensorError
+                text = " ".join(str(exc).split())[:200]
                 raise ValueError(
-                    f"safetensors file {file} is corrupt or unreadable ({exc}); re-download it"
+                    f"safetensors file {file} is corrupt or unreadable ({text}); re-download it"
                 ) from None
         return self._handles[file]
 
@@ -193,6 +200,10 @@ class SafetensorsReader:
     def shape(self, name: str) -> tuple[int, ...] | None:
         """The tensor's shape, or None when absent."""
         return self._shapes.get(name)
+
+    def dtype(self, name: str) -> str | None:
+        """The tensor's safetensors dtype name ('F32', 'BF16', ...), or None when absent."""
+        return self._dtypes.get(name)
 
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         """Reads only ``index`` of the tensor from disk."""
@@ -227,7 +238,10 @@ def _read_target(reader: TensorReader, spec: TensorSpec, cfg, name: str, target)
 
 
 def check_tensors(reader: TensorReader, cfg: ModelConfig, config_source: str) -> None:
-    """Raises, naming the file, if a tensor the config implies is missing or mis-shaped."""
+    """Raises, naming the file, if a tensor the config implies is missing or mis-shaped, or
+    (readers that know dtypes) holds no floating-point weights."""
+    dtype_of = getattr(reader, "dtype", None)
+    fix = "re-download the checkpoint, or fix config.json if it was edited"
     for pname, layered in _param_names(cfg):
         spec = TENSOR_SPECS[pname]
         want = spec.hf_shape(cfg)
@@ -237,13 +251,21 @@ def check_tensors(reader: TensorReader, cfg: ModelConfig, config_source: str) ->
             if got is None:
                 raise ValueError(
                     f"{reader.where(name)}: tensor {name} is missing (expected shape "
-                    f"{list(want)} from {config_source}); the checkpoint does not match its config"
+                    f"{list(want)} from {config_source}); the checkpoint does not match its "
+                    f"config: {fix}"
                 )
             if tuple(got) != want:
                 raise ValueError(
                     f"{reader.where(name)}: tensor {name} has shape {list(got)} but "
                     f"{config_source} implies {list(want)}; the checkpoint does not match its "
-                    "config"
+                    f"config: {fix}"
+                )
+            dtype = dtype_of(name) if dtype_of is not None else None
+            if dtype is not None and dtype not in FLOAT_DTYPES:
+                raise ValueError(
+                    f"{reader.where(name)}: tensor {name} has dtype {dtype}; rljax loads float "
+                    f"weights ({', '.join(FLOAT_DTYPES)}): dequantize the checkpoint, or export "
+                    "it unquantized"
                 )
 
 
@@ -296,9 +318,12 @@ def read_config(path: io.PathLike) -> dict[str, Any]:
             f"{file} does not exist; point at a Hugging Face model directory"
         ) from None
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{file} is not valid JSON ({exc}); re-download it") from None
+        text = " ".join(str(exc).split())[:200]
+        raise ValueError(f"{file} is not valid JSON ({text}); re-download it") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{file} must hold a JSON object")
+        raise ValueError(
+            f"{file} must hold a JSON object, not {type(data).__name__}; re-download it"
+        )
     return data
 
 

@@ -56,15 +56,29 @@ def _token_content(value) -> str | None:
     return value
 
 
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's text on one line, cut short (tokenizers' and Jinja's run long)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _read_json(path: io.PathLike) -> dict:
     try:
         data = json.loads(io.read_text(path))
     except FileNotFoundError:
-        raise FileNotFoundError(f"Tokenizer file {path} does not exist.") from None
+        raise FileNotFoundError(
+            f"Tokenizer file {path} does not exist; point at a Hugging Face model or tokenizer "
+            "directory that has it."
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"Tokenizer file {path} is not valid JSON: {exc}") from None
+        raise ValueError(
+            f"Tokenizer file {path} is not valid JSON: {_one_line(exc)}; re-download or fix it."
+        ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"Tokenizer file {path} must hold a JSON object.")
+        raise ValueError(
+            f"Tokenizer file {path} must hold a JSON object, not {type(data).__name__}; "
+            "re-download it."
+        )
     return data
 
 
@@ -130,7 +144,10 @@ class Tokenizer:
     def _require_id(self, token: str, role: str) -> int:
         token_id = self._tok.token_to_id(token)
         if token_id is None:
-            raise ValueError(f"{role} {token!r} is not in the tokenizer vocabulary.")
+            raise ValueError(
+                f"{role} {token!r} is not in the tokenizer vocabulary; set {role} in "
+                "tokenizer_config.json to a token that tokenizer.json has."
+            )
         return token_id
 
     @classmethod
@@ -174,16 +191,26 @@ class Tokenizer:
         """
         tok_path = io.join(path, TOKENIZER_FILE)
         if not io.is_file(tok_path):
-            raise FileNotFoundError(f"Tokenizer file {tok_path} does not exist.")
+            raise FileNotFoundError(
+                f"Tokenizer file {tok_path} does not exist; point at a Hugging Face model or "
+                "tokenizer directory (with tokenizer.json and tokenizer_config.json), or use "
+                "tokenizer='char'."
+            )
         try:
             tok = tokenizers.Tokenizer.from_str(io.read_text(tok_path))
         except Exception as exc:
-            raise ValueError(f"Tokenizer file {tok_path} could not be parsed: {exc}") from None
+            raise ValueError(
+                f"Tokenizer file {tok_path} could not be parsed: {_one_line(exc)}; re-download "
+                "it (tokenizers reads the format transformers saves)."
+            ) from None
         config_path = io.join(path, CONFIG_FILE)
         config = _read_json(config_path)
         eos_token = _token_content(config.get("eos_token"))
         if eos_token is None:
-            raise ValueError(f"{config_path} has no eos_token; the sampler needs one to stop.")
+            raise ValueError(
+                f"{config_path} has no eos_token; the sampler needs one to stop: add "
+                '"eos_token": "<the end token>" to it.'
+            )
         template = _select_template(config.get("chat_template"), config_path)
         template_path = io.join(path, CHAT_TEMPLATE_FILE)
         if io.is_file(template_path):
@@ -280,14 +307,27 @@ class Tokenizer:
             )
             env.filters["tojson"] = _tojson
             env.globals["raise_exception"] = _raise_exception
-            self._template = env.from_string(self.chat_template)
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token,
-            **kwargs,
-        )
+            try:
+                self._template = env.from_string(self.chat_template)
+            except jinja2.exceptions.TemplateSyntaxError as exc:
+                raise ValueError(
+                    f"The chat template does not parse (line {exc.lineno}: {_one_line(exc)}); "
+                    "fix chat_template in tokenizer_config.json or chat_template.jinja."
+                ) from None
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token,
+                **kwargs,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise ValueError(
+                f"The chat template failed to render {[m['role'] for m in messages]} "
+                f"({type(exc).__name__}: {_one_line(exc)}); fix chat_template in "
+                "tokenizer_config.json or chat_template.jinja, or pass the messages it expects."
+            ) from None
 
     # ---- persistence and checks -------------------------------------------------------------
 
@@ -356,13 +396,18 @@ def _load_gguf(cls, path: str) -> Tokenizer:
             "Tokenizer.from_gguf needs the gguf package; run `pip install gguf`."
         ) from None
     if not io.is_file(path):
-        raise FileNotFoundError(f"GGUF file {path} does not exist.")
+        raise FileNotFoundError(
+            f"GGUF file {path} does not exist; check the path, or use Tokenizer.from_dir."
+        )
     # gguf memory-maps a local file: a remote one is copied first.
     with io.local_copy(path) as local:
         try:
             reader = gguf.GGUFReader(local)
         except Exception as exc:
-            raise ValueError(f"GGUF file {path} could not be read: {exc}") from None
+            raise ValueError(
+                f"GGUF file {path} could not be read: {_one_line(exc)}; re-download it (it may "
+                "be truncated or not a GGUF file)."
+            ) from None
         return _from_gguf_reader(cls, reader, path)
 
 

@@ -1,0 +1,39 @@
+"""Bad command lines and configs: the launcher prints one line and touches nothing."""
+
+import pytest
+
+CASES = [
+    ("C01", ["--config.learner.lr=0.1"], "valid keys under 'learner.' are"),
+    ("C02", ["--config.learner.group_size=eight"], "a value of the type its default"),
+    ("C03", ["--config.learner.learning_rate=-0.1"], "expected a finite number >= 0"),
+    ("C04", ["--config.learner.group_size=1"], "expected an integer >= 2"),
+    ("C05", ["--config.sampling.top_p=1.5"], "expected a number in (0, 1]"),
+    ("C06", ["--config.mode=fast"], "expected one of sync, async"),
+    ("C07", ["--config.buffer.max_staleness=2"], "set mode='async' to train off-policy"),
+    ("C08", ["--config.sampling.max_concurrent_decodes=4"], "at least learner.group_size=8"),
+    ("C09", ["--config.mesh.reallocate=True"], "False in colocated mode"),
+    (
+        "C10",
+        [
+            "--config.mesh.mode=split",
+            "--config.mesh.sampler_devices=4",
+            "--config.mesh.learner_devices=4",
+            "--config.mesh.reallocate=True",
+        ],
+        "set mode='async' or turn it off",
+    ),
+    ("C11", ["--config=configs/no_such_recipe.py"], "name a file such as configs/arith_tiny.py"),
+    ("C12", ["--config=configs/arith_tiny.py:test"], "use one of ('small',) or none"),
+    ("C13", ["--config.data.task=gsm8k"], "a JSONL or parquet file for task 'gsm8k'"),
+    ("C14", ["--config.data.prompt_template=Q: {answer}"], "only {prompt}/{question}"),
+    ("C15", ["--config.learner.loss=ppo2"], "set config key 'learner.loss' to one of them"),
+    ("C16", ["--config.reward.name=f1"], "set config key 'reward.name' to one of them"),
+    ("C17", ["--config.tokenizer=init"], "set tokenizer='char' or a tokenizer directory"),
+    ("C18", ["--config.sft.teacher=oracle"], "expected one of reference, drops_carries"),
+    ("C19", ["--config.learner.micro_batches=1000"], "at most the batch size"),
+]
+
+
+@pytest.mark.parametrize("row_id, args, fix", CASES, ids=[c[0] for c in CASES])
+def test_bad_command_line(launch_error, check_row, row_id, args, fix):
+    check_row(row_id, launch_error(*args), fix)
