@@ -287,8 +287,9 @@ class Checkpointer:
         earlier = [s for s in steps if s < first]
         if fallback:
             hint = (
-                f"no earlier step restored either (tried {failed}); check that abstract_params/"
-                "abstract_opt_state come from the same model and optimiser config as the saved run"
+                f"no earlier step restored either (tried {failed}); if it is damaged, move "
+                f"{self.directory} aside (or use a new workdir) to start afresh, else restore "
+                "with the model and optimiser config of the saved run"
             )
         elif earlier:
             hint = f"delete it or restore an earlier step ({earlier[-1]}), or pass fallback=True"

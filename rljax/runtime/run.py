@@ -41,7 +41,7 @@ from rljax.mesh.resize import MeshCache, Reallocation
 from rljax.mesh.topology import Topology, build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.metrics import MetricsWriter, Timeline
-from rljax.models.loading import check_tokenizer_fits, load_tokenizer
+from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool
@@ -104,6 +104,7 @@ class Run:
         self.tokenizer = load_tokenizer(cfg)
         self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
         check_prompts(self.tokenizer, cfg.data, self.train_examples)
+        check_tokenizer_fits(cfg, self.tokenizer, initial_model_config(cfg))
         reward = get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology: Topology = build_topology(cfg.mesh, self.devices)
@@ -123,7 +124,6 @@ class Run:
                 cfg, self.topology.learner, self.loss
             )
         self.graphdef = self.learner.graphdef
-        check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
