@@ -79,9 +79,9 @@ class StaticSampler(Sampler):
     sequences ended early idle meanwhile. This is the baseline continuous batching beats.
     """
 
-    def _fill_slots(self) -> None:
+    def _fill_slots(self, finished) -> None:
         if self.busy_slots == 0:
-            super()._fill_slots()
+            super()._fill_slots(finished)
 
 
 def lognormal_lengths(rng, n: int, median: float, sigma: float, cap: int) -> np.ndarray:
@@ -104,7 +104,7 @@ class EngineCallTimer:
     Wraps the methods on the instance and restores them on exit; the Engine is not modified.
     """
 
-    CALLS = ("prefill", "bulk_insert", "generate", "free_slot")
+    CALLS = ("prefill_multisampling", "bulk_insert", "generate", "free_resource")
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -432,8 +432,10 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
     state = engine.init_decode_state()
     b = engine.max_concurrent_decodes
     prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32) % cfg.vocab_size
-    prefix, _ = engine.prefill(params=params, padded_tokens=prompt, true_length=len(prompt))
-    state = engine.bulk_insert(prefix, state, list(range(b)), seeds=list(range(b)))
+    prefix, _ = engine.prefill_multisampling(
+        params=params, padded_tokens=prompt, true_length=len(prompt), num_samples=b
+    )
+    state = engine.bulk_insert(prefix, state, list(range(b)))
     # The prompt fills max_prefill_length; the cache holds max_new_tokens more: stay inside.
     steps = min(steps, engine.sampling_cfg.max_new_tokens - 2)
     if steps < 1:
@@ -445,7 +447,8 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
     for _ in range(steps):
         held.append(sum(engine.slot_length(s) for s in range(b)))
         start = time.perf_counter()
-        state, _ = engine.generate(params, state)  # returns host tokens: synchronous
+        state, result = engine.generate(params, state)
+        jax.block_until_ready((state, result))
         times.append(time.perf_counter() - start)
     kv_per_token = (
         2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize

@@ -1,30 +1,39 @@
-"""A JetStream-shaped generation engine over a paged KV cache.
+"""A JetStream engine (``engine_api.Engine`` of JetStream's final release) over a paged KV cache.
 
-The method names and shapes mirror JetStream's ``Engine`` (prefill / insert / generate /
-init_decode_state / load_params / get_prefix_destination_sharding), so a JetStream-style
-orchestrator can drive it, but rljax does not depend on JetStream.
+Every member of JetStream's API is here with its signature and meaning, so JetStream's own
+orchestrator can drive it with no adapter; rljax's Sampler uses the same calls. rljax does not
+import JetStream (its package pulls TensorFlow): when a caller has imported
+``jetstream.engine.engine_api``, the engine registers its classes with JetStream's ABCs, so
+the orchestrator's ``isinstance`` checks hold.
+
+- ``prefill`` caches the whole prompt and draws its first token, returned as a
+  :class:`ResultTokens`; ``prefill_multisampling`` draws ``num_samples`` first tokens from one
+  forward pass, each with its own PRNG stream.
+- ``insert`` / ``bulk_insert`` arm slots with a prefix; ``generate`` feeds every live slot's
+  last token and returns the next as a ResultTokens (still on the device), with the log-prob
+  of each sampled token in ``log_prob``.
+- ``free_resource(slot)`` returns the slot's pages at once. It takes no decode state (it may
+  run on another thread, as in JetStream's orchestrator); the device side of the slot is parked
+  before the next insert or generate.
+- A slot that holds ``max_seq_len`` tokens stops: ``generate`` reports it ``valid = False``
+  and takes no page for it, until ``free_resource``. JetStream's orchestrator steps a finished
+  slot until its detokenize thread frees it, so this must not raise.
 
 Decode state lives on the sampler mesh. Keys and values sit in a page pool [L, K, P, Z, H];
-each slot owns a row of the page table. A host-side :class:`PageAllocator` hands out pages as
-sequences grow and takes them back when a slot is freed, so memory follows the tokens actually
-held rather than slots x maximum length (the bookkeeping lives in :mod:`rljax.engine.pages`).
-
-The slots and the pool are split into ``kv_shards`` equal shards, one per device group of the
-sampler's 'batch' mesh axes (the 'data' axis): each shard's slots use its own pages only, with
-its own allocator, null page and shard-local page tables. So the pool is sharded over P, not
-replicated, and a data-parallel sampler holds 1/data of the cache per device. When the slots do
-not divide over the 'batch' axes there is one shard.
-
-One deliberate difference from JetStream: ``prefill`` caches the prompt up to, but not
-including, its last token, and samples nothing. The first ``generate`` after ``insert`` feeds
-that last token. So G samples that share one prefill draw their first tokens independently,
-and every sampled token's log-prob and version come from the ``generate`` call that made it.
+each slot owns a row of the page table. A host-side :class:`SlotPages` hands out pages as
+sequences grow, so memory follows the tokens held rather than slots x maximum length. The
+slots and the pool are split into ``kv_shards`` equal shards, one per device group of the
+sampler's 'batch' mesh axes: each shard's slots use its own pages only (one shard when the
+slots do not divide).
 """
 
 from __future__ import annotations
 
-import functools
+import itertools
 import math
+import os
+import threading
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +42,17 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
-from rljax.engine import sampling
 from rljax.engine.pages import PageAllocator, SlotPages
-from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
+from rljax.engine.state import (
+    DecodeState,
+    Prefix,
+    ResultTokens,
+    SlotData,
+    SlotSampling,
+    register_with_jetstream,
+)
+from rljax.engine.steps import build_steps
+from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
@@ -43,11 +60,17 @@ from rljax.models.sharding import (
     state_shardings,
     with_shardings,
 )
-from rljax.models.transformer import Decoder
+
+__all__ = ["Engine", "DecodeState", "Prefix", "ResultTokens", "SlotData", "SlotSampling"]
 
 
 class Engine:
-    """Prefill / insert / generate over a paged KV cache on the sampler mesh."""
+    """JetStream's ``Engine`` on the sampler mesh: prefill / insert / generate / free_resource.
+
+    ``tokenizer`` is a Hugging Face tokenizer directory or a ``.gguf`` file, what
+    ``get_tokenizer`` / ``build_tokenizer`` serve; ``seed`` seeds the PRNG streams of
+    prefills given no ``rng``.
+    """
 
     def __init__(
         self,
@@ -58,6 +81,8 @@ class Engine:
         *,
         rules: ShardingRules = SAMPLER_RULES,
         impl: str = "auto",
+        tokenizer: str | os.PathLike | None = None,
+        seed: int = 0,
     ):
         self.model_cfg = model_cfg
         self.sampling_cfg = sampling_cfg
@@ -65,7 +90,8 @@ class Engine:
         self._graphdef = graphdef
         self._rules = rules
         self.impl = impl  # kernels: 'auto' (Pallas on TPU), 'pallas' or 'xla'
-        z = sampling_cfg.page_size
+        self.tokenizer_path = None if tokenizer is None else os.fspath(tokenizer)
+        self.page_size = z = sampling_cfg.page_size
         self.max_seq_len = sampling_cfg.max_prefill_length + sampling_cfg.max_new_tokens
         self.pages_per_slot = math.ceil(self.max_seq_len / z)
         b = sampling_cfg.max_concurrent_decodes
@@ -88,7 +114,13 @@ class Engine:
         while buckets[-1] < self.max_seq_len:
             buckets.append(min(buckets[-1] * 2, self.pages_per_slot * z))
         self.buckets = tuple(buckets)
-        self._build_jits()
+        # free_resource may run on another thread than insert/generate (JetStream's
+        # detokenize thread): the host page state changes under this lock only.
+        self._lock = threading.RLock()
+        self._parked = False  # host slots freed since the device state last saw the table
+        self._base_key = jax.random.key(seed)
+        self._prefills = itertools.count()
+        self._steps = build_steps(self)
 
     # -- JetStream properties ---------------------------------------------------------------
 
@@ -108,6 +140,20 @@ class Engine:
     def samples_per_slot(self) -> int:
         return 1
 
+    @property
+    def colocated_cpus(self) -> None:
+        """No CPU devices are set aside next to the accelerators."""
+        return None
+
+    @property
+    def use_chunked_prefill(self) -> bool:
+        return False
+
+    @property
+    def prefill_chunk_size(self) -> int:
+        """The largest bucket: a prompt is always prefilled in one call."""
+        return self.buckets[-1]
+
     # -- shardings --------------------------------------------------------------------------
 
     def _sharding(self, *logical) -> NamedSharding:
@@ -120,12 +166,12 @@ class Engine:
         """The sampler's shardings for a params state of this model."""
         return state_shardings(params, self._mesh, self._rules)
 
-    def get_prefix_destination_sharding(self):
-        """Where a Prefix must live before ``insert`` (JetStream API)."""
+    def get_prefix_destination_sharding(self) -> Prefix:
+        """Where a Prefix must live before ``insert``: a Prefix of shardings."""
         kv = self._sharding(None, None, "kv_heads", None)
         kv = _divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
         rep = self._replicated()
-        return Prefix(k=kv, v=kv, length=rep, next_token=rep)
+        return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)
 
     def decode_state_shardings(self) -> DecodeState:
         """Where each DecodeState array lives: the pool over kv heads and (with several
@@ -138,62 +184,47 @@ class Engine:
             pages = self._sharding(None, "kv_heads", None, None, None)
             slot = table = self._replicated()
         pages = _divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
-        return DecodeState(
-            k_pages=pages,
-            v_pages=pages,
-            tokens=slot,
-            positions=slot,
-            page_table=table,
-            active=slot,
-            keys=table,
-            steps=slot,
-            temperature=slot,
-            top_k=slot,
-            top_p=slot,
-            min_p=slot,
-        )
+        s = slot
+        return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)
 
-    # -- API --------------------------------------------------------------------------------
+    # -- params, tokenizer, state -----------------------------------------------------------
 
-    def load_params(self, params: nnx.State) -> nnx.State:
-        """A copy of ``params`` on the sampler mesh (a cross-mesh ``device_put``, never a jit).
+    def load_params(self, params: nnx.State | None = None, *args, **kwargs) -> nnx.State:
+        """``params`` (e.g. the learner's) copied onto the sampler mesh; never a jit.
 
         Always a copy: the learner donates its buffers to the next step, so the sampler must
         never alias them, even when both roles share devices.
         """
+        del args, kwargs  # JetStream passes loader-specific options; none apply here
+        if params is None:
+            raise ValueError(
+                "load_params() needs the params to serve: pass a params state, e.g. "
+                "load_params(learner.params) or one from rljax.models.loading"
+            )
         return jax.device_put(params, self.param_shardings(params), may_alias=False)
 
-    def init_decode_state(self) -> DecodeState:
-        """Fresh device state, every slot free, and fresh host page allocators."""
-        self.pages.reset()
-        return self._make_state()
+    def get_tokenizer(self) -> TokenizerParameters:
+        """Where the tokenizer lives (JetStream's ``TokenizerParameters``)."""
+        if self.tokenizer_path is None:
+            raise ValueError(
+                "this Engine has no tokenizer; build it with Engine(..., tokenizer=PATH), a "
+                "Hugging Face tokenizer directory or a .gguf file"
+            )
+        return TokenizerParameters(path=self.tokenizer_path)
 
-    def _empty_state(self) -> DecodeState:
-        cfg, b = self.model_cfg, self.max_concurrent_decodes
-        shape = (
-            cfg.num_layers,
-            cfg.num_kv_heads,
-            self.num_pages,
-            self.sampling_cfg.page_size,
-            cfg.head_dim,
-        )
-        dtype = jnp.dtype(cfg.dtype)
-        s = SlotSampling.from_config(self.sampling_cfg)
-        zeros_i = jnp.zeros(b, jnp.int32)
-        return DecodeState(
-            k_pages=jnp.zeros(shape, dtype),
-            v_pages=jnp.zeros(shape, dtype),
-            tokens=zeros_i,
-            positions=zeros_i,
-            page_table=jnp.zeros((b, self.pages_per_slot), jnp.int32),
-            active=jnp.zeros(b, bool),
-            keys=jnp.zeros((b, 2), jnp.uint32),
-            steps=zeros_i,
-            temperature=jnp.full(b, s.temperature, jnp.float32),
-            top_k=jnp.full(b, s.top_k, jnp.int32),
-            top_p=jnp.full(b, s.top_p, jnp.float32),
-            min_p=jnp.full(b, s.min_p, jnp.float32),
-        )
+    def build_tokenizer(self, metadata: TokenizerParameters) -> EngineTokenizer:
+        """A JetStream ``tokenizer_api.Tokenizer`` loaded from ``metadata.path``."""
+        return EngineTokenizer(load_tokenizer(os.fspath(metadata.path)), self.buckets)
+
+    def init_decode_state(self, *args, **kwargs) -> DecodeState:
+        """Fresh device state, every slot free, and fresh host page allocators."""
+        del args, kwargs
+        with self._lock:
+            self.pages.reset()
+            self._parked = False
+            return self._steps.make_state()
+
+    # -- prefill ----------------------------------------------------------------------------
 
     def bucket_for(self, length: int) -> int:
         """The padded length a prompt of ``length`` tokens is prefilled at."""
@@ -206,79 +237,182 @@ class Engine:
         )
 
     def prefill(
-        self, *, params: nnx.State, padded_tokens: np.ndarray, true_length: int
+        self,
+        *,
+        params: nnx.State,
+        existing_prefix=None,
+        padded_tokens,
+        true_length: int,
+        sampler=None,
+        request_id=None,
+        rng=None,
+        sampling: SlotSampling | None = None,
     ) -> tuple[Prefix, ResultTokens]:
-        """Cache the first ``true_length - 1`` tokens; the last is fed by ``generate``."""
-        padded_tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
-        if not 1 <= true_length <= padded_tokens.shape[0]:
+        """Cache ``padded_tokens[:true_length]`` and draw the first token.
+
+        ``rng`` (a PRNG key) and ``sampling`` (per-request settings) are rljax extensions;
+        without them the engine draws its own key and uses ``sampling_cfg``.
+        """
+        del request_id
+        return self.prefill_multisampling(
+            params=params,
+            existing_prefix=existing_prefix,
+            padded_tokens=padded_tokens,
+            true_length=true_length,
+            sampler=sampler,
+            rng=rng,
+            num_samples=1,
+            sampling=sampling,
+        )
+
+    def prefill_multisampling(
+        self,
+        *,
+        params: nnx.State,
+        existing_prefix=None,
+        padded_tokens,
+        true_length: int,
+        sampler=None,
+        rng=None,
+        num_samples: int = 1,
+        sampling: SlotSampling | None = None,
+    ) -> tuple[Prefix, ResultTokens]:
+        """One prefill and ``num_samples`` first tokens, each from its own PRNG stream.
+
+        ``rng``: None (the engine's next key), one key (split per sample), or one key per
+        sample (shape ``[num_samples]``). The ResultTokens holds one row per sample
+        (``samples_per_slot = num_samples``), so ``get_result_at_slot(0)`` reads them all.
+        """
+        if existing_prefix is not None:
             raise ValueError(
-                f"true_length={true_length} must be in [1, {padded_tokens.shape[0]}] "
+                "existing_prefix is not supported: this engine has no prefix cache "
+                "(use_chunked_prefill is False); prefill the whole prompt"
+            )
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
+        tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
+        if not 1 <= true_length <= tokens.shape[0]:
+            raise ValueError(
+                f"true_length={true_length} must be in [1, {tokens.shape[0]}] "
                 "(the padded prompt's length)"
             )
-        bucket = self.bucket_for(padded_tokens.shape[0])
-        tokens = np.zeros(bucket, np.int32)
-        tokens[: padded_tokens.shape[0]] = padded_tokens
-        k, v = self._prefill(params, jnp.asarray(tokens[None]), jnp.int32(true_length - 1))
-        prefix = Prefix(k, v, np.int32(true_length - 1), np.int32(tokens[true_length - 1]))
-        b = self.max_concurrent_decodes
-        empty = ResultTokens(
-            np.zeros(b, np.int32), np.zeros(b, bool), np.zeros(b, np.int32), np.zeros(b)
+        bucket = self.bucket_for(true_length)
+        row = np.zeros((1, bucket), np.int32)
+        row[0, :true_length] = tokens[:true_length]
+        keys = self._sample_keys(rng, num_samples)
+        s = sampling or SlotSampling.from_config(self.sampling_cfg)
+        floats = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
+        k, v, data, log_prob = self._steps.prefill(
+            params,
+            jnp.asarray(row),
+            jnp.int32(true_length),
+            keys,
+            floats,
+            np.int32(s.top_k),
+            sampler=sampler,
         )
-        return prefix, empty
+        prefix = Prefix(
+            k=k,
+            v=v,
+            length=np.int32(true_length),
+            tokens=data[:, 0],
+            keys=keys,
+            floats=floats,
+            top_k=np.int32(s.top_k),
+        )
+        register_with_jetstream(("ResultTokens", ResultTokens), ("Engine", Engine))
+        return prefix, ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob)
+
+    def _sample_keys(self, rng, n: int) -> jax.Array:
+        """Key data [n, 2]: one PRNG stream per sample."""
+        if rng is None:
+            with self._lock:
+                i = next(self._prefills)
+            rng = jax.random.fold_in(self._base_key, i)
+        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+            rng = jax.random.wrap_key_data(jnp.asarray(rng, jnp.uint32))
+        if rng.shape == ():
+            rng = jax.random.split(rng, n) if n > 1 else rng[None]
+        if rng.shape != (n,):
+            raise ValueError(
+                f"rng holds {rng.shape} keys for {n} samples; pass one key, or one per sample"
+            )
+        return jax.random.key_data(rng)
+
+    # -- slots ------------------------------------------------------------------------------
 
     def insert(
-        self,
-        prefix: Prefix,
-        decode_state: DecodeState,
-        slot: int,
-        *,
-        seed: int = 0,
-        sampling: SlotSampling | None = None,
+        self, prefix: Prefix, decode_state: DecodeState, slot: int, request_id=None
     ) -> DecodeState:
-        """Copy ``prefix`` into ``slot``'s pages and arm the slot (raises OutOfPages)."""
-        return self.bulk_insert(prefix, decode_state, [slot], seeds=[seed], sampling=sampling)
+        """Arm ``slot`` with a one-sample ``prefix`` (raises OutOfPages, taking nothing)."""
+        del request_id
+        if prefix.num_samples != 1:
+            raise ValueError(
+                f"insert takes a one-sample prefix, got {prefix.num_samples} samples; use "
+                "bulk_insert, or prefix.select([i])"
+            )
+        return self.bulk_insert(prefix, decode_state, [slot])
 
     def bulk_insert(
-        self,
-        prefix: Prefix,
-        decode_state: DecodeState,
-        slots,
-        *,
-        seeds,
-        sampling: SlotSampling | None = None,
+        self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int]
     ) -> DecodeState:
-        """Insert one prefix into several slots (the samples of a group) in one device call.
+        """Insert one prefix into several slots in one device call.
 
-        Each slot gets its own pages and PRNG stream. Raises OutOfPages, allocating nothing,
-        when the pool cannot hold all of them.
+        Slot ``i`` feeds sample ``i`` when the prefix has one sample per slot; a one-sample
+        prefix goes to every slot, each slot past the first with its own PRNG stream. Raises
+        ValueError for a busy, repeated or out-of-range slot and OutOfPages when the pool
+        cannot hold them all, taking no page either way.
         """
-        slots, seeds = list(slots), list(seeds)
-        if len(slots) != len(seeds) or not slots:
-            raise ValueError(f"bulk_insert needs one seed per slot, got {slots} and {seeds}")
+        slots = [int(s) for s in slots]
+        n = prefix.num_samples
+        if not slots or n not in (1, len(slots)):
+            raise ValueError(
+                f"bulk_insert got a prefix of {n} samples for slots {slots}; give one slot per "
+                "sample (prefix.select picks samples)"
+            )
         # Pad to a power of two so only log2(slots) shapes ever compile; padding writes to the
         # null page and to slot index B, which the scatters drop.
         width = 1 << (len(slots) - 1).bit_length()
-        rows = np.zeros((width, self.pages_per_slot), np.int32)
-        rows[: len(slots)] = self.pages.admit(slots, int(prefix.length))
         slot_ids = np.full(width, self.max_concurrent_decodes, np.int32)
         slot_ids[: len(slots)] = slots
-        seed_arr = np.zeros(width, np.uint32)
-        seed_arr[: len(slots)] = [seed % (2**32) for seed in seeds]
-        s = sampling or SlotSampling.from_config(self.sampling_cfg)
-        return self._insert(
-            decode_state,
-            prefix,
-            rows,
-            slot_ids,
-            seed_arr,
-            np.asarray([s.temperature, s.top_p, s.min_p], np.float32),
-            np.int32(s.top_k),
-        )
+        cols = np.zeros(width, np.int32)
+        fold = np.zeros(width, np.uint32)
+        if n == len(slots):
+            cols[:n] = np.arange(n)
+        else:
+            fold[: len(slots)] = np.arange(len(slots))
+        with self._lock:
+            rows = np.zeros((width, self.pages_per_slot), np.int32)
+            rows[: len(slots)] = self.pages.admit(slots, int(prefix.length))
+            decode_state = self._park_freed(decode_state)
+            return self._steps.insert(decode_state, prefix, rows, slot_ids, cols, fold)
 
-    def free_slot(self, decode_state: DecodeState, slot: int) -> DecodeState:
-        """Return ``slot``'s pages to the pool and park the slot on the null page."""
-        self.pages.release(slot)
-        return self._free(decode_state, jnp.int32(slot))
+    def free_resource(self, slot: int) -> None:
+        """Return ``slot``'s pages to the pool now; a free slot stays free.
+
+        Needs no decode state: the device stops using the slot before the next insert or
+        generate reads the page table.
+        """
+        slot = int(slot)
+        if not 0 <= slot < self.max_concurrent_decodes:
+            raise ValueError(
+                f"slot {slot} is out of range [0, {self.max_concurrent_decodes}); "
+                "free a slot that insert was given"
+            )
+        with self._lock:
+            if self.pages.active[slot]:
+                self.pages.release(slot)
+                self._parked = True
+
+    def _park_freed(self, decode_state: DecodeState) -> DecodeState:
+        """Ship the host page table and slot mask to the device if a slot was freed or grew
+        (one small host->device copy, no recompile). Call with the lock held."""
+        if not self._parked:
+            return decode_state
+        self._parked = False
+        table = jax.device_put(self.pages.table.copy(), decode_state.page_table.sharding)
+        active = jax.device_put(self.pages.active.copy(), decode_state.active.sharding)
+        return decode_state.replace(page_table=table, active=active)
 
     def shard_of(self, slot: int) -> int:
         """The kv shard whose pages ``slot`` uses."""
@@ -298,20 +432,24 @@ class Engine:
         """Tokens cached for ``slot`` (prompt and generated)."""
         return int(self.pages.positions[slot])
 
-    def generate(self, params: nnx.State, decode_state: DecodeState):
-        """One token for every active slot.
+    # -- generate ---------------------------------------------------------------------------
 
-        Grows page tables first, taking no page when it raises: OutOfPages when the pool is
-        short, ValueError when a slot already holds ``max_seq_len`` tokens.
+    def generate(
+        self, params: nnx.State, decode_state: DecodeState, sampler=None
+    ) -> tuple[DecodeState, ResultTokens]:
+        """One token for every live slot; the ResultTokens stays on the device.
+
+        Grows page tables first, taking no page when it raises OutOfPages (the pool is short;
+        the exception names the slots). A slot holding ``max_seq_len`` tokens is not live: it
+        reports ``valid = False`` and takes nothing until ``free_resource``.
         """
-        if self.pages.grow():  # one small host->device copy of the whole table: no recompiles
-            table = jax.device_put(self.pages.table, decode_state.page_table.sharding)
-            decode_state = decode_state.replace(page_table=table)
-        decode_state, tokens, logprobs, steps = self._generate(params, decode_state)
-        self.pages.advance()
-        tokens, logprobs, steps = jax.device_get((tokens, logprobs, steps))
-        result = ResultTokens(tokens, self.pages.active.copy(), steps, logprobs)
-        return decode_state, result
+        with self._lock:
+            self._parked |= self.pages.grow()
+            decode_state = self._park_freed(decode_state)
+            decode_state, data, log_prob = self._steps.generate(sampler)(params, decode_state)
+            self.pages.advance()
+        register_with_jetstream(("ResultTokens", ResultTokens), ("Engine", Engine))
+        return decode_state, ResultTokens(data, log_prob=log_prob)
 
     def lower_generate(self, params: nnx.State) -> jax.stages.Lowered:
         """The device step of :meth:`generate` lowered for ``params`` and an empty decode state.
@@ -322,127 +460,9 @@ class Engine:
         per-device bytes.
         """
         params = with_shardings(params, self.param_shardings(params))
-        state = with_shardings(jax.eval_shape(self._empty_state), self.decode_state_shardings())
-        return self._generate.lower(params, state)
-
-    # -- compiled pieces --------------------------------------------------------------------
-
-    def _model(self, params) -> Decoder:
-        return nnx.merge(self._graphdef, params)
-
-    def _build_jits(self):
-        state_sh = self.decode_state_shardings()
-        prefix_sh = self.get_prefix_destination_sharding()
-        # Compiled once per engine: building a Sampler must not re-jit the empty state.
-        self._make_state = jax.jit(self._empty_state, out_shardings=state_sh)
-
-        @functools.partial(jax.jit, out_shardings=(prefix_sh.k, prefix_sh.v))
-        def prefill(params, tokens_1t, length):
-            t = tokens_1t.shape[1]
-            positions = jnp.arange(t)[None]
-            segments = (positions < length).astype(jnp.int32)
-            _, (k, v) = self._model(params)(
-                tokens_1t,
-                positions,
-                segments,
-                return_kv=True,
-                impl=self.impl,
-                sharding=(self._mesh, self._rules),
-            )
-            return k[:, 0], v[:, 0]
-
-        @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
-        def insert(state, prefix, rows_wm, slots_w, seeds_w, floats, top_k):
-            z = state.k_pages.shape[3]
-            pos_t = jnp.arange(prefix.k.shape[1])
-            col_t = jnp.minimum(pos_t // z, rows_wm.shape[1] - 1)
-            # Page tables hold shard-local ids; the pool is indexed globally. Padding rows
-            # (slot index B) land on the last shard's null page.
-            shard_w = jnp.minimum(slots_w // self.slots_per_shard, self.kv_shards - 1)
-            null_w1 = (shard_w * self.pages_per_shard)[:, None]  # each shard's page 0
-            page_wt = jnp.where(pos_t < prefix.length, rows_wm[:, col_t] + null_w1, null_w1)
-            off_wt = jnp.broadcast_to(pos_t % z, page_wt.shape)
-            # [L, T, K, H] -> [L, K, W, T, H], one copy of the prompt per slot.
-            k = jnp.broadcast_to(
-                prefix.k.transpose(0, 2, 1, 3)[:, :, None],
-                (*state.k_pages.shape[:2], *page_wt.shape, prefix.k.shape[-1]),
-            )
-            v = jnp.broadcast_to(prefix.v.transpose(0, 2, 1, 3)[:, :, None], k.shape)
-            kp = state.k_pages.at[:, :, page_wt, off_wt].set(k.astype(state.k_pages.dtype))
-            vp = state.v_pages.at[:, :, page_wt, off_wt].set(v.astype(state.v_pages.dtype))
-            keys = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(seeds_w)
-            w = slots_w.shape[0]
-            put = (
-                lambda arr, val: arr.at[slots_w].set(  # noqa: E731
-                    jnp.broadcast_to(val, (w, *arr.shape[1:])).astype(arr.dtype), mode="drop"
-                )
-            )
-            return state.replace(
-                k_pages=kp,
-                v_pages=vp,
-                tokens=put(state.tokens, prefix.next_token),
-                positions=put(state.positions, prefix.length),
-                page_table=put(state.page_table, rows_wm),
-                active=put(state.active, True),
-                keys=put(state.keys, keys),
-                steps=put(state.steps, 0),
-                temperature=put(state.temperature, floats[0]),
-                top_p=put(state.top_p, floats[1]),
-                min_p=put(state.min_p, floats[2]),
-                top_k=put(state.top_k, top_k),
-            )
-
-        @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
-        def free(state, slot):
-            return state.replace(
-                page_table=state.page_table.at[slot].set(0),
-                active=state.active.at[slot].set(False),
-            )
-
-        # What the host reads back is replicated: with the slots sharded over 'data', a
-        # multi-process sampler could not fetch rows that live on another host's devices.
-        rep = self._replicated()
-
-        @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep, rep))
-        def generate(params, state):
-            model, live = self._model(params), state.active
-            hidden, kp, vp = model.decode(
-                state.tokens,
-                state.positions,
-                state.k_pages,
-                state.v_pages,
-                state.page_table,
-                impl=self.impl,
-                sharding=(self._mesh, self._rules),
-                kv_shards=self.kv_shards,
-            )
-            logits = model.logits(hidden)
-            keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(
-                state.keys, state.steps
-            )
-            # Filters honour each slot's own settings; the sort they need runs only on steps
-            # where some live, sampled (not greedy) slot asks for one.
-            asks = (state.top_k > 0) | (state.top_p < 1.0) | (state.min_p > 0.0)
-            tokens, logprobs = sampling.sample(
-                logits,
-                keys,
-                state.temperature,
-                state.top_k,
-                state.top_p,
-                state.min_p,
-                use_filters=jnp.any(asks & live & (state.temperature > 0.0)),
-            )
-            new = state.replace(
-                k_pages=kp,
-                v_pages=vp,
-                tokens=jnp.where(live, tokens, state.tokens),
-                positions=state.positions + live,
-                steps=state.steps + live,
-            )
-            return new, tokens, logprobs, new.steps
-
-        self._prefill, self._insert, self._free = prefill, insert, free
-        self._generate = generate
+        abstract = jax.eval_shape(self._steps.make_state)
+        state = with_shardings(abstract, self.decode_state_shardings())
+        return self._steps.lower_generate(params, state)
 
 
 def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:

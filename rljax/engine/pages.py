@@ -116,9 +116,14 @@ class SlotPages:
         slots = [int(s) for s in slots]
         for slot in slots:
             if not 0 <= slot < self.num_slots:
-                raise ValueError(f"slot {slot} is out of range [0, {self.num_slots})")
+                raise ValueError(
+                    f"slot {slot} is out of range [0, {self.num_slots}); use a slot index "
+                    "below max_concurrent_decodes"
+                )
             if self.active[slot]:
-                raise ValueError(f"slot {slot} is busy; free_slot() it before insert")
+                raise ValueError(
+                    f"slot {slot} is busy; free_resource({slot}) before inserting into it"
+                )
         if len(set(slots)) != len(slots):
             raise ValueError(f"slots {slots} repeat a slot; give each sample its own")
         if not 0 <= length < self.max_seq_len:
@@ -138,20 +143,17 @@ class SlotPages:
             self.active[slot] = True
         return self.table[slots]
 
-    def grow(self) -> bool:
-        """Give every active slot the page its next token is written to.
+    def live(self) -> np.ndarray:
+        """Active slots with room for one more token; a full slot stays put until released."""
+        return self.active & (self.positions < self.max_seq_len)
 
-        Returns whether the table changed. Takes nothing and raises when it cannot serve every
-        slot: ValueError for a slot already holding ``max_seq_len`` tokens, OutOfPages (naming
-        the slots) when a shard runs short.
+    def grow(self) -> bool:
+        """Give every live slot the page its next token is written to.
+
+        Returns whether the table changed. Takes nothing and raises OutOfPages (naming the
+        slots) when a shard cannot serve every slot.
         """
-        live = np.flatnonzero(self.active)
-        full = [int(s) for s in live if self.positions[s] >= self.max_seq_len]
-        if full:
-            raise ValueError(
-                f"slots {full} already hold max_seq_len={self.max_seq_len} tokens "
-                "(sampling.max_prefill_length + max_new_tokens); free_slot() them first"
-            )
+        live = np.flatnonzero(self.live())
         need = [int(s) for s in live if self.positions[s] // self.page_size >= len(self._held[s])]
         shard = [self.shard_of(s) for s in need]
         short = [
@@ -168,8 +170,8 @@ class SlotPages:
         return bool(need)
 
     def advance(self) -> None:
-        """Every active slot cached one more token (after a generate)."""
-        self.positions[self.active] += 1
+        """Every live slot cached one more token (after a generate)."""
+        self.positions[self.live()] += 1
 
     def release(self, slot: int) -> None:
         """Return ``slot``'s pages to its shard and park it on the null page."""

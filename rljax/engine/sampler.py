@@ -1,16 +1,19 @@
 """The continuous-batching driver: keeps every engine slot busy from a request stream.
 
 A request asks for ``num_samples`` responses to one prompt (a GRPO group). Its prompt is
-prefilled once; each sample takes the next free slot and draws its tokens independently. Slots
-are refilled as soon as a sequence finishes, so a long-tailed response length distribution
-does not idle the batch the way static batching does.
+prefilled once (``Engine.prefill_multisampling``), which draws every sample's first token,
+each from its own PRNG stream; each sample then takes the next free slot
+(``Engine.bulk_insert``). Slots are refilled as soon as a sequence finishes and is freed
+(``Engine.free_resource``), so a long-tailed response length distribution does not idle the
+batch the way static batching does. The Sampler drives the engine only through JetStream's
+engine API.
 
 Every sampled token is tagged with the params version that produced it. Params can be swapped
 between ``generate`` calls (:meth:`Sampler.set_params`):
 - ``inflight``: keep the KV cache and continue (PipelineRL-style in-flight update);
-- ``recompute``: re-prefill every running sequence under the new params, and every prefix
-  still waiting for a slot;
-- ``drain``: admit nothing new until running sequences finish, then swap; waiting prefixes
+- ``recompute``: re-prefill every running sequence under the new params, and every sample
+  still waiting for a slot (its first token, drawn by the old params, is kept);
+- ``drain``: admit nothing new until running sequences finish, then swap; waiting samples
   are re-prefilled under the new params too.
 
 Only ``inflight`` lets a token tagged with the new version read KV made by the old params.
@@ -28,11 +31,13 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rljax.engine.engine import Engine
 from rljax.engine.pages import OutOfPages
-from rljax.engine.state import DecodeState, Prefix, SlotSampling
+from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -123,10 +128,8 @@ class Sampler:
         self.state: DecodeState = engine.init_decode_state()
         self._slots: list[_Sample | None] = [None] * engine.max_concurrent_decodes
         self._queue: collections.deque[_Sample] = collections.deque()  # resumable samples
-        # Samples waiting for slots with the prefix they share; None: prefill it when used.
-        self._pending: collections.deque[tuple[Prefix | None, list[_Sample]]] = (
-            collections.deque()
-        )
+        # Samples waiting for slots with the prefix they share (prefix sample i = samples[i]).
+        self._pending: collections.deque[tuple[Prefix, list[_Sample]]] = collections.deque()
         self._requests: collections.deque[Request] = collections.deque()
         self._held: dict[int, list[_Sample]] = {}  # interrupted, by request id
         self._next_id = itertools.count()
@@ -212,8 +215,10 @@ class Sampler:
             for slot, s in enumerate(self._slots):
                 if s is not None:
                     self._evict(slot, front=True)
-        if self.swap_mode != "inflight":  # their KV came from the old params
-            self._pending = collections.deque((None, s) for _, s in self._pending if s)
+        if self.swap_mode != "inflight":  # their KV came from the old params: prefill again
+            waiting = [s for _, samples in self._pending for s in samples]
+            self._pending.clear()
+            self._queue.extendleft(reversed(waiting))
 
     # -- interruption -----------------------------------------------------------------------
 
@@ -222,7 +227,7 @@ class Sampler:
         held = self._held.setdefault(request_id, [])
         for slot, s in enumerate(self._slots):
             if s is not None and s.request.request_id == request_id:
-                self.state = self.engine.free_slot(self.state, slot)
+                self.engine.free_resource(slot)
                 self._slots[slot] = None
                 held.append(s)
         for q in (self._queue,):
@@ -230,10 +235,15 @@ class Sampler:
             held.extend(s for s in q if s.request.request_id == request_id)
             q.clear()
             q.extend(keep)
-        for i, (prefix, samples) in enumerate(list(self._pending)):
-            mine = [s for s in samples if s.request.request_id == request_id]
-            held.extend(mine)
-            self._pending[i] = (prefix, [s for s in samples if s not in mine])
+        pending = list(self._pending)
+        self._pending.clear()
+        for prefix, samples in pending:
+            keep = [i for i, s in enumerate(samples) if s.request.request_id != request_id]
+            held.extend(s for s in samples if s.request.request_id == request_id)
+            if len(keep) == len(samples):
+                self._pending.append((prefix, samples))
+            elif keep:
+                self._pending.append((prefix.select(keep), [samples[i] for i in keep]))
         for r in list(self._requests):
             if r.request_id == request_id:
                 self._requests.remove(r)
@@ -255,7 +265,7 @@ class Sampler:
         running = self.busy_slots
         for slot, s in enumerate(self._slots):
             if s is not None:
-                self.state = self.engine.free_slot(self.state, slot)
+                self.engine.free_resource(slot)
                 self._slots[slot] = None
         self._queue.clear()
         self._pending.clear()
@@ -265,70 +275,97 @@ class Sampler:
 
     def _evict(self, slot: int, *, front: bool) -> None:
         s = self._slots[slot]
-        self.state = self.engine.free_slot(self.state, slot)
+        self.engine.free_resource(slot)
         self._slots[slot] = None
         (self._queue.appendleft if front else self._queue.append)(s)
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def _prefill(self, tokens: list[int]) -> Prefix:
-        prefix, _ = self.engine.prefill(
-            params=self.params, padded_tokens=np.asarray(tokens), true_length=len(tokens)
+    def _prefill(self, samples: list[_Sample], finished: list[Trajectory]) -> Prefix | None:
+        """Prefill the samples' shared prompt + tokens so far, drawing each one's next token.
+
+        Records those tokens; returns the prefix of the samples still running (dropping the
+        ones that finished on this token into ``finished``), or None when none is.
+        """
+        first = samples[0]
+        tokens = list(first.request.prompt_tokens) + first.tokens
+        seeds = [_sample_seed(s.request.seed, s.index, len(s.tokens)) for s in samples]
+        prefix, result = self.engine.prefill_multisampling(
+            params=self.params,
+            padded_tokens=np.asarray(tokens, np.int32),
+            true_length=len(tokens),
+            rng=_keys(seeds),
+            num_samples=len(samples),
+            sampling=first.request.sampling,
         )
         self.stats["prefills"] += 1
-        return prefix
+        keep = self._record(samples, result.convert_to_numpy(), range(len(samples)), finished)
+        if not keep:
+            return None
+        running = [samples[i] for i in keep]
+        samples[:] = running
+        return prefix if len(keep) == prefix.num_samples else prefix.select(keep)
 
-    def _fill_slots(self) -> None:
+    def _record(self, samples, result: ResultTokens, rows, finished) -> list[int]:
+        """Append each valid row's token to its sample; returns the indices still running."""
+        tokens, valid, logprobs = result.tokens, result.valid, result.logprobs
+        running = []
+        for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
+            if not valid[row]:
+                running.append(i)
+                continue
+            token = int(tokens[row])
+            s.tokens.append(token)
+            s.logprobs.append(float(logprobs[row]))
+            s.versions.append(self.version)
+            self.stats["tokens"] += 1
+            reason = self._finish_reason(s, token)
+            if reason:
+                finished.append(s.to_trajectory(reason))
+            else:
+                running.append(i)
+        return running
+
+    def _fill_slots(self, finished: list[Trajectory]) -> None:
         if self._staged is not None and self.swap_mode == "drain":
             return
         free = [slot for slot, s in enumerate(self._slots) if s is None]
         while free:
-            nxt = self._next_batch(len(free))
+            nxt = self._next_batch(len(free), finished)
             if nxt is None:
                 return
             prefix, samples = nxt
             slots, free = free[: len(samples)], free[len(samples) :]
-            r = samples[0].request
             try:
-                self.state = self.engine.bulk_insert(
-                    prefix,
-                    self.state,
-                    slots,
-                    seeds=[_sample_seed(r.seed, s.index, len(s.tokens)) for s in samples],
-                    sampling=r.sampling,
-                )
+                self.state = self.engine.bulk_insert(prefix, self.state, slots)
             except OutOfPages:
-                self._unpop(prefix, samples)
+                self._pending.appendleft((prefix, samples))
                 return
             for slot, s in zip(slots, samples, strict=True):
                 s.order = next(self._order)
                 self._slots[slot] = s
 
-    def _next_batch(self, room: int) -> tuple[Prefix, list[_Sample]] | None:
-        """Up to ``room`` samples that share one prefix: a group's pending samples, or one
-        resumed sample with its own prefix."""
-        while self._pending and not self._pending[0][1]:
-            self._pending.popleft()
-        if self._pending:
-            prefix, samples = self._pending[0]
-            if prefix is None:  # every sample of an entry shares its prompt and tokens so far
-                prefix = self._prefill(list(samples[0].request.prompt_tokens) + samples[0].tokens)
-                self._pending[0] = (prefix, samples)
-            take, samples[:] = samples[:room], samples[room:]
-            return prefix, take
-        if self._queue:  # resumed: prefill its own prompt + tokens so far
-            s = self._queue.popleft()
-            return self._prefill(list(s.request.prompt_tokens) + s.tokens), [s]
-        if self._requests:
-            r = self._requests.popleft()
-            samples = [_Sample(r, i) for i in range(r.num_samples)]
-            self._pending.append((self._prefill(list(r.prompt_tokens)), samples))
-            return self._next_batch(room)
-        return None
-
-    def _unpop(self, prefix: Prefix, samples: list[_Sample]) -> None:
-        """Put back samples that found no pages, with the prefix they were going to use."""
-        self._pending.appendleft((prefix, samples))
+    def _next_batch(self, room: int, finished) -> tuple[Prefix, list[_Sample]] | None:
+        """Up to ``room`` running samples that share one prefix: a group's pending samples,
+        or one resumed sample with its own prefix."""
+        while True:
+            if self._pending:
+                prefix, samples = self._pending.popleft()
+                if len(samples) > room:
+                    rest = list(range(room, len(samples)))
+                    self._pending.appendleft((prefix.select(rest), samples[room:]))
+                    prefix, samples = prefix.select(list(range(room))), samples[:room]
+                return prefix, samples
+            if self._queue:  # resumed: prefill its own prompt + tokens so far
+                samples = [self._queue.popleft()]
+            elif self._requests:
+                r = self._requests.popleft()
+                samples = [_Sample(r, i) for i in range(r.num_samples)]
+            else:
+                return None
+            prefix = self._prefill(samples, finished)
+            if prefix is not None:
+                self._pending.appendleft((prefix, samples))
 
     def _preempt_youngest(self) -> None:
         busy = [(s.order, slot) for slot, s in enumerate(self._slots) if s is not None]
@@ -339,9 +376,10 @@ class Sampler:
     def step(self) -> list[Trajectory]:
         """Fill free slots, run one generate, and return the sequences that finished."""
         self._apply_staged()
-        self._fill_slots()
+        finished: list[Trajectory] = []
+        self._fill_slots(finished)
         if not self.busy_slots:
-            return []
+            return finished
         while True:
             try:
                 self.state, result = self.engine.generate(self.params, self.state)
@@ -353,21 +391,16 @@ class Sampler:
                     ) from None
                 self._preempt_youngest()
         self.stats["generate_steps"] += 1
-        finished = []
-        for slot, s in enumerate(self._slots):
-            if s is None or not result.valid[slot]:
-                continue
-            token = int(result.tokens[slot])
-            s.tokens.append(token)
-            s.logprobs.append(float(result.logprobs[slot]))
-            s.versions.append(self.version)
-            self.stats["tokens"] += 1
-            reason = self._finish_reason(s, token)
-            if reason:
-                self.state = self.engine.free_slot(self.state, slot)
+        result = result.convert_to_numpy()
+        busy = [(slot, s) for slot, s in enumerate(self._slots) if s is not None]
+        done: list[Trajectory] = []
+        running = self._record([s for _, s in busy], result, [slot for slot, _ in busy], done)
+        still = {busy[i][0] for i in running}
+        for slot, _ in busy:
+            if slot not in still:
+                self.engine.free_resource(slot)
                 self._slots[slot] = None
-                finished.append(s.to_trajectory(reason))
-        return finished
+        return finished + done
 
     def _finish_reason(self, s: _Sample, token: int) -> str | None:
         if token in self.stop_ids:
@@ -387,6 +420,11 @@ class Sampler:
         while self.has_work():
             out.extend(self.step())
         return out
+
+
+def _keys(seeds: Sequence[int]) -> jax.Array:
+    """One PRNG key per seed, for prefill_multisampling's ``rng``."""
+    return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
 def _sample_seed(seed: int, index: int, resumed_at: int) -> int:

@@ -1,28 +1,57 @@
 """The data the engine's API passes around: prefixes, decode state, results, slot settings.
 
-Shaped after JetStream's ``engine_api`` types; :class:`~rljax.engine.engine.Engine` makes
-and consumes them.
+:class:`ResultTokens` and :class:`SlotData` have the fields, layout and methods of JetStream's
+``engine_api`` types (one ``[rows, 3]`` int32 array holding tokens, validity and lengths, read
+through index ranges), plus ``log_prob``: the log-prob of each sampled token, which rljax's
+learner needs. :class:`~rljax.engine.engine.Engine` makes and consumes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
 from rljax.config import SamplingConfig
 
+# Column ranges of ResultTokens.data: [token, valid, length] per row.
+TOKENS_IDX, VALID_IDX, LENGTH_IDX = (0, 1), (1, 2), (2, 3)
+
 
 @struct.dataclass
 class Prefix:
-    """A prefilled prompt: keys/values of all but its last token, and that last token."""
+    """A prefilled prompt and the first token of each of its ``S`` samples.
+
+    The whole prompt is cached; each sample's first token (drawn by prefill) is what its slot
+    feeds to the first ``generate`` after ``insert``.
+    """
 
     k: jax.Array  # [L, T, K, H]
     v: jax.Array
-    length: np.ndarray  # int32 scalar: tokens cached (prompt length - 1)
-    next_token: np.ndarray  # int32 scalar
+    length: jax.Array  # int32 scalar: prompt tokens cached
+    tokens: jax.Array  # [S] int32: each sample's first token
+    keys: jax.Array  # [S, 2] uint32: each sample's PRNG key data (token i folds in i)
+    floats: jax.Array  # [3] float32: temperature, top_p, min_p of the request
+    top_k: jax.Array  # int32 scalar
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def select(self, samples: Sequence[int]) -> Prefix:
+        """The same prompt with only the given samples, in that order (to insert in parts)."""
+        idx = np.asarray(samples, np.int32).reshape(-1)
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= self.num_samples:
+            raise ValueError(
+                f"samples {idx.tolist()} are not a non-empty selection of this prefix's "
+                f"{self.num_samples} samples"
+            )
+        return self.replace(tokens=self.tokens[idx], keys=self.keys[idx])
 
 
 @struct.dataclass
@@ -36,37 +65,100 @@ class DecodeState:
     page_table: jax.Array  # [B, M]
     active: jax.Array  # [B] bool
     keys: jax.Array  # [B, 2] uint32 per-request PRNG key data
-    steps: jax.Array  # [B] tokens generated so far (folded into the key)
+    steps: jax.Array  # [B] tokens generated so far, prefill's first token included
     temperature: jax.Array  # [B]
     top_k: jax.Array
     top_p: jax.Array
     min_p: jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
-class ResultTokens:
-    """What one prefill/generate produced for every slot (host numpy arrays).
+@struct.dataclass
+class SlotData:
+    """One slot's rows of a :class:`ResultTokens` (JetStream's ``SlotData``)."""
 
-    ``tokens[b]`` was sampled for slot b with log-prob ``logprobs[b]`` when ``valid[b]``.
+    tokens: jax.Array | np.ndarray  # [samples, 1]
+    valid: jax.Array | np.ndarray  # [samples, 1]
+    lengths: jax.Array | np.ndarray  # [samples]
+    log_prob: jax.Array | np.ndarray | None = None  # [samples, 1]
+
+
+@struct.dataclass
+class ResultTokens:
+    """What one prefill or generate produced, in JetStream's layout.
+
+    ``data[r] = [token, valid, length]`` for row r (slot ``r // samples_per_slot``); ``length``
+    counts the tokens the sequence has generated so far, prefill's first token included.
+    ``log_prob[r, 0]`` is the log-prob of the sampled token under the distribution it was
+    drawn from. Arrays stay on the device until :meth:`convert_to_numpy`.
     """
 
-    tokens: np.ndarray
-    valid: np.ndarray
-    lengths: np.ndarray  # generated tokens per slot so far
-    logprobs: np.ndarray
+    data: jax.Array | np.ndarray  # [rows, 3] int32
+    tokens_idx: tuple[int, int] = struct.field(pytree_node=False, default=TOKENS_IDX)
+    valid_idx: tuple[int, int] = struct.field(pytree_node=False, default=VALID_IDX)
+    length_idx: tuple[int, int] = struct.field(pytree_node=False, default=LENGTH_IDX)
+    samples_per_slot: int = struct.field(pytree_node=False, default=1)
+    log_prob: jax.Array | np.ndarray | None = None  # [rows, 1] float32
 
-    def get_result_at_slot(self, slot: int) -> tuple[int, bool, int, float]:
-        return (
-            int(self.tokens[slot]),
-            bool(self.valid[slot]),
-            int(self.lengths[slot]),
-            float(self.logprobs[slot]),
+    def copy_to_host_async(self) -> None:
+        """Start copying to the host; a no-op for numpy arrays."""
+        for x in (self.data, self.log_prob):
+            if isinstance(x, jax.Array):
+                x.copy_to_host_async()
+
+    def convert_to_numpy(self) -> ResultTokens:
+        """The same result with host numpy arrays."""
+        log_prob = None if self.log_prob is None else np.asarray(self.log_prob)
+        return self.replace(data=np.asarray(self.data), log_prob=log_prob)
+
+    def get_result_at_slot(self, slot: int) -> SlotData:
+        """The rows of ``slot``: tokens and valid [samples, 1], lengths [samples]."""
+        rows = slice(slot * self.samples_per_slot, (slot + 1) * self.samples_per_slot)
+        return self._rows(rows)
+
+    def get_result_at_slots(self, slots: Sequence[int]) -> SlotData:
+        """The rows of several slots, in order (one sample per slot)."""
+        return self._rows(np.asarray(slots))
+
+    def _rows(self, rows) -> SlotData:
+        data = self.data
+        return SlotData(
+            tokens=data[rows, self.tokens_idx[0] : self.tokens_idx[1]],
+            valid=data[rows, self.valid_idx[0] : self.valid_idx[1]],
+            lengths=data[rows, self.length_idx[0] : self.length_idx[1]][:, 0],
+            log_prob=None if self.log_prob is None else self.log_prob[rows],
         )
+
+    # 1-D views over every row, for callers that read a whole step at once.
+    @property
+    def tokens(self) -> np.ndarray:
+        return np.asarray(self.data[:, self.tokens_idx[0]])
+
+    @property
+    def valid(self) -> np.ndarray:
+        return np.asarray(self.data[:, self.valid_idx[0]]).astype(bool)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.asarray(self.data[:, self.length_idx[0]])
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return np.asarray(self.log_prob[:, 0])
+
+
+def pack_result(
+    tokens: jax.Array, valid: jax.Array, lengths: jax.Array, logprobs: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``(data [R, 3] int32, log_prob [R, 1] float32)`` for a ResultTokens (traceable)."""
+    data = jnp.stack(
+        [tokens.astype(jnp.int32), valid.astype(jnp.int32), lengths.astype(jnp.int32)], axis=1
+    )
+    return data, logprobs.astype(jnp.float32)[:, None]
 
 
 @dataclasses.dataclass(frozen=True)
 class SlotSampling:
-    """Per-request sampling settings written into a slot at insert time."""
+    """Per-request sampling settings, given to prefill and carried by the prefix into a slot."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -76,3 +168,21 @@ class SlotSampling:
     @classmethod
     def from_config(cls, cfg: SamplingConfig) -> SlotSampling:
         return cls(cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p)
+
+
+def register_with_jetstream(*classes_by_name: tuple[str, type]) -> bool:
+    """Make rljax's types virtual subclasses of JetStream's ABCs, if JetStream is loaded.
+
+    JetStream's orchestrator tells a prefill's first token from a generate step by
+    ``isinstance(x, engine_api.ResultTokens)``. rljax never imports JetStream (its package
+    pulls TensorFlow), so it registers its classes with the ABCs only once the caller has
+    imported ``jetstream.engine.engine_api`` itself. Returns whether it did.
+    """
+    api = sys.modules.get("jetstream.engine.engine_api")
+    if api is None:
+        return False
+    for name, cls in classes_by_name:
+        base = getattr(api, name, None)
+        if base is not None and hasattr(base, "register") and not issubclass(cls, base):
+            base.register(cls)
+    return True

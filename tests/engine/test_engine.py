@@ -39,7 +39,7 @@ def test_greedy_continuous_batching_equals_full_recompute(tiny):
         assert t.response_tokens == want
 
 
-def test_jetstream_orchestrator_sequence(tiny):
+def test_prefill_draws_the_first_token_and_generate_continues(tiny):
     """prefill -> device_put to the prefix destination -> insert -> generate loop -> free."""
     eng = tiny.engine
     state = eng.init_decode_state()
@@ -47,17 +47,19 @@ def test_jetstream_orchestrator_sequence(tiny):
     padded = np.zeros(8, np.int32)
     padded[: len(prompt)] = prompt
     prefix, first = eng.prefill(params=tiny.params, padded_tokens=padded, true_length=len(prompt))
-    assert not first.valid.any()  # the first token comes from generate (module docstring)
+    first = first.convert_to_numpy().get_result_at_slot(0)
+    assert first.valid.tolist() == [[1]] and first.lengths.tolist() == [1]
+    out = [int(first.tokens[0, 0])]
     prefix = jax.device_put(prefix, eng.get_prefix_destination_sharding())
     state = eng.insert(prefix, state, slot=2)
-    out = []
-    for _ in range(6):
+    for _ in range(5):
         state, result = eng.generate(tiny.params, state)
-        token, valid, length, logprob = result.get_result_at_slot(2)
-        assert valid and length == len(out) + 1 and logprob <= 0
+        result = result.convert_to_numpy()
+        got = result.get_result_at_slot(2)
+        assert got.valid[0, 0] and got.lengths[0] == len(out) + 1 and got.log_prob[0, 0] <= 0
         assert not result.valid[[0, 1, 3]].any()
-        out.append(token)
-    state = eng.free_slot(state, 2)
+        out.append(int(got.tokens[0, 0]))
+    eng.free_resource(2)
     assert eng.free_pages == eng.num_pages - 1
     assert out == tiny.greedy_reference(prompt, 6)
 
@@ -68,6 +70,9 @@ def test_engine_properties(tiny):
     assert eng.max_prefill_length == 16
     assert eng.samples_per_slot == 1
     assert eng.mesh.devices.size == 1
+    assert eng.colocated_cpus is None
+    assert eng.use_chunked_prefill is False
+    assert eng.prefill_chunk_size == eng.buckets[-1]
 
 
 def test_swapping_in_identical_params_changes_no_token_and_tags_versions(tiny):
@@ -210,19 +215,23 @@ def test_per_request_filters_apply_to_their_own_slots_only(unfiltered):
         seq.append(token)
 
 
-def test_generate_past_max_seq_len_is_refused_without_taking_a_page(tiny):
+def test_a_full_slot_reports_invalid_tokens_and_takes_no_page(tiny):
+    """JetStream's orchestrator steps a finished slot until it frees it: no error, no page."""
     eng = tiny.engine
     state = eng.init_decode_state()
     prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 17), true_length=16)
     state = eng.insert(prefix, state, 1)
-    for _ in range(eng.max_seq_len - 15):  # 15 cached: fill the slot to max_seq_len
-        state, _ = eng.generate(tiny.params, state)
+    for _ in range(eng.max_seq_len - 16):  # 16 cached: fill the slot to max_seq_len
+        state, result = eng.generate(tiny.params, state)
+        assert result.convert_to_numpy().valid[1]
     assert eng.slot_length(1) == eng.max_seq_len == 28
     free = eng.free_pages
-    with pytest.raises(ValueError, match=r"slots \[1\] already hold max_seq_len=28 tokens"):
-        eng.generate(tiny.params, state)
-    assert eng.free_pages == free
-    state = eng.free_slot(state, 1)
+    for _ in range(2):
+        state, result = eng.generate(tiny.params, state)
+        result = result.convert_to_numpy()
+        assert not result.valid[1] and result.lengths[1] == 13  # 1 from prefill + 12
+    assert eng.free_pages == free and eng.slot_length(1) == 28
+    eng.free_resource(1)
     assert eng.free_pages == eng.num_pages - 1
 
 
@@ -304,10 +313,10 @@ def test_sharded_pool_runs_out_of_pages_per_shard():
     state = eng.init_decode_state()
     long, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 10), true_length=9)
     short, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 3), true_length=2)
-    state = eng.insert(long, state, 0)  # 8 cached tokens + the next: 3 pages of shard 0
+    state = eng.insert(long, state, 0)  # 9 cached tokens + the next: 3 pages of shard 0
     state = eng.insert(short, state, 1)  # 1 page of shard 1
     assert [a.free_count for a in eng.allocators] == [0, 2]
-    for _ in range(4):  # slot 0 fills positions 8..11, its third page; slot 1 takes a second
+    for _ in range(3):  # slot 0 fills positions 9..11, its third page; slot 1 takes a second
         state, _ = eng.generate(tiny.params, state)
     with pytest.raises(OutOfPages) as exc:
         eng.generate(tiny.params, state)

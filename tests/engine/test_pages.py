@@ -64,17 +64,21 @@ def test_admit_grow_release_keep_the_page_count():
     assert p.free_pages == 8 and not p.active.any() and (p.table == 0).all()
 
 
-def test_grow_past_max_seq_len_raises_one_line_and_takes_no_page():
+def test_a_full_slot_stops_growing_and_advancing_and_takes_no_page():
     p = _pages()
     p.admit([1], length=11)  # 11 cached + the 12th: 3 pages, the slot's whole row
+    p.admit([2], length=2)
     p.grow()
     p.advance()
-    assert p.positions[1] == 12
-    free = p.free_pages
-    with pytest.raises(ValueError, match=r"slots \[1\] already hold max_seq_len=12 tokens") as e:
+    assert p.positions[1] == 12 and p.live().tolist() == [False, False, True, False]
+    free = p.allocators[0].free_count  # slot 1's shard (slot 2 grows from shard 1)
+    for _ in range(3):
         p.grow()
-    assert "\n" not in str(e.value)
-    assert p.free_pages == free
+        p.advance()
+    assert p.positions[1] == 12 and p.positions[2] == 6  # slot 2 went on; slot 1 stayed put
+    assert p.allocators[0].free_count == free and len(p.held(1)) == 3
+    p.release(1)
+    assert p.allocators[0].free_count == free + 3
 
 
 def test_out_of_pages_names_the_short_slots_and_takes_nothing():
@@ -110,7 +114,7 @@ def test_admit_refuses_bad_input_taking_nothing(slots, length, match):
 def test_admit_refuses_a_busy_slot():
     p = _pages()
     p.admit([3], length=2)
-    with pytest.raises(ValueError, match="slot 3 is busy; free_slot"):
+    with pytest.raises(ValueError, match=r"slot 3 is busy; free_resource\(3\)"):
         p.admit([3], length=2)
 
 

@@ -1,0 +1,234 @@
+"""The engine's compiled device steps: empty state, prefill, insert and generate.
+
+Built once per :class:`~rljax.engine.engine.Engine` by :func:`build_steps`; the engine does
+the host bookkeeping (pages, slots, locks) around them. Every sampled token comes with the
+log-prob of the distribution it was drawn from (:mod:`rljax.engine.sampling`), or, with a
+caller's ``sampler``, ``log_softmax(logits)`` at the token it picked.
+
+Token ``i`` of a sample (``i = 0`` is prefill's first token) is drawn with
+``fold_in(key, i)`` of the sample's own key, so a sample's tokens do not depend on which slot,
+batch or step it runs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.engine import sampling
+from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
+
+Sampler = Callable[[jax.Array], jax.Array]  # logits [rows, V] -> tokens [rows]
+
+
+def draw(logits_sv, keys_s, temperature, top_k, top_p, min_p, steps_s, live_s, sampler):
+    """Tokens and log-probs for rows of logits, each with its own key, step and settings.
+
+    ``sampler`` (a callable or None) replaces rljax's sampling; ``live_s`` marks the rows whose
+    settings count when deciding whether the filters' sort runs at all.
+    """
+    if sampler is not None:
+        tokens = jnp.asarray(sampler(logits_sv)).astype(jnp.int32).reshape(-1)
+        logp = jax.nn.log_softmax(logits_sv.astype(jnp.float32), axis=-1)
+        return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(
+        keys_s, steps_s
+    )
+    # The filters' sort runs only when some sampled (not greedy) row asks for one.
+    asks = (top_k > 0) | (top_p < 1.0) | (min_p > 0.0)
+    return sampling.sample(
+        logits_sv,
+        keys,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        use_filters=jnp.any(asks & live_s & (temperature > 0.0)),
+    )
+
+
+@dataclasses.dataclass
+class Steps:
+    """The compiled pieces of one engine."""
+
+    make_state: Callable[[], DecodeState]
+    prefill: Callable
+    insert: Callable
+    generate: Callable  # generate(sampler) -> jitted (params, state) step
+
+    def lower_generate(self, params, state):
+        return self.generate(None).lower(params, state)
+
+
+def build_steps(engine) -> Steps:
+    """Jit ``engine``'s device steps with its shardings (see Engine for the layout)."""
+    state_sh = engine.decode_state_shardings()
+    prefix_sh = engine.get_prefix_destination_sharding()
+    rep = engine._replicated()
+    max_seq_len = engine.max_seq_len
+    model_of = functools.partial(nnx.merge, engine._graphdef)
+    shard = (engine.mesh, engine._rules)
+
+    @functools.partial(
+        jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
+    )
+    def prefill(params, tokens_1t, length, keys_s2, floats, top_k, sampler=None):
+        """Cache the whole prompt; draw each sample's first token from its last logits."""
+        t = tokens_1t.shape[1]
+        positions = jnp.arange(t)[None]
+        segments = (positions < length).astype(jnp.int32)
+        model = model_of(params)
+        hidden, (k, v) = model(
+            tokens_1t, positions, segments, return_kv=True, impl=engine.impl, sharding=shard
+        )
+        last_d = jax.lax.dynamic_index_in_dim(hidden[0], length - 1, keepdims=False)
+        s = keys_s2.shape[0]
+        logits_v = model.logits(last_d)
+        logits_sv = jnp.broadcast_to(logits_v, (s, logits_v.shape[-1]))
+        full = lambda x: jnp.full(s, x)  # noqa: E731
+        tokens, logprobs = draw(
+            logits_sv,
+            keys_s2,
+            full(floats[0]),
+            full(top_k),
+            full(floats[1]),
+            full(floats[2]),
+            jnp.zeros(s, jnp.int32),
+            jnp.ones(s, bool),
+            sampler,
+        )
+        data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
+        return k[:, 0], v[:, 0], data, log_prob
+
+    @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
+    def insert(state, prefix: Prefix, rows_wm, slots_w, cols_w, fold_w):
+        """Copy the prefix into each slot's pages; slot w feeds sample ``cols_w[w]``."""
+        z = state.k_pages.shape[3]
+        pos_t = jnp.arange(prefix.k.shape[1])
+        col_t = jnp.minimum(pos_t // z, rows_wm.shape[1] - 1)
+        # Page tables hold shard-local ids; the pool is indexed globally. Padding rows
+        # (slot index B) land on the last shard's null page.
+        shard_w = jnp.minimum(slots_w // engine.slots_per_shard, engine.kv_shards - 1)
+        null_w1 = (shard_w * engine.pages_per_shard)[:, None]  # each shard's page 0
+        page_wt = jnp.where(pos_t < prefix.length, rows_wm[:, col_t] + null_w1, null_w1)
+        off_wt = jnp.broadcast_to(pos_t % z, page_wt.shape)
+        # [L, T, K, H] -> [L, K, W, T, H], one copy of the prompt per slot.
+        k = jnp.broadcast_to(
+            prefix.k.transpose(0, 2, 1, 3)[:, :, None],
+            (*state.k_pages.shape[:2], *page_wt.shape, prefix.k.shape[-1]),
+        )
+        v = jnp.broadcast_to(prefix.v.transpose(0, 2, 1, 3)[:, :, None], k.shape)
+        kp = state.k_pages.at[:, :, page_wt, off_wt].set(k.astype(state.k_pages.dtype))
+        vp = state.v_pages.at[:, :, page_wt, off_wt].set(v.astype(state.v_pages.dtype))
+        keys = prefix.keys[cols_w]
+        # One sample broadcast to several slots: each slot past the first gets its own stream.
+        folded = jax.vmap(
+            lambda kd, i: jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(kd), i))
+        )(keys, fold_w)
+        keys = jnp.where(fold_w[:, None] > 0, folded, keys)
+        w = slots_w.shape[0]
+
+        def put(arr, val):
+            val = jnp.broadcast_to(val, (w, *arr.shape[1:])).astype(arr.dtype)
+            return arr.at[slots_w].set(val, mode="drop")
+
+        return state.replace(
+            k_pages=kp,
+            v_pages=vp,
+            tokens=put(state.tokens, prefix.tokens[cols_w]),
+            positions=put(state.positions, prefix.length),
+            page_table=put(state.page_table, rows_wm),
+            active=put(state.active, True),
+            keys=put(state.keys, keys),
+            steps=put(state.steps, 1),
+            temperature=put(state.temperature, prefix.floats[0]),
+            top_p=put(state.top_p, prefix.floats[1]),
+            min_p=put(state.min_p, prefix.floats[2]),
+            top_k=put(state.top_k, prefix.top_k),
+        )
+
+    generates: dict = {}
+
+    def generate(sampler: Sampler | None):
+        if sampler not in generates:
+            generates[sampler] = _generate_step(engine, state_sh, rep, max_seq_len, sampler)
+        return generates[sampler]
+
+    def empty_state() -> DecodeState:
+        return _empty_state(engine)
+
+    # Compiled once per engine: building a Sampler must not re-jit the empty state.
+    make_state = jax.jit(empty_state, out_shardings=state_sh)
+    return Steps(make_state, prefill, insert, generate)
+
+
+def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
+    """One token for every live slot: active and holding fewer than ``max_seq_len`` tokens."""
+
+    # What the host reads back is replicated: with the slots sharded over 'data', a
+    # multi-process sampler could not fetch rows that live on another host's devices.
+    @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
+    def generate(params, state):
+        model = nnx.merge(engine._graphdef, params)
+        live = state.active & (state.positions < max_seq_len)
+        # A full slot decodes onto its shard's null page, so it never writes past its pages.
+        hidden, kp, vp = model.decode(
+            state.tokens,
+            jnp.where(live, state.positions, 0),
+            state.k_pages,
+            state.v_pages,
+            jnp.where(live[:, None], state.page_table, 0),
+            impl=engine.impl,
+            sharding=(engine.mesh, engine._rules),
+            kv_shards=engine.kv_shards,
+        )
+        tokens, logprobs = draw(
+            model.logits(hidden),
+            state.keys,
+            state.temperature,
+            state.top_k,
+            state.top_p,
+            state.min_p,
+            state.steps,
+            live,
+            sampler,
+        )
+        tokens = jnp.where(live, tokens, state.tokens)
+        new = state.replace(
+            k_pages=kp,
+            v_pages=vp,
+            tokens=tokens,
+            positions=state.positions + live,
+            steps=state.steps + live,
+        )
+        data, log_prob = pack_result(tokens, live, new.steps, jnp.where(live, logprobs, 0.0))
+        return new, data, log_prob
+
+    return generate
+
+
+def _empty_state(engine) -> DecodeState:
+    cfg, b = engine.model_cfg, engine.max_concurrent_decodes
+    shape = (cfg.num_layers, cfg.num_kv_heads, engine.num_pages, engine.page_size, cfg.head_dim)
+    dtype = jnp.dtype(cfg.dtype)
+    s = SlotSampling.from_config(engine.sampling_cfg)
+    zeros_i = jnp.zeros(b, jnp.int32)
+    return DecodeState(
+        k_pages=jnp.zeros(shape, dtype),
+        v_pages=jnp.zeros(shape, dtype),
+        tokens=zeros_i,
+        positions=zeros_i,
+        page_table=jnp.zeros((b, engine.pages_per_slot), jnp.int32),
+        active=jnp.zeros(b, bool),
+        keys=jnp.zeros((b, 2), jnp.uint32),
+        steps=zeros_i,
+        temperature=jnp.full(b, s.temperature, jnp.float32),
+        top_k=jnp.full(b, s.top_k, jnp.int32),
+        top_p=jnp.full(b, s.top_p, jnp.float32),
+        min_p=jnp.full(b, s.min_p, jnp.float32),
+    )
