@@ -79,6 +79,7 @@ class Driver(SafePoints):
         requeue: list | None = None,
         next_request_id: int = 0,
         encode_group: Callable[[Group], Any] | None = None,
+        counters: dict[str, int] | None = None,
     ):
         if lockstep and buffer.max_staleness != 0:
             raise ValueError(
@@ -106,6 +107,7 @@ class Driver(SafePoints):
         self.timeline = timeline or Timeline()
         self.clocks = RoleClocks(meter)
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
+        self.counters.update(counters or {})  # a resumed run goes on counting from its checkpoint
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
@@ -150,7 +152,8 @@ class Driver(SafePoints):
             return self.buffer.snapshot()
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """A consistent, JSON-safe snapshot: buffer, prompts to re-dispatch, next id, data state.
+        """A consistent, JSON-safe snapshot: buffer, prompts to re-dispatch, next id, running
+        counts, data state.
 
         Taken under the lock that the sampler holds while it draws prompts, so each prompt is
         either in the buffer (occupied), among the pending prompts (drawn, not yet placed), or
@@ -161,6 +164,7 @@ class Driver(SafePoints):
                 "buffer": self.buffer.state_dict(self._encode_group),
                 "pending": list(self._inflight.values()) + list(self._ready_prompts),
                 "next_request_id": self._next_id,
+                "counters": dict(self.counters),
                 **({"data": self._prompt_state()} if self._prompt_state else {}),
             }
 

@@ -122,3 +122,9 @@ def driver_state(meta: dict[str, Any] | None, cfg: RunConfig, *, version: int):
         "buffers": [],
     }
     return StalenessBuffer.from_state_dict(empty), [], 0
+
+
+def driver_counters(meta: dict[str, Any] | None) -> dict[str, int]:
+    """The driver's running counts (``dispatched``, ...) saved in ``meta``; none before
+    checkpoints held them."""
+    return dict(((meta or {}).get("driver") or {}).get("counters") or {})

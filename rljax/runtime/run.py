@@ -174,6 +174,9 @@ class Run:
             self.prompts.set_state(resume.data_state(self.resumed_meta))
             self.initial_accuracy = self.resumed_meta["initial_accuracy"]
             self.metrics.rewind(self.resumed_meta.get("metrics_offset"))
+        elif self.ckpt is not None:
+            # A run killed before its first checkpoint starts afresh, and so do its metrics.
+            self.metrics.rewind(0)
 
     def _build_engine(self, mesh) -> Engine:
         cfg = self.cfg
@@ -412,6 +415,7 @@ class Run:
             prompt_state=self.prompts.get_state,
             requeue=requeue,
             next_request_id=next_id,
+            counters=resume.driver_counters(self.resumed_meta),
             encode_group=encode_group,
         )
 
@@ -430,6 +434,8 @@ class Run:
             else:
                 self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
             self.driver = self._make_driver()
+            if self._stop_requested:  # a SIGTERM before the driver existed (warm start, eval)
+                self.driver.stop()
             self.driver.run(start_step=self.learner.version)
             # Rollouts still in flight belong to versions nobody will train; evaluation needs
             # the newest weights and empty slots.

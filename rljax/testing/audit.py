@@ -7,6 +7,7 @@ checkpoint's meta or arrays) and returns a list of failures, empty when the run 
   the metrics a killed one logged past its checkpoint), one evaluation of each kind;
 - :func:`audit_staleness`: no consumed group staler than eta;
 - :func:`audit_prompts`: every prompt drawn from the stream consumed once or still held;
+- :func:`audit_sigterms`: each SIGTERM (a preemption notice) exited 0 at the next boundary;
 - :func:`audit_same_metrics` / :func:`audit_same_state`: two runs equal, bit for bit.
 """
 
@@ -16,6 +17,7 @@ import collections
 import json
 import pathlib
 import re
+import signal
 from typing import Any
 
 
@@ -82,6 +84,23 @@ def audit_prompts(records: list[dict[str, Any]], leftover: list, drawn: list) ->
     if held != want:
         lost, extra = sorted((want - held).elements()), sorted((held - want).elements())
         failures.append(f"prompts drawn but never consumed nor held: {lost}; extra: {extra}")
+    return failures
+
+
+def audit_sigterms(records: list[dict[str, Any]]) -> list[str]:
+    """A SIGTERM sent once training runs exits 0 at the step after the one in flight."""
+    failures = []
+    for i, r in enumerate(records):
+        if r["signal"] != "SIGTERM" or not r["fired"]:
+            continue
+        if r["rc"] == -signal.SIGTERM and not r["trained"]:
+            continue  # it landed before the handler (the run was still building): nothing to save
+        limit = (r["checkpoint_at_signal"] or 0) + 2  # a save in flight, the step in flight
+        if r["rc"] != 0 or r["stopped_at"] is None or r["stopped_at"] > limit:
+            failures.append(
+                f"launch {i}: SIGTERM at checkpoint {r['checkpoint_at_signal']} gave exit "
+                f"{r['rc']}, stopped at {r['stopped_at']} (expected exit 0 by step {limit})"
+            )
     return failures
 
 

@@ -96,32 +96,33 @@ def test_audit_same_metrics_ignores_wall_clock_only():
     ]
 
 
-def test_audit_sigterms(chaos):
+def test_audit_sigterms():
     def term(**kw):
         return {"signal": "SIGTERM", "fired": True, "checkpoint_at_signal": 2, "trained": True} | kw
 
-    assert chaos.audit_sigterms([term(rc=0, stopped_at=4)]) == []
-    assert chaos.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None, trained=False)]) == []
-    late = chaos.audit_sigterms([term(rc=0, stopped_at=9)])
+    assert audit.audit_sigterms([term(rc=0, stopped_at=4)]) == []
+    assert audit.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None, trained=False)]) == []
+    late = audit.audit_sigterms([term(rc=0, stopped_at=9)])
     assert late == [
         "launch 0: SIGTERM at checkpoint 2 gave exit 0, stopped at 9 (expected exit 0 by step 4)"
     ]
-    assert chaos.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None)])
-    assert chaos.audit_sigterms([{"signal": "SIGKILL", "fired": True, "rc": -9}]) == []
+    assert audit.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None)])
+    assert audit.audit_sigterms([{"signal": "SIGKILL", "fired": True, "rc": -9}]) == []
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_moments_leave_room_for_the_interruptions_to_come(chaos, seed):
     rng, num_steps, planned = random.Random(seed), 8, 5
-    resumed, startup = 0, None
+    resumed, startup = None, None  # a fresh run; no launch measured yet
     for i in range(planned):
         left = planned - i
         m = chaos.pick_moment(rng, resumed, num_steps, left, startup, 0.5)
-        if m.after is None:
-            assert 0 <= m.delay_s <= startup
+        if m.after == 0:  # after the initial evaluation: only a fresh run has one to come
+            assert resumed is None and 0 <= m.delay_s <= 0.5
+        elif m.after is None:  # a delay after the launch
+            assert resumed is not None and 0 <= m.delay_s <= (startup or 0.5)
         else:
-            assert resumed < m.after <= num_steps - left
-            assert 0 <= m.delay_s <= 0.5
+            assert (resumed or 0) < m.after <= num_steps - left and 0 <= m.delay_s <= 0.5
             resumed = m.after + rng.randint(0, 1)  # the kill may land a checkpoint later
         startup = 3.0
 
@@ -177,3 +178,73 @@ def test_quick_chaos_run(chaos, tmp_path):
         "steps",
     ]
     assert figures["audits_failed"] == 0
+
+
+# -- regressions the chaos audits found (in-process, deterministic: no signal, no timing) ------
+
+
+def _small_run_config(num_steps):
+    from rljax.configs import arith_tiny
+
+    from rljax.config import replace
+
+    return replace(
+        arith_tiny.recipe("small"),
+        **{
+            "checkpoint.enabled": True,
+            "checkpoint.every_steps": 1,
+            "checkpoint.async_save": False,
+            "num_steps": num_steps,
+        },
+    )
+
+
+def _train_in_process(cfg, workdir, before_train=None):
+    from rljax.runtime import Run
+
+    run = Run(cfg, str(workdir))
+    try:
+        if before_train is not None:
+            before_train(run)
+        return run.train()
+    finally:
+        run.close()
+
+
+def test_one_run_preempted_killed_and_resumed_in_process(tmp_path):
+    """Three bugs the chaos audits found, in the life of one run (no signal, no timing):
+
+    1. a run killed between its warm start and its first checkpoint starts afresh, and its
+       relaunch appended a second warm start and initial evaluation to the old metrics;
+    2. a SIGTERM that landed before the driver existed (warm start, first evaluation) was
+       ignored until every step had run;
+    3. the driver's running counts (``dispatched``, ...) restarted at 0 on each resume.
+    """
+    killed = [{"step": 0, "phase": "sft", "loss": 1.0}, {"step": 0, "phase": "eval_initial"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in killed))
+
+    def preempt_during_warm_start(run):
+        warm_start = run._warm_start
+
+        def preempted():
+            warm_start()
+            run.request_stop()  # what the SIGTERM handler does
+
+        run._warm_start = preempted
+
+    summary = _train_in_process(_small_run_config(3), tmp_path, preempt_during_warm_start)
+    assert summary == {"stopped": True, "steps": 0}  # 2.
+    records = audit.read_metrics(tmp_path)
+    assert [r["phase"] for r in records].count("eval_initial") == 1  # 1.
+    assert all("time" in r for r in records)  # the killed run's records are gone
+
+    def preempt_after_step_1(run):
+        run.step_hooks.append(lambda r, step: r.request_stop() if step == 1 else None)
+
+    summary = _train_in_process(_small_run_config(3), tmp_path, preempt_after_step_1)
+    assert summary == {"stopped": True, "steps": 2}
+    assert _train_in_process(_small_run_config(3), tmp_path)["steps"] == 3
+    records = audit.read_metrics(tmp_path)
+    assert audit.audit_steps(records, 3) == []
+    train = [r for r in records if r["phase"] == "train"]
+    assert [r["dispatched"] for r in train] == [4, 8, 12]  # 3. (4 groups a step)
