@@ -204,12 +204,12 @@ def get_loss(name: str | Loss, cfg: LearnerConfig | None = None) -> Loss:
     if callable(name):
         raise TypeError(
             f"loss {getattr(name, '__qualname__', name)!r} is a bare function; wrap it as "
-            "rljax.learner.Loss(fn) (and set its aggregation), or register it in LOSSES"
+            "rljax.Loss(fn) (and set its aggregation), or register it in rljax.LOSSES"
         )
     if not isinstance(name, str) or name not in LOSSES:
         raise ConfigError(
             f"unknown loss {name!r}; registered: {', '.join(sorted(LOSSES))} "
-            "(set config key 'learner.loss' to one of them, add yours to rljax.learner.LOSSES "
+            "(set config key 'learner.loss' to one of them, add yours to rljax.LOSSES "
             "or pass a Loss)"
         )
     return LOSSES[name]

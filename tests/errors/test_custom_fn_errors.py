@@ -54,7 +54,7 @@ def loss_typo(x, cfg):
 
 
 LOSS_CASES = [
-    ("F04", grpo, TypeError, "wrap it as rljax.learner.Loss(fn)"),
+    ("F04", grpo, TypeError, "wrap it as rljax.Loss(fn)"),
     ("F05", Loss(loss_one_arg), TypeError, "a loss maps (inputs: LossInputs, cfg: LearnerConfig)"),
     ("F06", Loss(loss_scalar), ValueError, "return one value per token (no reduction"),
     ("F07", Loss(loss_no_metrics), TypeError, "to (per-token loss [R, T], {metric name"),
