@@ -40,21 +40,33 @@ def load_task(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
         return math_tasks.load_splits(data_cfg)
 
 
-def check_prompts(tokenizer, data_cfg, examples: list[dict]) -> None:
-    """Encodes the first example, so a prompt the tokenizer cannot take (a character outside
-    a char-level alphabet, a chat template that fails) refuses the run before it starts."""
-    if not examples:
-        return
-    try:
-        encode_prompt(tokenizer, data_cfg, examples[0])
-    except (ValueError, TypeError, KeyError) as e:
-        message = " ".join(str(e).split())
+def check_prompts(
+    tokenizer, data_cfg, examples: list[dict], max_prefill_length: int | None = None
+) -> None:
+    """Encodes every example's prompt, so that a prompt the tokenizer cannot take (a character
+    outside a char-level alphabet, a chat template that fails) or one longer than the largest
+    prefill refuses the run before it starts, not when the sampler first meets it."""
+    longest, longest_id = 0, None
+    for example in examples:
+        try:
+            n = len(encode_prompt(tokenizer, data_cfg, example))
+        except (ValueError, TypeError, KeyError) as e:
+            message = " ".join(str(e).split())
+            raise ConfigError(
+                f"the tokenizer (config key 'tokenizer') cannot encode the prompt of example "
+                f"{example.get('id')!r} of data.task={data_cfg.task!r} with data.prompt_format="
+                f"{data_cfg.prompt_format!r} ({message}); use a tokenizer that covers the task's "
+                "text, and for 'chat' one whose chat template renders a user turn"
+            ) from e
+        if n > longest:
+            longest, longest_id = n, example.get("id")
+    if max_prefill_length is not None and longest > max_prefill_length:
         raise ConfigError(
-            f"the tokenizer (config key 'tokenizer') cannot encode the first prompt of "
-            f"data.task={data_cfg.task!r} with data.prompt_format={data_cfg.prompt_format!r} "
-            f"({message}); use a tokenizer that covers the task's text, and for 'chat' one "
-            "whose chat template renders a user turn"
-        ) from e
+            f"config key 'sampling.max_prefill_length' = {max_prefill_length} is shorter than the "
+            f"longest prompt of data.task={data_cfg.task!r} ({longest} tokens, example "
+            f"{longest_id!r}); raise it to at least {longest}, or shorten the prompts "
+            "(data.prompt_template)"
+        )
 
 
 def teacher_answer(teacher: str, example: dict, slip: float, rng: np.random.Generator) -> str:

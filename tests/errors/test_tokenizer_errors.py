@@ -108,3 +108,9 @@ def test_task_text_outside_the_alphabet(refused, check_row, workdir, tmp_path):
     call = _run(workdir, **FILE_TASK, **{"data.path": str(path)})
     message = refused(call, ConfigError, workdir)
     check_row("T10", message, "use a tokenizer that covers the task's text")
+
+
+def test_prompt_longer_than_the_largest_prefill(launch_error, check_row):
+    """Refused at the start, not when the sampler first meets the prompt mid-run."""
+    message = launch_error("--config.sampling.max_prefill_length=4")
+    check_row("T11", message, "raise it to at least 7")
