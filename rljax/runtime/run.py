@@ -103,7 +103,8 @@ class Run:
         self._scale = resolve_scale(cfg.learner, self.loss)  # dr_grpo: no std scaling
         self.tokenizer = load_tokenizer(cfg)
         self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
-        check_prompts(self.tokenizer, cfg.data, self.train_examples)
+        prompts = self.train_examples + self.heldout_examples[: cfg.eval_examples]
+        check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
         check_tokenizer_fits(cfg, self.tokenizer, initial_model_config(cfg))
         reward = get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
         self.devices = list(jax.devices() if devices is None else devices)
