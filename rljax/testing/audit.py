@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import pathlib
 import re
 import signal
@@ -130,13 +131,19 @@ def load_arrays(step_dir: pathlib.Path) -> dict[str, list]:
     import numpy as np
     import orbax.checkpoint as ocp
 
-    out = {}
-    for item in ("params", "opt_state"):
-        with ocp.PyTreeCheckpointer() as ckptr:
-            tree = ckptr.metadata(step_dir / item).item_metadata.tree
-            args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-            out[item] = jax.tree.leaves(ckptr.restore(step_dir / item, restore_args=args))
-    return out
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)  # orbax warns of metadata files a host restore does not need
+    try:
+        out = {}
+        for item in ("params", "opt_state"):
+            with ocp.PyTreeCheckpointer() as ckptr:
+                tree = ckptr.metadata(step_dir / item).item_metadata.tree
+                args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+                out[item] = jax.tree.leaves(ckptr.restore(step_dir / item, restore_args=args))
+        return out
+    finally:
+        absl.setLevel(level)
 
 
 def audit_same_state(clean: pathlib.Path, killed: pathlib.Path, step: int) -> list[str]:

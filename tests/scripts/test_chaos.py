@@ -96,6 +96,27 @@ def test_audit_same_metrics_ignores_wall_clock_only():
     ]
 
 
+def test_audit_same_state_compares_bits(tmp_path):
+    import jax.numpy as jnp
+
+    from rljax.checkpoint import Checkpointer
+    from rljax.config import CheckpointConfig
+
+    def save(workdir, w):
+        with Checkpointer(workdir / "checkpoints", CheckpointConfig(enabled=True)) as ckpt:
+            ckpt.save(3, params={"w": w}, opt_state={"mu": w * 0}, meta={"version": 3}, force=True)
+
+    w = jnp.arange(4, dtype=jnp.float32) / 3
+    save(tmp_path / "a", w)
+    save(tmp_path / "b", w)
+    save(tmp_path / "c", w.at[2].add(1e-7))  # one ulp-sized change
+    assert audit.audit_same_state(tmp_path / "a", tmp_path / "b", 3) == []
+    assert audit.audit_same_state(tmp_path / "a", tmp_path / "c", 3) == [
+        "params: leaves [0] differ from the uninterrupted run's"
+    ]
+    assert audit.read_meta(tmp_path / "a", 3) == {"version": 3}
+
+
 def test_audit_sigterms():
     def term(**kw):
         return {"signal": "SIGTERM", "fired": True, "checkpoint_at_signal": 2, "trained": True} | kw
