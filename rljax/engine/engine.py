@@ -14,7 +14,10 @@ the orchestrator's ``isinstance`` checks hold.
   of each sampled token in ``log_prob``.
 - ``free_resource(slot)`` returns the slot's pages at once. It takes no decode state (it may
   run on another thread, as in JetStream's orchestrator); the device side of the slot is parked
-  before the next insert or generate.
+  before the next insert or generate. JetStream's detokenize thread puts a slot back on the
+  free queue just *before* it calls ``free_resource``, so an insert can reach a slot whose free
+  is a moment away: insert waits up to ``BUSY_SLOT_GRACE_S`` for it, then refuses the busy
+  slot.
 - A slot that holds ``max_seq_len`` tokens stops: ``generate`` reports it ``valid = False``
   and takes no page for it, until ``free_resource``. JetStream's orchestrator steps a finished
   slot until its detokenize thread frees it, so this must not raise.
@@ -62,6 +65,9 @@ from rljax.models.sharding import (
 )
 
 __all__ = ["Engine", "DecodeState", "Prefix", "ResultTokens", "SlotData", "SlotSampling"]
+
+# How long insert waits for another thread's free_resource of a slot it finds busy.
+BUSY_SLOT_GRACE_S = 1.0
 
 
 class Engine:
@@ -117,6 +123,7 @@ class Engine:
         # free_resource may run on another thread than insert/generate (JetStream's
         # detokenize thread): the host page state changes under this lock only.
         self._lock = threading.RLock()
+        self._freed = threading.Condition(self._lock)  # notified by free_resource
         self._parked = False  # host slots freed since the device state last saw the table
         self._base_key = jax.random.key(seed)
         self._prefills = itertools.count()
@@ -360,8 +367,9 @@ class Engine:
 
         Slot ``i`` feeds sample ``i`` when the prefix has one sample per slot; a one-sample
         prefix goes to every slot, each slot past the first with its own PRNG stream. Raises
-        ValueError for a busy, repeated or out-of-range slot and OutOfPages when the pool
-        cannot hold them all, taking no page either way.
+        ValueError for a repeated or out-of-range slot, or one still busy after
+        ``BUSY_SLOT_GRACE_S``, and OutOfPages when the pool cannot hold them all, taking no
+        page either way.
         """
         slots = [int(s) for s in slots]
         n = prefix.num_samples
@@ -381,7 +389,9 @@ class Engine:
             cols[:n] = np.arange(n)
         else:
             fold[: len(slots)] = np.arange(len(slots))
-        with self._lock:
+        with self._freed:
+            if self._busy(slots):  # another thread's free_resource may be on its way
+                self._freed.wait_for(lambda: not self._busy(slots), timeout=BUSY_SLOT_GRACE_S)
             rows = np.zeros((width, self.pages_per_slot), np.int32)
             rows[: len(slots)] = self.pages.admit(slots, int(prefix.length))
             decode_state = self._park_freed(decode_state)
@@ -399,10 +409,15 @@ class Engine:
                 f"slot {slot} is out of range [0, {self.max_concurrent_decodes}); "
                 "free a slot that insert was given"
             )
-        with self._lock:
+        with self._freed:
             if self.pages.active[slot]:
                 self.pages.release(slot)
                 self._parked = True
+                self._freed.notify_all()
+
+    def _busy(self, slots: list[int]) -> bool:
+        b = self.max_concurrent_decodes
+        return any(0 <= s < b and self.pages.active[s] for s in slots)
 
     def _park_freed(self, decode_state: DecodeState) -> DecodeState:
         """Ship the host page table and slot mask to the device if a slot was freed or grew

@@ -123,10 +123,13 @@ def test_jetstream_orchestrator_drives_the_engine(tiny, multi_sampling):
             out.append(samples)
         return out
 
+    # The loop outlives the driver: its threads post to the channels until they stop.
+    loop = asyncio.new_event_loop()
     try:
-        results = asyncio.run(decode_all())
+        results = loop.run_until_complete(decode_all())
     finally:
         driver.stop()
+        loop.close()
     tok = eng.build_tokenizer(eng.get_tokenizer())
     for i, (text, samples) in enumerate(zip(texts, results, strict=True)):
         prompt, n = tok.encode(text, jax_padding=False)
@@ -250,3 +253,32 @@ def test_registers_with_jetstream_abcs_once_the_caller_imported_them(tiny, monke
     eng = tiny.engine
     _, first = eng.prefill(params=tiny.params, padded_tokens=np.array([1, 2]), true_length=2)
     assert isinstance(first, api.ResultTokens) and isinstance(eng, api.Engine)
+
+
+def test_insert_waits_for_a_free_resource_already_on_its_way(tiny):
+    """JetStream's detokenize thread returns a slot to the free queue just before it calls
+    free_resource(slot); an insert racing it waits for that free instead of failing."""
+    import threading
+
+    eng = tiny.engine
+    state = eng.init_decode_state()
+    prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 6), true_length=5)
+    state = eng.insert(prefix, state, 1)
+    free = eng.free_pages
+    waiting = threading.Event()
+
+    class Announcing(threading.Condition):
+        def wait_for(self, predicate, timeout=None):
+            waiting.set()  # insert found slot 1 busy and is about to wait
+            return super().wait_for(predicate, timeout=None)
+
+    eng._freed = Announcing(eng._lock)
+    freer = threading.Thread(target=lambda: (waiting.wait(), eng.free_resource(1)))
+    freer.start()
+    try:
+        state = eng.insert(prefix, state, 1)
+    finally:
+        freer.join()
+        eng._freed = threading.Condition(eng._lock)
+    assert eng.free_pages == free and eng.pages.active[1]
+    eng.free_resource(1)
