@@ -379,7 +379,8 @@ def run_scenario(
         audits["resizes"] = [f"{resizes} resizes, expected >= {sc.min_resizes}"] if short else []
     sent = [r for r in records if r["fired"]]
     wall = sum(r["wall_s"] for r in records)
-    exits = sorted(r["exit_s"] for r in sent if r["signal"] == "SIGTERM")
+    exits = sorted(r["exit_s"] for r in sent if r["signal"] == "SIGTERM" and r["rc"] == 0)
+    startups = sorted(r["startup_s"] for r in records if "startup_s" in r)
     return {
         "sigkills": sum(r["signal"] == "SIGKILL" for r in sent),
         "sigterms": sum(r["signal"] == "SIGTERM" for r in sent),
@@ -395,12 +396,21 @@ def run_scenario(
         "wall_s": round(wall, 2),
         "baseline_s": None if baseline_s is None else round(baseline_s, 2),
         "wall_over_baseline": None if baseline_s is None else round(wall / baseline_s, 3),
-        # min, median, max
-        "sigterm_exit_s": [round(x, 2) for x in (exits[0], statistics.median(exits), exits[-1])]
-        if exits
-        else None,
+        # Wall seconds each interruption cost: the work redone plus a relaunch.
+        "s_per_interruption": None
+        if baseline_s is None or not sent
+        else round((wall - baseline_s) / len(sent), 2),
+        # [min, median, max]: a relaunch until its first new checkpoint; a SIGTERM until exit.
+        "resume_to_checkpoint_s": _spread(startups),
+        "sigterm_exit_s": _spread(exits),
         "workdir": str(workdir),
     }
+
+
+def _spread(values: list[float]) -> list[float] | None:
+    if not values:
+        return None
+    return [round(x, 2) for x in (min(values), statistics.median(values), max(values))]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
