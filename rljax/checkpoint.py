@@ -10,6 +10,12 @@ Atomicity comes from orbax: a step is written under ``<step>.orbax-checkpoint-tm
 on finalise (on object stores, which cannot rename, a ``commit_success.txt`` marks it instead).
 Unfinalised steps are invisible to :meth:`Checkpointer.latest_step` and are deleted when a
 Checkpointer opens the directory, so a kill mid-save leaves the previous step as the latest.
+Two things orbax 0.12 does not guarantee are done here: a failed *async* write is only logged
+by orbax, which still lists the step and still prunes older steps past ``keep``, so the last
+good step could be deleted for a step that never landed. Checkpointer therefore prunes itself,
+only once a newer step is confirmed on disk, and turns a failed write into a
+:class:`CheckpointError` (at the next ``save``, ``wait`` or ``close``) after reopening the
+directory, which forgets the partial step; the previous step stays the latest.
 Bit rot and half-copied directories are not caught by that; :meth:`Checkpointer.restore` turns
 any failure into a :class:`CheckpointError` that names the step directory, and with
 ``fallback=True`` moves such a step aside and resumes from the newest earlier step that loads.
@@ -22,6 +28,7 @@ and ``gs://`` only, and fails on, e.g., ``s3://`` mid-save.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -123,6 +130,15 @@ def _json_copy(meta: Any) -> dict[str, Any]:
         ) from None
 
 
+def _unwrap_meta(saved: Any) -> dict[str, Any]:
+    """The meta dict inside the JSON item ``save`` wrote, after checking its digest."""
+    if not (isinstance(saved, dict) and isinstance(saved.get("meta"), dict)):
+        raise ValueError("the meta item is not the JSON object Checkpointer.save writes")
+    if saved.get("sha256") != _digest(saved["meta"]):
+        raise ValueError("the meta item does not match its sha256 digest")
+    return saved["meta"]
+
+
 def _brief(error: BaseException, limit: int = 200) -> str:
     """The error's type and first line, cut short: tensorstore messages run to pages."""
     text = str(error).splitlines()[0] if str(error) else ""
@@ -147,20 +163,26 @@ class Checkpointer:
                 f"checkpoint directory {str(self.directory)!r}: orbax writes checkpoints only to "
                 "local paths and gs:// URLs; put the workdir on one of those"
             )
+        self._name_format = ocp.path.step.standard_name_format()
+        self._in_flight: int | None = None  # the step of the last async save, until confirmed
+        self._manager = self._open()
+
+    def _open(self, *, cleanup: bool = True) -> ocp.CheckpointManager:
+        cfg = self.cfg
         policy = ocm.AnySavePolicy(
             [ocm.FixedIntervalPolicy(cfg.every_steps), ocm.PreemptionCheckpointingPolicy()]
         )
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.keep,
+            # Pruned by _prune, only after a newer step is confirmed on disk: orbax prunes when
+            # a save *starts* and deletes even when the new step's async write then fails.
+            max_to_keep=None,
             enable_async_checkpointing=cfg.async_save,
             save_decision_policy=policy,
-            # Leftovers of a save killed before finalising; they never restore.
-            cleanup_tmp_directories=True,
+            # Leftovers of a save killed (or failed) before finalising; they never restore.
+            cleanup_tmp_directories=cleanup,
             create=True,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
-        self._name_format = ocp.path.step.standard_name_format()
-        self._in_flight: int | None = None  # the step of the last async save
+        return ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     # -- saving ----------------------------------------------------------------------------
 
@@ -184,6 +206,7 @@ class Checkpointer:
         if not self.should_save(step, force=force):
             return False
         meta = _json_copy(meta)
+        self._settle()  # the previous async save must have landed before this one starts
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(params),
             opt_state=ocp.args.StandardSave(opt_state),
@@ -191,18 +214,63 @@ class Checkpointer:
             # chunks need no such guard, tensorstore checksums them.
             meta=ocp.args.JsonSave({"sha256": _digest(meta), "meta": meta}),
         )
-        started = bool(self._manager.save(step, args=args, force=True))
+        try:
+            started = bool(self._manager.save(step, args=args, force=True))
+        except Exception as e:  # noqa: BLE001 - any failure mid-write; the partial step is dropped
+            self._failed(step, _brief(e), e)
         if started and self.cfg.async_save:
             self._in_flight = step
+        elif started:
+            self._confirm(step)
         return started
 
+    def _settle(self) -> None:
+        """Waits for the in-flight async save and confirms it landed (or raises)."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - the background write failed
+            step, self._in_flight = self._in_flight, None
+            self._failed(step, _brief(e), e)
+        if self._in_flight is not None:
+            step, self._in_flight = self._in_flight, None
+            self._confirm(step)
+
+    def _confirm(self, step: int) -> None:
+        """Raises unless ``step`` is finalised on disk; then prunes steps beyond ``keep``."""
+        self._manager.reload()  # orbax lists a step from the moment its save starts
+        if step not in self._manager.all_steps():
+            self._failed(step, "the write did not finalise (orbax logged the cause above)")
+        steps = sorted(self._manager.all_steps())
+        for old in steps[: -self.cfg.keep]:
+            self._manager.delete(old)
+
+    def _failed(self, step: int | None, cause: str, error: BaseException | None = None):
+        """Reopens the directory (forgetting the partial step) and raises CheckpointError.
+
+        The partial ``<step>.orbax-checkpoint-tmp`` stays: the failed write's threads may still
+        be writing into it, and deleting under them fails. It never restores, and the next
+        Checkpointer to open the directory (the resumed run's) deletes it.
+        """
+        with contextlib.suppress(Exception):  # the failed manager may fail again on close
+            self._manager.close()
+        self._manager = self._open(cleanup=False)
+        latest = self.latest_step()
+        kept = f"step {latest} is still the latest" if latest is not None else "no step is saved"
+        raise CheckpointError(
+            f"checkpoint step {step} in {self.directory} failed to save ({cause}); {kept}: fix "
+            "the cause (disk space, permissions, the bucket) and the next save writes again"
+        ) from error
+
     def wait(self) -> None:
-        """Blocks until every pending async save is finalised (re-raising its error)."""
-        self._manager.wait_until_finished()
+        """Blocks until every pending async save is finalised; CheckpointError if one failed."""
+        self._settle()
 
     def close(self) -> None:
-        """Waits for pending saves and releases orbax's threads."""
-        self._manager.close()
+        """Waits for pending saves (raising CheckpointError if one failed); releases threads."""
+        try:
+            self._settle()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -215,9 +283,9 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         """Every finalised step in the directory, oldest first."""
         steps = sorted(self._manager.all_steps())
-        # Orbax lists an async save from the moment it starts; it is not restorable until the
-        # background write renames it into place.
-        if self._in_flight in steps and self._manager.is_saving_in_progress():
+        # Orbax lists an async save from the moment it starts, and still lists it if its
+        # write failed; it counts once _settle has confirmed it on disk.
+        if self._in_flight in steps:
             steps.remove(self._in_flight)
         return steps
 
@@ -312,12 +380,30 @@ class Checkpointer:
                 meta=ocp.args.JsonRestore(),
             ),
         )
-        saved = out.meta
-        if not (isinstance(saved, dict) and isinstance(saved.get("meta"), dict)):
-            raise ValueError("the meta item is not the JSON object Checkpointer.save writes")
-        if saved.get("sha256") != _digest(saved["meta"]):
-            raise ValueError("the meta item does not match its sha256 digest")
-        return out.params, out.opt_state, saved["meta"]
+        return out.params, out.opt_state, _unwrap_meta(out.meta)
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        """The run meta of ``step`` (default: the latest) alone, without reading any array.
+
+        Cheap enough to look before a restore (the run config a checkpoint was saved with, see
+        ``rljax.runtime.resume``); raises :class:`CheckpointError` when it cannot be read.
+        """
+        self.wait()
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(
+                f"no finalised checkpoint in {self.directory}; start from scratch or point the "
+                "run at the directory that holds its checkpoints"
+            )
+        step = steps[-1] if step is None else step
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            return _unwrap_meta(out.meta)
+        except Exception as e:  # noqa: BLE001 - orbax raises many types for a damaged step
+            raise CheckpointError(
+                f"could not read the meta of checkpoint step {step} at {self.step_dir(step)} "
+                f"({_brief(e)}); it may be damaged: delete it or restore an earlier step"
+            ) from e
 
     def _quarantine(self, step: int) -> None:
         """Renames a step that failed to restore so later saves of that step number can land."""

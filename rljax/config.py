@@ -418,12 +418,20 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    """The verifier and how it runs (isolated, with a timeout)."""
+    """The verifier and how it runs (isolated, with a timeout; see rljax.rewards.pool).
+
+    A completion whose verifier raises, overruns ``timeout_s``, or returns NaN, inf, a
+    non-number or (batched) the wrong count is counted in ``reward_errors/<kind>`` and scored
+    as ``on_failure`` says: ``'zero'`` scores it 0.0 and its group trains; ``'drop'`` drops
+    its whole group (counted in ``dropped_reward_failure``; the driver admits another).
+    """
 
     name: str = "exact_match"
-    timeout_s: float = 5.0
+    timeout_s: float = 5.0  # per call (per completion, or per batch when batched)
     num_workers: int = 2
     mode: str = "thread"  # or 'process' for untrusted or hang-prone verifiers
+    on_failure: str = "zero"  # or 'drop' the group of a failed completion
+    batched: bool = False  # fn(completions, examples) -> list of floats, one call per group
 
     def __post_init__(self):
         if not self.name:
@@ -431,6 +439,9 @@ class RewardConfig:
         _positive_float("reward.timeout_s", self.timeout_s)
         _positive("reward.num_workers", self.num_workers)
         _one_of("reward.mode", self.mode, ("thread", "process"))
+        _one_of("reward.on_failure", self.on_failure, ("zero", "drop"))
+        if not isinstance(self.batched, bool):
+            _fail("reward.batched", self.batched, "True or False")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from orbax.checkpoint._src.path import atomicity
@@ -196,37 +197,47 @@ def test_async_save_returns_before_the_write_is_finalised(tmp_path, monkeypatch)
 _KILLED_WRITER = """
 import os, signal, sys
 import jax, jax.numpy as jnp
+import orbax.checkpoint as ocp
 from orbax.checkpoint._src.path import atomicity
 from rljax.checkpoint import Checkpointer
 from rljax.config import CheckpointConfig
 
-cfg = CheckpointConfig(enabled=True, every_steps=1, keep=3, async_save=True)
+cfg = CheckpointConfig(enabled=True, every_steps=1, keep=1, async_save=True)
 ckpt = Checkpointer(sys.argv[1], cfg)
 tree = {"w": jnp.arange(32 * 4, dtype=jnp.float32).reshape(32, 4), "count": jnp.int32(0)}
 ckpt.save(1, params=tree, opt_state=tree, meta={"s": 1})
 ckpt.wait()
 
-async def die(self):  # every array written, the rename not yet done
+async def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-atomicity.AtomicRenameTemporaryPath.finalize = die
+# arrays: before any array is written; meta: arrays written, the JSON meta not;
+# finalize: every item written, the rename not yet done.
+target = {
+    "arrays": (ocp.StandardCheckpointHandler, "async_save"),
+    "meta": (ocp.JsonCheckpointHandler, "_save_fn"),
+    "finalize": (atomicity.AtomicRenameTemporaryPath, "finalize"),
+}[sys.argv[2]]
+setattr(*target, die)
 tree = jax.tree.map(lambda x: x + 7, tree)
 ckpt.save(2, params=tree, opt_state=tree, meta={"s": 2})
 ckpt.wait()
 """
 
 
-def test_save_killed_before_finalising_is_ignored(tmp_path):
+@pytest.mark.parametrize("point", ["arrays", "meta", "finalize"])
+def test_save_killed_before_finalising_is_ignored(tmp_path, point):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1", "XLA_FLAGS": ""}
     proc = subprocess.run(
-        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), point],
         env=env,
         capture_output=True,
         timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
-    partial = [p for p in os.listdir(tmp_path) if p.startswith("2.orbax-checkpoint-tmp")]
-    assert partial and os.listdir(tmp_path / partial[0])  # the killed save left its files
+    if point == "finalize":
+        partial = [p for p in os.listdir(tmp_path) if p.startswith("2.orbax-checkpoint-tmp")]
+        assert partial and os.listdir(tmp_path / partial[0])  # the killed save left its files
     with Checkpointer(tmp_path, _cfg(async_save=False)) as ckpt:
         assert ckpt.latest_step() == 1 and ckpt.all_steps() == [1]
         params, _, meta = _restore_small(ckpt)
@@ -237,6 +248,65 @@ def test_save_killed_before_finalising_is_ignored(tmp_path):
         # Orbax deletes the leftover in the background, finishing before any save starts.
         assert not [p for p in os.listdir(tmp_path) if "orbax-checkpoint-tmp" in p]
         assert _restore_small(ckpt)[2] == {"s": 2}
+
+
+# Where a save can fail in-process: before any array is written (in the blocking part of an
+# async save), while the JSON meta is written (a commit future: the background thread of an
+# async save), and at the final rename.
+_FAULTS = {
+    "arrays": (ocp.StandardCheckpointHandler, "async_save"),
+    "meta": (ocp.JsonCheckpointHandler, "_save_fn"),
+    "finalize": (atomicity.AtomicRenameTemporaryPath, "finalize"),
+}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("point", list(_FAULTS))
+def test_failed_save_never_replaces_the_last_good_step(tmp_path, monkeypatch, point, async_save):
+    # keep=1: orbax alone would prune step 1 for a step 2 whose async write then failed.
+    ckpt = Checkpointer(tmp_path, _cfg(keep=1, async_save=async_save))
+    good = _small(1.0)
+    assert ckpt.save(1, params=good, opt_state=good, meta={"s": 1})
+    ckpt.wait()
+
+    async def broken(*args, **kwargs):
+        raise OSError(f"no space left on device ({point})")
+
+    monkeypatch.setattr(*_FAULTS[point], broken)
+    bad = _small(2.0)
+    with pytest.raises(CheckpointError) as err:
+        ckpt.save(2, params=bad, opt_state=bad, meta={"s": 2})
+        ckpt.wait()  # an async write fails in the background; it surfaces here
+    monkeypatch.undo()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"checkpoint step 2 in {tmp_path} failed to save (" in msg
+    assert "step 1 is still the latest: fix the cause" in msg
+    assert ckpt.latest_step() == 1 and ckpt.all_steps() == [1]
+    params, _, meta = _restore_small(ckpt)
+    assert meta == {"s": 1}
+    np.testing.assert_array_equal(params["w"], np.asarray(good["w"]))
+    with Checkpointer(tmp_path, _cfg(async_save=False)) as fresh:
+        assert fresh.all_steps() == [1] and _restore_small(fresh)[2] == {"s": 1}
+    # The same Checkpointer saves the next step; only once it is on disk does keep=1 prune
+    # step 1. (The failed write's threads may still be finishing in 2.orbax-checkpoint-tmp,
+    # which a Checkpointer opening the directory later deletes; a run's next save is a later
+    # step.)
+    assert ckpt.save(3, params=bad, opt_state=bad, meta={"s": 3})
+    ckpt.close()
+    with Checkpointer(tmp_path, _cfg(async_save=False)) as fresh:
+        assert fresh.all_steps() == [3] and _restore_small(fresh)[2] == {"s": 3}
+
+
+def test_read_meta_reads_no_arrays(tmp_path):
+    with _two_steps(tmp_path) as ckpt:
+        assert ckpt.read_meta() == {"s": 2} and ckpt.read_meta(1) == {"s": 1}
+        (tmp_path / "2" / "params" / "manifest.ocdbt").write_bytes(b"")  # arrays unreadable
+        assert ckpt.read_meta(2) == {"s": 2}
+        meta_file = tmp_path / "1" / "meta" / "metadata"
+        meta_file.write_text(meta_file.read_text().replace('"s": 1', '"s": 5'))
+        with pytest.raises(CheckpointError, match="could not read the meta of checkpoint step 1"):
+            ckpt.read_meta(1)
 
 
 def _two_steps(directory) -> Checkpointer:

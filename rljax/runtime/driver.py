@@ -45,6 +45,7 @@ from rljax.runtime.rollout import Group, lockstep_request_id, make_group
 COUNTERS = (
     "dispatched",
     "dropped_no_signal",
+    "dropped_reward_failure",
     "surplus_aborted",
     "surplus_discarded",
     "interrupted_samples",
@@ -260,6 +261,12 @@ class Driver(SafePoints):
             self.counters["surplus_discarded"] += 1
             return
         example = self._inflight.pop(rid)
+        # A non-finite reward marks a failed verifier call under reward.on_failure='drop'
+        # (rljax.rewards.pool); such a group cannot be trained on, so its seat goes to another.
+        if not np.all(np.isfinite(rewards)):
+            self.buffer.release(rid)
+            self.counters["dropped_reward_failure"] += 1
+            return
         if self.dynamic_sampling and not has_signal(list(rewards)):
             self.buffer.release(rid)
             self.counters["dropped_no_signal"] += 1

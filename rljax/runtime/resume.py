@@ -7,16 +7,39 @@ initial checkpoint is read again only for the reference model of a KL penalty (b
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import logging
 from typing import Any
 
-from rljax.checkpoint import Checkpointer
-from rljax.config import RunConfig
+from rljax.checkpoint import Checkpointer, CheckpointError
+from rljax.config import ConfigError, RunConfig, to_config_dict
 from rljax.learner.learner import Learner
 from rljax.learner.losses import Loss
 from rljax.mesh import distributed
 from rljax.models.loading import abstract_params, initial_model_config, load_initial_params
 from rljax.policy.staleness import StalenessBuffer
 from rljax.runtime.rollout import decode_group
+
+log = logging.getLogger(__name__)
+
+# Config keys (fnmatch patterns) a resumed run may change. They say how long the run goes, how
+# often it evaluates, where and how it writes, and how it lays out and runs its work (restores
+# reshard onto any mesh, and the reallocator resizes mid-run anyway); none changes what is
+# trained or how. Every other key must equal the checkpoint's, or the resume is refused.
+RESUMABLE_KEYS = (
+    "num_steps",
+    "eval_every",
+    "eval_examples",
+    "kernel_impl",
+    "checkpoint.*",
+    "metrics.*",
+    "mesh.*",
+    "reallocator.*",
+    "reward.timeout_s",
+    "reward.num_workers",
+    "reward.mode",
+)
 
 
 def can_resume(ckpt: Checkpointer | None) -> bool:
@@ -34,6 +57,10 @@ def restored_learner(
     cfg: RunConfig, mesh, loss: Loss, ckpt: Checkpointer
 ) -> tuple[Any, Learner, dict[str, Any]]:
     """(model config, learner, meta) restored from the newest good step of ``ckpt``."""
+    try:  # refuse a changed config before reading (or failing to read) any array
+        check_resume_config(ckpt.read_meta(), cfg, where=str(ckpt.directory))
+    except CheckpointError as e:  # a damaged newest step: the fallback restore handles it
+        log.warning("could not check the config of the newest checkpoint first: %s", e)
     model_cfg = initial_model_config(cfg)
     graphdef, abstract = abstract_params(model_cfg, mesh)
     target = Learner.abstract(
@@ -42,6 +69,7 @@ def restored_learner(
     params, opt_state, meta = ckpt.restore(
         abstract_params=target.params, abstract_opt_state=target.opt_state, fallback=True
     )
+    check_resume_config(meta, cfg, where=str(ckpt.directory))  # the step that loaded
     ref = load_initial_params(cfg, mesh)[2] if cfg.learner.beta > 0 else None
     learner = make_learner(
         cfg,
@@ -79,13 +107,16 @@ def checkpoint_meta(
     initial_accuracy: float,
     metrics_offset: int | None,
     extra: dict[str, Any] | None = None,
+    config: RunConfig | None = None,
 ) -> dict[str, Any]:
     """The JSON meta of a checkpoint. A collective: every process calls it at the same step.
 
     ``data_state`` is this process's prompt-iterator state, read at the same instant as
-    anything in ``extra`` that depends on it (the driver's pending prompts).
+    anything in ``extra`` that depends on it (the driver's pending prompts). ``config``, the
+    run's, is stored flat so a resume can name the keys that changed (:func:`check_resume_config`).
     """
     return {
+        **({"config": flat_config(config)} if config is not None else {}),
         "version": version,
         # Every process's iterator state, in process order.
         **distributed.data_meta(distributed.allgather_objects(data_state)),
@@ -128,3 +159,49 @@ def driver_counters(meta: dict[str, Any] | None) -> dict[str, int]:
     """The driver's running counts (``dispatched``, ...) saved in ``meta``; none before
     checkpoints held them."""
     return dict(((meta or {}).get("driver") or {}).get("counters") or {})
+
+
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """``{'learner.learning_rate': 1e-05, ...}``: every key of ``cfg``, JSON-safe."""
+    out: dict[str, Any] = {}
+
+    def visit(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{prefix}{k}.", v)
+        else:
+            out[prefix[:-1]] = value
+
+    visit("", json.loads(json.dumps(to_config_dict(cfg).to_dict(), allow_nan=True)))
+    return out
+
+
+def resumable(key: str) -> bool:
+    """Whether config ``key`` may differ from the checkpoint's on resume (RESUMABLE_KEYS)."""
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in RESUMABLE_KEYS)
+
+
+def check_resume_config(meta: dict[str, Any], cfg: RunConfig, *, where: str = "") -> None:
+    """Refuses, with one line naming the keys, to resume ``meta``'s checkpoint with a config
+    that differs outside :data:`RESUMABLE_KEYS`.
+
+    A key the checkpoint lacks (saved by an older rljax) is compared with its default; a key
+    the config lacks (removed since) is ignored. A checkpoint saved without its config (before
+    rljax stored it) is resumed with a warning.
+    """
+    saved = meta.get("config")
+    if not isinstance(saved, dict):
+        log.warning("checkpoint %s holds no run config; resuming without checking it", where)
+        return
+    current, defaults = flat_config(cfg), flat_config(RunConfig())
+    changed = []
+    for key, value in current.items():
+        before = saved.get(key, defaults.get(key))
+        if not resumable(key) and before != value:
+            changed.append(f"{key} ({before!r} -> {value!r})")
+    if changed:
+        raise ConfigError(
+            f"the checkpoint in {where or 'the workdir'} was saved with a different config: "
+            f"{', '.join(changed)}; set those keys back to the saved values, or use a new workdir "
+            f"to start afresh (keys that may change on resume: {', '.join(RESUMABLE_KEYS)})"
+        )

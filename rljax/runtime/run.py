@@ -44,7 +44,7 @@ from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
-from rljax.rewards.pool import RewardPool
+from rljax.rewards.pool import FAILURE_KINDS, RewardPool, failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
 from rljax.runtime import resizing, resume
 from rljax.runtime.driver import Driver
@@ -134,6 +134,8 @@ class Run:
             num_workers=cfg.reward.num_workers,
             timeout_s=cfg.reward.timeout_s,
             mode=cfg.reward.mode,
+            on_failure=cfg.reward.on_failure,
+            batched=cfg.reward.batched,
         )
         self.engine = self._build_engine(self.topology.sampler)
         check_divisible(
@@ -166,7 +168,7 @@ class Run:
             shard_count=self.shard_count,
         )
         # Reward failures summed over processes (each scores only its share), for metrics.
-        self.reward_failures = 0
+        self.reward_failures: dict[str, int] = {}
         self._stop_requested = False
         self.last_metrics: dict[str, Any] = {}
         self.driver: Driver | None = None
@@ -243,9 +245,11 @@ class Run:
             of=len(trajs),
         )
         shares = distributed.allgather_objects(
-            {"rewards": local.tolist(), "failures": self.rewards.stats.failures}
+            {"rewards": local.tolist(), "failures": self.rewards.stats.by_kind()}
         )
-        self.reward_failures = sum(share["failures"] for share in shares)
+        self.reward_failures = {
+            k: sum(share["failures"][k] for share in shares) for k in FAILURE_KINDS
+        }
         rewards = np.zeros(len(trajs), np.float32)
         for p, share in enumerate(shares):
             rewards[[i for i, owner in enumerate(owners) if owner == p]] = share["rewards"]
@@ -262,7 +266,7 @@ class Run:
         with self.timeline.span("eval"):
             requests = [self.make_request(ex, i, greedy=True) for i, ex in enumerate(examples)]
             rewards = self.score(self.sampler.run(requests))
-        acc = float(np.mean(rewards))
+        acc = float(np.mean(np.nan_to_num(rewards, nan=0.0)))  # a failed reward is wrong
         self.metrics.write(step, phase, {"heldout_accuracy": acc, "examples": len(examples)})
         return acc
 
@@ -317,6 +321,7 @@ class Run:
                 initial_accuracy=self.initial_accuracy,
                 metrics_offset=self.metrics.offset(),
                 extra={"driver": driver} if driver else None,
+                config=self.cfg,
             )
             self.ckpt.save(
                 version,
@@ -368,7 +373,7 @@ class Run:
         self.publish()
 
     def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
-        metrics["reward_errors"] = self.reward_failures
+        metrics.update(failure_metrics(self.reward_failures))
         self.last_metrics = metrics
         self.metrics.write(step, "train", metrics)
         self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])

@@ -67,11 +67,11 @@ def test_thread_mode_hang_times_out_and_capacity_is_replaced():
         pool.close()
 
 
-def test_submit_is_async_and_inf_counts_as_nan():
+def test_submit_is_async_and_inf_counts_as_inf():
     with RewardPool(flaky, num_workers=2) as pool:
         future = pool.submit(["1", "inf"], EXAMPLES[1:3])
         np.testing.assert_array_equal(future.result(timeout=10), [1.0, 0.0])
-        assert pool.stats.nans == 1
+        assert (pool.stats.infs, pool.stats.nans) == (1, 0)
         assert pool.submit([], []).result().shape == (0,)
 
 
@@ -98,6 +98,8 @@ def test_process_mode_rejects_unpicklable_verifier():
         ({"num_workers": 0}, "num_workers=0 must be a positive int"),
         ({"timeout_s": 0}, "timeout_s=0 must be a positive number"),
         ({"mode": "fork"}, "mode='fork' is not supported; use one of ['thread', 'process']"),
+        ({"on_failure": "skip"}, "on_failure='skip' is not supported; use one of ['zero', 'drop']"),
+        ({"batched": 1}, "batched=1 must be True or False"),
     ],
 )
 def test_bad_arguments(kwargs, message):
