@@ -282,3 +282,28 @@ def test_insert_waits_for_a_free_resource_already_on_its_way(tiny):
         eng._freed = threading.Condition(eng._lock)
     assert eng.free_pages == free and eng.pages.active[1]
     eng.free_resource(1)
+
+
+def _argmin(logits):
+    return logits.argmin(axis=-1)
+
+
+def test_a_callers_sampler_picks_the_tokens_and_log_probs_follow_it(tiny):
+    """JetStream's optional ``sampler``: logits [rows, V] -> tokens; log_prob is the model's."""
+    eng, prompt = tiny.engine, [3, 1, 4, 1, 5]
+    args = dict(params=tiny.params, padded_tokens=np.array(prompt), true_length=5)
+    prefix, first = eng.prefill(**args, sampler=_argmin)
+    state = eng.insert(prefix, eng.init_decode_state(), 0)
+    rows = [first.convert_to_numpy()]
+    for _ in range(2):
+        state, result = eng.generate(tiny.params, state, sampler=_argmin)
+        rows.append(result.convert_to_numpy())
+    seq = list(prompt)
+    for r in rows:
+        z = tiny.next_logits(seq).astype(np.float64)
+        token = int(np.argmin(z))
+        assert r.tokens[0] == token
+        want = z[token] - z.max() - np.log(np.sum(np.exp(z - z.max())))
+        assert r.logprobs[0] == pytest.approx(want, abs=1e-3)
+        seq.append(token)
+    eng.free_resource(0)
