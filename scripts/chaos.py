@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--scenarios", default="sync,async,async_resize", help=f"of {list(SCENARIOS)}")
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs per scenario")
     p.add_argument("--terms", type=int, default=3, help="SIGTERMs per scenario")
-    p.add_argument("--num_steps", type=int, default=0, help="RL steps (0: kills + terms + 2)")
+    p.add_argument("--num_steps", type=int, default=0, help="RL steps (0: 2 (kills + terms + 1))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="", help="where the runs go (default: a temporary dir)")
     p.add_argument("--no_baseline", action="store_true", help="skip async baselines (no figure)")
@@ -427,11 +427,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.quick:
         args.scenarios, args.kills, args.terms, args.no_baseline = "sync,async", 2, 0, True
+        args.num_steps = args.num_steps or 5
     names = [n for n in args.scenarios.split(",") if n]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenarios {unknown}; choose from {list(SCENARIOS)}")
-    num_steps = args.num_steps or args.kills + args.terms + 2
+    # Room to spare: a SIGTERM stops after the step in flight, and a kill may land a checkpoint
+    # past its moment; a run that reaches its end before the plan does leaves kills unsent.
+    num_steps = args.num_steps or 2 * (args.kills + args.terms + 1)
     root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="rljax-chaos-"))
     root.mkdir(parents=True, exist_ok=True)
     cache = None if args.no_compile_cache else root / "jax-cache"
