@@ -56,6 +56,7 @@ from rljax.engine.state import (
 )
 from rljax.engine.steps import build_steps
 from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
+from rljax.engine.weights import load_checkpoint
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
@@ -74,8 +75,9 @@ class Engine:
     """JetStream's ``Engine`` on the sampler mesh: prefill / insert / generate / free_resource.
 
     ``tokenizer`` is a Hugging Face tokenizer directory or a ``.gguf`` file, what
-    ``get_tokenizer`` / ``build_tokenizer`` serve; ``seed`` seeds the PRNG streams of
-    prefills given no ``rng``.
+    ``get_tokenizer`` / ``build_tokenizer`` serve; ``checkpoint`` (the same kinds of path)
+    holds what ``load_params()`` loads when given no params; ``seed`` seeds the PRNG streams
+    of prefills given no ``rng``.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class Engine:
         rules: ShardingRules = SAMPLER_RULES,
         impl: str = "auto",
         tokenizer: str | os.PathLike | None = None,
+        checkpoint: str | os.PathLike | None = None,
         seed: int = 0,
     ):
         self.model_cfg = model_cfg
@@ -97,6 +100,7 @@ class Engine:
         self._rules = rules
         self.impl = impl  # kernels: 'auto' (Pallas on TPU), 'pallas' or 'xla'
         self.tokenizer_path = None if tokenizer is None else os.fspath(tokenizer)
+        self.checkpoint = None if checkpoint is None else os.fspath(checkpoint)
         self.page_size = z = sampling_cfg.page_size
         self.max_seq_len = sampling_cfg.max_prefill_length + sampling_cfg.max_new_tokens
         self.pages_per_slot = math.ceil(self.max_seq_len / z)
@@ -197,16 +201,19 @@ class Engine:
     # -- params, tokenizer, state -----------------------------------------------------------
 
     def load_params(self, params: nnx.State | None = None, *args, **kwargs) -> nnx.State:
-        """``params`` (e.g. the learner's) copied onto the sampler mesh; never a jit.
+        """``params`` (e.g. the learner's) copied onto the sampler mesh; never a jit. With
+        none, the engine's ``checkpoint`` read into the sampler's shardings.
 
         Always a copy: the learner donates its buffers to the next step, so the sampler must
         never alias them, even when both roles share devices.
         """
         del args, kwargs  # JetStream passes loader-specific options; none apply here
+        if params is None and self.checkpoint is not None:
+            return load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
         if params is None:
             raise ValueError(
                 "load_params() needs the params to serve: pass a params state, e.g. "
-                "load_params(learner.params) or one from rljax.models.loading"
+                "load_params(learner.params), or build the Engine with checkpoint=PATH"
             )
         return jax.device_put(params, self.param_shardings(params), may_alias=False)
 

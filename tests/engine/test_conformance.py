@@ -307,3 +307,28 @@ def test_a_callers_sampler_picks_the_tokens_and_log_probs_follow_it(tiny):
         assert r.logprobs[0] == pytest.approx(want, abs=1e-3)
         seq.append(token)
     eng.free_resource(0)
+
+
+def test_load_params_with_no_params_reads_the_engines_checkpoint(tiny, tmp_path):
+    """JetStream's server calls load_params() bare: the engine reads its checkpoint."""
+    import dataclasses
+
+    from rljax.models.hf import save_hf
+
+    e = tiny.engine
+    save_hf(tmp_path, e.model_cfg, tiny.params, Tokenizer.char_level())
+
+    def build(cfg, path):
+        return Engine(cfg, e.sampling_cfg, e.mesh, tiny.graphdef, tokenizer=path, checkpoint=path)
+
+    loaded = build(e.model_cfg, tmp_path).load_params()
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(tiny.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+    other = dataclasses.replace(e.model_cfg, num_layers=e.model_cfg.num_layers + 1)
+    n = e.model_cfg.num_layers
+    with pytest.raises(ValueError, match=rf"another model: num_layers={n} \(engine: {n + 1}\)"):
+        build(other, tmp_path).load_params()
+    with pytest.raises((FileNotFoundError, ValueError)) as err:
+        build(e.model_cfg, tmp_path / "missing").load_params()
+    assert "missing" in str(err.value) and "\n" not in str(err.value)
