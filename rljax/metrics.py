@@ -12,6 +12,7 @@ named spans per thread and writes them as Chrome trace JSON, which Perfetto
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import threading
@@ -26,14 +27,20 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # Record fields that locate a record rather than measure anything.
 _RECORD_KEYS = ("step", "phase", "time")
+# Spans a Timeline keeps for its trace: the driver adds one per generate call, so a long run
+# would otherwise grow host memory without bound; totals() still counts every span.
+MAX_TRACE_EVENTS = 100_000
 
 
 class Timeline:
-    """Named spans per track (thread), written as Chrome trace events."""
+    """Named spans per track (thread), written as Chrome trace events (the newest
+    ``max_events``; ``totals`` counts them all)."""
 
-    def __init__(self):
+    def __init__(self, max_events: int = MAX_TRACE_EVENTS):
         self._t0 = time.perf_counter()
-        self._events: list[dict[str, Any]] = []
+        self.max_events = max_events
+        self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_events)
+        self._totals: dict[str, float] = {}
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -56,14 +63,17 @@ class Timeline:
         }
         with self._lock:
             self._events.append(event)
+            self._totals[name] = self._totals.get(name, 0.0) + (end - start)
+
+    @property
+    def num_events(self) -> int:
+        """Spans held for the trace (at most ``max_events``)."""
+        return len(self._events)
 
     def totals(self) -> dict[str, float]:
         """Seconds spent in each span name so far."""
-        out: dict[str, float] = {}
         with self._lock:
-            for e in self._events:
-                out[e["name"]] = out.get(e["name"], 0.0) + e["dur"] / 1e6
-        return out
+            return dict(self._totals)
 
     def write(self, path: io.PathLike) -> None:
         """Writes the spans so far to ``path`` (local or remote) as Chrome trace JSON."""

@@ -9,6 +9,7 @@ Every publish is timed and its bytes counted.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -16,6 +17,9 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
+# Publishes kept in WeightSync.history (the newest; the driver and reallocator read the last).
+HISTORY = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +46,8 @@ class WeightSync:
         self.every = every
         self._lock = threading.Lock()
         self._latest: tuple[object, int] | None = None
-        self.history: list[SyncStats] = []
+        # The newest publishes only (one a step; a long run must not grow host memory).
+        self.history: collections.deque[SyncStats] = collections.deque(maxlen=HISTORY)
         self._cast = jax.jit(
             lambda tree: jax.tree.map(
                 lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x,

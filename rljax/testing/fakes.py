@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rljax.engine.sampler import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
-from rljax.mesh.weight_sync import SyncStats
+from rljax.mesh.weight_sync import HISTORY, SyncStats
 
 LengthSampler = Callable[[np.random.Generator], int]
 
@@ -329,7 +329,7 @@ class FakeWeightSync:
         self.every = every
         self.param_bytes = param_bytes
         self._latest: tuple[Any, int] | None = None
-        self.history: list[SyncStats] = []
+        self.history: collections.deque[SyncStats] = collections.deque(maxlen=HISTORY)
 
     def due(self, version: int) -> bool:
         return version % self.every == 0
