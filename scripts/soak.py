@@ -9,8 +9,9 @@ sampler's own rate (groups/s with a free learner) and then sets the learner's st
 consumes ten times slower: the limit the overload is defined against is measured in the same
 run. Figures, per interval of ``--interval`` groups:
   - every host queue's peak (rljax.testing.soak.queue_lengths) against its bound from the config;
-  - host memory: tracemalloc's current and peak bytes (Python allocations), and the process's
-    RSS and its high-water mark (VmRSS, VmHWM from /proc/self/status);
+  - host memory: tracemalloc's current and peak bytes (Python allocations), the bytes held
+    by everything but this script's own audit list ("pipeline"), and the process's RSS and its
+    high-water mark (VmRSS, VmHWM from /proc/self/status);
   - live threads.
 At the end: no queue past its bound, the thread count back where it started, every group drawn
 accounted for (consumed, aborted as surplus, pending or held), and the memory growth from the
@@ -148,19 +149,24 @@ def soak(groups: int, *, interval: int, probe_every: int = 1, log=print) -> dict
             return
         current, peak = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
+        # What the pipeline holds, without this script's own audit list (one id per group).
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, __file__)])
+        held = sum(stat.size for stat in snapshot.statistics("filename"))
         lengths = probe.sample()
         row = {
             "groups": (step + 1) * BATCH,
             "wall_s": round(time.perf_counter() - start, 2),
             "traced_bytes": current,
             "traced_peak_bytes": peak,
+            "pipeline_bytes": held,
             **_rss(),
             **lengths,
         }
         intervals.append(row)
         log(
             f"{row['groups']:>6} groups {row['wall_s']:>7.1f}s traced {current / 1e6:6.2f} MB "
-            f"(peak {peak / 1e6:6.2f}) rss {row['rss_bytes'] / 1e6:6.1f} MB threads "
+            f"(peak {peak / 1e6:6.2f}, pipeline {held / 1e6:6.3f}) "
+            f"rss {row['rss_bytes'] / 1e6:6.1f} MB threads "
             f"{row['threads']} queues "
             + " ".join(f"{k}={lengths[k]}" for k in QUEUES if k not in ("threads",))
         )
@@ -179,7 +185,7 @@ def soak(groups: int, *, interval: int, probe_every: int = 1, log=print) -> dict
     accounted = len(consumed) + surplus + len(state["pending"]) + held
     # Growth from the first steady interval (the pipeline full, the trace capped) to the last.
     steady = intervals[1:] or intervals
-    growth = steady[-1]["traced_bytes"] - steady[0]["traced_bytes"] if steady else 0
+    growth = steady[-1]["pipeline_bytes"] - steady[0]["pipeline_bytes"] if steady else 0
     over = probe.over(bounds)
     return {
         "groups": len(consumed),
@@ -197,7 +203,7 @@ def soak(groups: int, *, interval: int, probe_every: int = 1, log=print) -> dict
         "lost": prompts.drawn - accounted,
         "duplicated": len(consumed) - len(set(consumed)),
         "traced_peak_bytes": max((r["traced_peak_bytes"] for r in intervals), default=0),
-        "traced_growth_bytes": growth,
+        "pipeline_growth_bytes": growth,
         "rss_peak_bytes": _rss()["rss_peak_bytes"],
         "intervals": intervals,
         "ok": not over
@@ -222,8 +228,8 @@ def main(argv=None) -> int:
     )
     print(
         f"groups lost {result['lost']}, duplicated {result['duplicated']}; threads "
-        f"{result['threads_before']} -> {result['threads_after']}; traced memory growth "
-        f"{result['traced_growth_bytes'] / 1e6:+.2f} MB over the steady intervals"
+        f"{result['threads_before']} -> {result['threads_after']}; pipeline memory growth "
+        f"{result['pipeline_growth_bytes'] / 1e3:+.1f} KB over the steady intervals"
     )
     print(json.dumps(result))
     return 0 if result["ok"] else 1
