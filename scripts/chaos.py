@@ -7,9 +7,10 @@
 Each scenario launches ``python -m rljax.launch`` on a fresh workdir with a checkpoint every
 step, interrupts it at random moments (SIGKILL to its whole process group, or SIGTERM to the
 process: a preemption notice), and relaunches the same command each time; the runtime resumes
-by itself. A moment is either a random delay after the launch, or a random delay after the
-process finalises a randomly chosen checkpoint. The plan is drawn from ``--seed``, so a failing
-seed replays the same kinds of moments (the exact instants still depend on the machine).
+by itself. A moment is a random delay after the launch, after a fresh run's initial evaluation
+(before its first checkpoint), or after the process finalises a randomly chosen checkpoint. The
+plan is drawn from ``--seed``, so a failing seed replays the same kinds of moments (the exact
+instants still depend on the machine). The audits are in ``rljax/testing/audit.py``.
 
 Audits once the run has finished (each one a list of failures, empty when it passes):
   - steps: metrics.jsonl holds train steps 0..num_steps-1 once each, in order, with version =
