@@ -54,6 +54,18 @@ def _parse_flags(argv: list[str]) -> list[str]:
         sys.exit(f"rljax: {message}")
     except OSError as e:  # a missing config file, when --config.<key> overrides touch it
         sys.exit(f"rljax: {_cannot_load(e)}")
+    except SyntaxError as e:  # config_flags imports the --config file while parsing
+        sys.exit(
+            f"rljax: the --config file {e.filename} does not parse (line {e.lineno}: {e.msg}); "
+            "fix its Python syntax"
+        )
+    except AttributeError as e:
+        if "get_config" not in str(e):
+            raise
+        sys.exit(
+            "rljax: the --config file has no get_config(arg) function; define one that returns "
+            "the run's ConfigDict, as configs/arith_tiny.py does"
+        )
 
 
 def _run_config(config_lib):

@@ -126,6 +126,9 @@ def launch_error(workdir, monkeypatch):
         before = snapshot(target) if target.exists() else None
         # config_flags finds the --config.<key> overrides in sys.argv, as in a real launch.
         monkeypatch.setattr(sys, "argv", argv)
+        # config_flags execs the file into sys.modules['config_config'], reusing an earlier
+        # launch's module (and its get_config); a real launch starts without one.
+        monkeypatch.delitem(sys.modules, "config_config", raising=False)
         known = set(flags.FLAGS)
         try:
             with pytest.raises(SystemExit) as info:
@@ -133,7 +136,8 @@ def launch_error(workdir, monkeypatch):
         finally:
             flags.FLAGS.unparse_flags()
             for name in set(flags.FLAGS) - known:  # the --config.<key> flags it defined
-                delattr(flags.FLAGS, name)
+                if name.startswith("config."):
+                    delattr(flags.FLAGS, name)
         if before is not None:
             assert snapshot(target) == before, "the refused start changed the workdir"
         code = info.value.code

@@ -37,3 +37,17 @@ CASES = [
 @pytest.mark.parametrize("row_id, args, fix", CASES, ids=[c[0] for c in CASES])
 def test_bad_command_line(launch_error, check_row, row_id, args, fix):
     check_row(row_id, launch_error(*args), fix)
+
+
+@pytest.mark.parametrize(
+    "row_id, source, fix",
+    [
+        ("C20", 'def get_config(arg=None):\n    return {"mode": 1,\n', "fix its Python syntax"),
+        ("C21", "MODE = 'sync'\n", "define one that returns the run's ConfigDict"),
+    ],
+    ids=["C20", "C21"],
+)
+def test_broken_config_file(launch_error, check_row, tmp_path, row_id, source, fix):
+    path = tmp_path / "my_experiment.py"
+    path.write_text(source)
+    check_row(row_id, launch_error(f"--config={path}"), fix)
