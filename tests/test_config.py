@@ -18,7 +18,7 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 @pytest.mark.parametrize(
     "changes, key, fix",
     [
-        ({"learner.learning_rate": -0.1}, "learner.learning_rate", "> 0"),
+        ({"learner.learning_rate": -0.1}, "learner.learning_rate", ">= 0"),
         ({"learner.group_size": 1}, "learner.group_size", ">= 2"),
         ({"learner.micro_batches": 1000}, "learner.micro_batches", "cannot exceed the batch"),
         ({"mode": "async", "buffer.max_staleness": -1}, "buffer.max_staleness", "eta >= 0"),

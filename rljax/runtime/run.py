@@ -31,7 +31,7 @@ from rljax.config import ConfigError, RunConfig
 from rljax.data.pipeline import prompt_iterator
 from rljax.data.tasks import check_prompts, encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
-from rljax.engine.sampler import FINISH_STOP, Request, Sampler, Trajectory
+from rljax.engine.sampler import Request, Sampler, Trajectory
 from rljax.learner.advantages import group_advantages, resolve_scale
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import check_divisible
@@ -44,9 +44,9 @@ from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
-from rljax.rewards.pool import FAILURE_KINDS, RewardPool, failure_metrics
+from rljax.rewards.pool import RewardPool, failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import resizing, resume
+from rljax.runtime import resizing, resume, scoring
 from rljax.runtime.driver import Driver
 from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.warm_start import warm_start
@@ -191,11 +191,7 @@ class Run:
         return encode_prompt(self.tokenizer, self.cfg.data, example)
 
     def completion_text(self, t: Trajectory) -> str:
-        tokens = t.response_tokens
-        if t.finish_reason == FINISH_STOP and tokens:
-            tokens = tokens[:-1]
-        # A checkpoint's embedding may be padded past the tokenizer; such ids decode to nothing.
-        return self.tokenizer.decode([i for i in tokens if i < self.tokenizer.vocab_size])
+        return scoring.completion_text(self.tokenizer, t)
 
     def publish(self) -> None:
         """Hand the learner's newest weights to the sampler (a device_put across meshes)."""
@@ -226,35 +222,10 @@ class Run:
         return [ex for share in distributed.allgather_objects(local) for ex in share]
 
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
-        """Rewards for ``trajs`` (in order), also set on each trajectory.
-
-        Each process runs the reward function (maybe an expensive verifier) only on its share
-        of the groups (:func:`distributed.group_owners`; in training that is exactly the prompts
-        it read), then the rewards are all-gathered so every process builds the same advantages.
-        """
-        owners = distributed.group_owners([t.group_id for t in trajs], self.shard_count)
-        mine = [trajs[i] for i, p in enumerate(owners) if p == self.shard_index]
-        local = self.rewards.score(
-            [self.completion_text(t) for t in mine], [t.payload for t in mine]
+        """Rewards for ``trajs`` (in order), scored by process and gathered (runtime.scoring)."""
+        rewards, self.reward_failures = scoring.score(
+            trajs, self.rewards, self.tokenizer, self.shard_index, self.shard_count
         )
-        _debug(
-            "scored",
-            process=self.shard_index,
-            prompts=sorted({t.payload["prompt"] for t in mine}),
-            trajectories=len(mine),
-            of=len(trajs),
-        )
-        shares = distributed.allgather_objects(
-            {"rewards": local.tolist(), "failures": self.rewards.stats.by_kind()}
-        )
-        self.reward_failures = {
-            k: sum(share["failures"][k] for share in shares) for k in FAILURE_KINDS
-        }
-        rewards = np.zeros(len(trajs), np.float32)
-        for p, share in enumerate(shares):
-            rewards[[i for i, owner in enumerate(owners) if owner == p]] = share["rewards"]
-        for t, r in zip(trajs, rewards, strict=True):
-            t.reward = float(r)
         return rewards
 
     def evaluate(self, step: int, phase: str = "eval") -> float:

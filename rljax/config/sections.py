@@ -1,11 +1,4 @@
-"""Typed, frozen run configuration.
-
-Experiment files under ``configs/`` build a :class:`RunConfig` from these dataclasses and hand
-it to the launcher as an ``ml_collections.ConfigDict`` (:func:`to_config_dict`), so that
-``--config.learner.learning_rate=1e-5`` style overrides work. The launcher turns the overridden
-ConfigDict back into dataclasses (:func:`from_config_dict`), and every dataclass validates itself
-in ``__post_init__``. A bad value raises :class:`ConfigError` with a one-line message that names
-the key, the bad value and what would be valid.
+"""The sections of a run config: one frozen, self-validating dataclass per part of the stack.
 
 Each module receives only its own section (``ModelConfig`` for the model, ``SamplingConfig`` for
 the engine, ...), never the whole run config.
@@ -14,54 +7,23 @@ the engine, ...), never the whole run config.
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
 from collections.abc import Mapping
 from typing import Any
 
-import ml_collections
-
-from rljax.policy.reallocation import ReallocatorConfig
-
-DTYPES = ("float32", "bfloat16")
-FAMILIES = ("llama", "qwen2", "qwen3")
-LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
-SWAP_MODES = ("inflight", "recompute", "drain")
-TASKS = ("arithmetic", "gsm8k", "math")
-MESH_MODES = ("colocated", "split")
-# Activation rematerialisation of the training decoder block: 'none' keeps every activation,
-# 'full' recomputes the block in the backward pass, the rest name jax.checkpoint_policies.
-REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-RUN_MODES = ("sync", "async")
-SFT_TEACHERS = ("reference", "drops_carries")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid. The message names the key and the fix."""
-
-
-def _fail(key: str, value: Any, expected: str) -> None:
-    raise ConfigError(f"config key '{key}' = {value!r} is invalid: expected {expected}")
-
-
-def _positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    ok = ok and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        _fail(key, value, "an integer >= 0" if allow_zero else "an integer > 0")
-
-
-def _positive_float(key: str, value: Any, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        _fail(key, value, "a finite number >= 0" if allow_zero else "a finite number > 0")
-
-
-def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _fail(key, value, f"one of {', '.join(choices)}")
+from rljax.config.checks import (
+    DTYPES,
+    FAMILIES,
+    LOSSES,
+    MESH_MODES,
+    REMAT,
+    SFT_TEACHERS,
+    SWAP_MODES,
+    TASKS,
+    _fail,
+    _one_of,
+    _positive,
+    _positive_float,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +220,8 @@ class LearnerConfig:
         _one_of("learner.proximal", self.proximal, ("recompute", "loglinear"))
         if self.scale_advantages is not None and not isinstance(self.scale_advantages, bool):
             _fail("learner.scale_advantages", self.scale_advantages, "True, False or None")
-        _positive_float("learner.learning_rate", self.learning_rate)
+        # 0 is allowed: a control run that samples and scores but never moves the policy.
+        _positive_float("learner.learning_rate", self.learning_rate, allow_zero=True)
         _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)
         _positive("learner.decay_steps", self.decay_steps, allow_zero=True)
         _positive_float("learner.weight_decay", self.weight_decay, allow_zero=True)
@@ -468,162 +431,3 @@ class MetricsConfig:
 
     def __post_init__(self):
         _positive("metrics.log_every", self.log_every)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """One experiment: every section plus the run-level knobs."""
-
-    model: ModelConfig = ModelConfig()
-    tokenizer: str = "char"  # 'char', a directory with tokenizer.json, or 'init' (the checkpoint's)
-    # 'random' (from ``model``), a Hugging Face directory, a GGUF file, or 'smollm2'. A loaded
-    # checkpoint's own config.json / GGUF metadata replaces ``model`` (its dtype is kept).
-    init: str = "random"
-    sampling: SamplingConfig = SamplingConfig()
-    learner: LearnerConfig = LearnerConfig()
-    sft: SFTConfig = SFTConfig()
-    buffer: BufferConfig = BufferConfig()
-    mesh: MeshConfig = MeshConfig()
-    # The reallocation policy's settings; the simulator's SimConfig.reallocator is this section.
-    reallocator: ReallocatorConfig = ReallocatorConfig()
-    data: DataConfig = DataConfig()
-    reward: RewardConfig = RewardConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    mode: str = "sync"
-    seed: int = 0
-    num_steps: int = 100  # learner (RL) steps
-    eval_every: int = 0  # 0: evaluate only after SFT and at the end
-    eval_examples: int = 256
-    kernel_impl: str = (
-        "auto"  # Pallas kernels: 'auto' (on TPU), 'pallas' (interpret off TPU), 'xla'
-    )
-
-    def __post_init__(self):
-        _one_of("mode", self.mode, RUN_MODES)
-        _positive("seed", self.seed, allow_zero=True)
-        _positive("num_steps", self.num_steps, allow_zero=True)
-        _positive("eval_every", self.eval_every, allow_zero=True)
-        _positive("eval_examples", self.eval_examples)
-        _one_of("kernel_impl", self.kernel_impl, ("auto", "pallas", "xla"))
-        if self.mode == "sync" and self.buffer.max_staleness != 0:
-            _fail(
-                "buffer.max_staleness",
-                self.buffer.max_staleness,
-                "0 in sync mode (set mode='async' to train off-policy)",
-            )
-        if self.sft.teacher == "drops_carries" and (
-            self.data.task != "arithmetic" or self.data.ops != "+"
-        ):
-            _fail(
-                "sft.teacher",
-                self.sft.teacher,
-                "'reference' unless data.task='arithmetic' and data.ops='+' (only sums carry)",
-            )
-        lr = self.learner
-        updates = self.num_steps * lr.ppo_epochs
-        if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:
-            _fail(
-                "learner.decay_steps",
-                lr.decay_steps,
-                f"at least {updates - lr.warmup_steps} (num_steps * learner.ppo_epochs - "
-                f"learner.warmup_steps): the rate is 0 once the decay ends, so the last "
-                f"{updates - lr.warmup_steps - lr.decay_steps} updates would not train",
-            )
-        if self.sampling.max_concurrent_decodes < self.learner.group_size:
-            _fail(
-                "sampling.max_concurrent_decodes",
-                self.sampling.max_concurrent_decodes,
-                f"at least learner.group_size={self.learner.group_size} (a group shares a prefill)",
-            )
-
-
-def to_config_dict(cfg: RunConfig) -> ml_collections.ConfigDict:
-    """The ConfigDict form that experiment files return and absl overrides edit."""
-
-    def convert(obj: Any) -> Any:
-        if dataclasses.is_dataclass(obj):
-            hints = typing.get_type_hints(type(obj))
-            return {
-                f.name: _none_placeholder(hints[f.name])
-                if getattr(obj, f.name) is None
-                else convert(getattr(obj, f.name))
-                for f in dataclasses.fields(obj)
-            }
-        if isinstance(obj, Mapping):
-            return {k: convert(v) for k, v in obj.items()}
-        return obj
-
-    return ml_collections.ConfigDict(convert(cfg))
-
-
-def _none_placeholder(hint: Any) -> Any:
-    """A None scalar field as a typed placeholder, so ``--config.x=...`` can still set it."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if len(args) == 1 and args[0] in (bool, int, float, str):
-        return ml_collections.config_dict.placeholder(args[0])
-    return None
-
-
-def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        key = f"{prefix}{unknown[0]}"
-        raise ConfigError(
-            f"unknown config key '{key}': valid keys under '{prefix or '<root>'}' are "
-            f"{', '.join(sorted(names))}"
-        )
-    kwargs = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            if not isinstance(value, Mapping):
-                _fail(f"{prefix}{name}", value, f"a section of keys for {hint.__name__}")
-            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
-        elif _is_tuple(hint) and isinstance(value, list | tuple):
-            kwargs[name] = tuple(value)
-        else:
-            kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as e:  # a section defined outside this module (the policies' settings)
-        raise ConfigError(str(e)) from None
-
-
-def _is_tuple(hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_is_tuple(a) for a in typing.get_args(hint))
-    return origin is tuple
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, ml_collections.ConfigDict | ml_collections.FrozenConfigDict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def from_config_dict(cd: Mapping[str, Any] | ml_collections.ConfigDict) -> RunConfig:
-    """Validated :class:`RunConfig` from a (possibly overridden) ConfigDict or plain dict."""
-    return _build(RunConfig, _plain(cd), "")
-
-
-def replace(cfg: Any, **changes: Any) -> Any:
-    """``dataclasses.replace`` with dotted keys: ``replace(cfg, **{'learner.beta': 0.1})``."""
-    nested: dict[str, dict[str, Any]] = {}
-    flat = {}
-    for key, value in changes.items():
-        head, _, rest = key.partition(".")
-        if rest:
-            nested.setdefault(head, {})[rest] = value
-        else:
-            flat[key] = value
-    for head, sub in nested.items():
-        flat[head] = replace(getattr(cfg, head), **sub)
-    return dataclasses.replace(cfg, **flat)

@@ -1,0 +1,70 @@
+"""Typed, frozen run configuration.
+
+Experiment files under ``configs/`` build a :class:`RunConfig` from these dataclasses and hand
+it to the launcher as an ``ml_collections.ConfigDict`` (:func:`to_config_dict`), so that
+``--config.learner.learning_rate=1e-5`` style overrides work. The launcher turns the overridden
+ConfigDict back into dataclasses (:func:`from_config_dict`), and every dataclass validates itself
+in ``__post_init__``. A bad value raises :class:`ConfigError` with a one-line message that names
+the key, the bad value and what would be valid.
+
+Each module receives only its own section (``ModelConfig`` for the model, ``SamplingConfig`` for
+the engine, ...), never the whole run config.
+
+The package splits along its seams: ``checks`` (ConfigError and the checks), ``sections`` (one
+dataclass per part of the stack), ``run_config`` (RunConfig and its cross-section rules) and
+``convert`` (ConfigDict conversion); everything public is importable from ``rljax.config``.
+"""
+
+from rljax.config.checks import (
+    DTYPES,
+    FAMILIES,
+    LOSSES,
+    MESH_MODES,
+    REMAT,
+    RUN_MODES,
+    SFT_TEACHERS,
+    SWAP_MODES,
+    TASKS,
+    ConfigError,
+)
+from rljax.config.convert import from_config_dict, replace, to_config_dict
+from rljax.config.run_config import RunConfig
+from rljax.config.sections import (
+    BufferConfig,
+    CheckpointConfig,
+    DataConfig,
+    LearnerConfig,
+    MeshConfig,
+    MetricsConfig,
+    ModelConfig,
+    RewardConfig,
+    SamplingConfig,
+    SFTConfig,
+)
+
+__all__ = [
+    "DTYPES",
+    "FAMILIES",
+    "LOSSES",
+    "MESH_MODES",
+    "REMAT",
+    "RUN_MODES",
+    "SFT_TEACHERS",
+    "SWAP_MODES",
+    "TASKS",
+    "BufferConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "LearnerConfig",
+    "MeshConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "RewardConfig",
+    "RunConfig",
+    "SFTConfig",
+    "SamplingConfig",
+    "from_config_dict",
+    "replace",
+    "to_config_dict",
+]

@@ -1,0 +1,88 @@
+"""RunConfig: every section of a run, and the rules that span sections."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rljax.config.checks import RUN_MODES, _fail, _one_of, _positive
+from rljax.config.sections import (
+    BufferConfig,
+    CheckpointConfig,
+    DataConfig,
+    LearnerConfig,
+    MeshConfig,
+    MetricsConfig,
+    ModelConfig,
+    RewardConfig,
+    SamplingConfig,
+    SFTConfig,
+)
+from rljax.policy.reallocation import ReallocatorConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One experiment: every section plus the run-level knobs."""
+
+    model: ModelConfig = ModelConfig()
+    tokenizer: str = "char"  # 'char', a directory with tokenizer.json, or 'init' (the checkpoint's)
+    # 'random' (from ``model``), a Hugging Face directory, a GGUF file, or 'smollm2'. A loaded
+    # checkpoint's own config.json / GGUF metadata replaces ``model`` (its dtype is kept).
+    init: str = "random"
+    sampling: SamplingConfig = SamplingConfig()
+    learner: LearnerConfig = LearnerConfig()
+    sft: SFTConfig = SFTConfig()
+    buffer: BufferConfig = BufferConfig()
+    mesh: MeshConfig = MeshConfig()
+    # The reallocation policy's settings; the simulator's SimConfig.reallocator is this section.
+    reallocator: ReallocatorConfig = ReallocatorConfig()
+    data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    mode: str = "sync"
+    seed: int = 0
+    num_steps: int = 100  # learner (RL) steps
+    eval_every: int = 0  # 0: evaluate only after SFT and at the end
+    eval_examples: int = 256
+    kernel_impl: str = (
+        "auto"  # Pallas kernels: 'auto' (on TPU), 'pallas' (interpret off TPU), 'xla'
+    )
+
+    def __post_init__(self):
+        _one_of("mode", self.mode, RUN_MODES)
+        _positive("seed", self.seed, allow_zero=True)
+        _positive("num_steps", self.num_steps, allow_zero=True)
+        _positive("eval_every", self.eval_every, allow_zero=True)
+        _positive("eval_examples", self.eval_examples)
+        _one_of("kernel_impl", self.kernel_impl, ("auto", "pallas", "xla"))
+        if self.mode == "sync" and self.buffer.max_staleness != 0:
+            _fail(
+                "buffer.max_staleness",
+                self.buffer.max_staleness,
+                "0 in sync mode (set mode='async' to train off-policy)",
+            )
+        if self.sft.teacher == "drops_carries" and (
+            self.data.task != "arithmetic" or self.data.ops != "+"
+        ):
+            _fail(
+                "sft.teacher",
+                self.sft.teacher,
+                "'reference' unless data.task='arithmetic' and data.ops='+' (only sums carry)",
+            )
+        lr = self.learner
+        updates = self.num_steps * lr.ppo_epochs
+        if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:
+            _fail(
+                "learner.decay_steps",
+                lr.decay_steps,
+                f"at least {updates - lr.warmup_steps} (num_steps * learner.ppo_epochs - "
+                f"learner.warmup_steps): the rate is 0 once the decay ends, so the last "
+                f"{updates - lr.warmup_steps - lr.decay_steps} updates would not train",
+            )
+        if self.sampling.max_concurrent_decodes < self.learner.group_size:
+            _fail(
+                "sampling.max_concurrent_decodes",
+                self.sampling.max_concurrent_decodes,
+                f"at least learner.group_size={self.learner.group_size} (a group shares a prefill)",
+            )
