@@ -94,9 +94,19 @@ class Run:
         loss: str | Loss | None = None,
         devices: Sequence[jax.Device] | None = None,
     ):
+        self.ckpt = self.rewards = self.metrics = None
+        try:
+            self._build(cfg, workdir, reward_fn, loss, devices)
+        except BaseException:
+            self.close()  # a refused start leaves no checkpoint manager or worker running
+            raise
+
+    def _build(self, cfg, workdir, reward_fn, loss, devices) -> None:
         # Each process reads batch_groups / process_count prompts a step (next_prompts).
         self.shard_index, self.shard_count = distributed.data_shard()
         check_supported(cfg, self.shard_count)
+        if self.shard_count > 1:
+            distributed.check_same_config(cfg)
         self.cfg = cfg
         self.workdir = str(io.ensure_writable_dir(workdir))
         self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
@@ -450,10 +460,9 @@ class Run:
         return summary
 
     def close(self) -> None:
-        if self.ckpt is not None:
-            self.ckpt.close()
-        self.rewards.close()
-        self.metrics.close()
+        for part in (self.ckpt, self.rewards, self.metrics):
+            if part is not None:
+                part.close()
 
 
 def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
