@@ -408,6 +408,15 @@ class Run:
 
     def train(self) -> dict[str, Any]:
         """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again."""
+        # SIGTERM stops the run gracefully until train returns: one during the final
+        # evaluation lets it finish (it used to kill the process there).
+        previous = _install_sigterm(self.request_stop)
+        try:
+            return self._train()
+        finally:
+            _restore_sigterm(previous)
+
+    def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         start = time.perf_counter()
         previous = _install_sigterm(self.request_stop)

@@ -239,7 +239,8 @@ def test_one_run_preempted_killed_and_resumed_in_process(tmp_path):
        relaunch appended a second warm start and initial evaluation to the old metrics;
     2. a SIGTERM that landed before the driver existed (warm start, first evaluation) was
        ignored until every step had run;
-    3. the driver's running counts (``dispatched``, ...) restarted at 0 on each resume.
+    3. the driver's running counts (``dispatched``, ...) restarted at 0 on each resume;
+    4. a SIGTERM during the final evaluation killed the process (the default handler was back).
     """
     killed = [{"step": 0, "phase": "sft", "loss": 1.0}, {"step": 0, "phase": "eval_initial"}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in killed))
@@ -264,7 +265,23 @@ def test_one_run_preempted_killed_and_resumed_in_process(tmp_path):
 
     summary = _train_in_process(_small_run_config(3), tmp_path, preempt_after_step_1)
     assert summary == {"stopped": True, "steps": 2}
-    assert _train_in_process(_small_run_config(3), tmp_path)["steps"] == 3
+    handlers = []
+
+    def watch_the_final_evaluation(run):
+        evaluate = run.evaluate
+
+        def evaluate_and_look(step, phase="eval"):
+            handlers.append((phase, signal.getsignal(signal.SIGTERM)))
+            return evaluate(step, phase)
+
+        run.evaluate = evaluate_and_look
+        handlers.append(("run", run.request_stop))
+
+    assert (
+        _train_in_process(_small_run_config(3), tmp_path, watch_the_final_evaluation)["steps"] == 3
+    )
+    # 4. SIGTERM during the final evaluation still stops gracefully (it killed the process).
+    assert handlers == [("run", handlers[0][1]), ("eval_final", handlers[0][1])]
     records = audit.read_metrics(tmp_path)
     assert audit.audit_steps(records, 3) == []
     train = [r for r in records if r["phase"] == "train"]
