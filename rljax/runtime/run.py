@@ -419,28 +419,24 @@ class Run:
     def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         start = time.perf_counter()
-        previous = _install_sigterm(self.request_stop)
-        try:
-            if self.resumed_meta is None:
-                self._warm_start()
-                self.initial_accuracy = self.evaluate(0, "eval_initial")
-                self.metrics.print(
-                    f"held-out accuracy after warm start: {self.initial_accuracy:.3f}"
-                )
-            else:
-                self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
-            self.driver = self._make_driver()
-            if self._stop_requested:  # a SIGTERM before the driver existed (warm start, eval)
-                self.driver.stop()
-            self.driver.run(start_step=self.learner.version)
-            # Rollouts still in flight belong to versions nobody will train; evaluation needs
-            # the newest weights and empty slots.
-            self.sampler.clear()
-            latest = self.weight_sync.acquire()
-            if latest is not None:
-                self.sampler.set_params(*latest)
-        finally:
-            _restore_sigterm(previous)
+        if self.resumed_meta is None:
+            self._warm_start()
+            self.initial_accuracy = self.evaluate(0, "eval_initial")
+            self.metrics.print(
+                f"held-out accuracy after warm start: {self.initial_accuracy:.3f}"
+            )
+        else:
+            self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
+        self.driver = self._make_driver()
+        if self._stop_requested:  # a SIGTERM before the driver existed (warm start, eval)
+            self.driver.stop()
+        self.driver.run(start_step=self.learner.version)
+        # Rollouts still in flight belong to versions nobody will train; evaluation needs
+        # the newest weights and empty slots.
+        self.sampler.clear()
+        latest = self.weight_sync.acquire()
+        if latest is not None:
+            self.sampler.set_params(*latest)
         if self._stop_requested:
             self.save(force=True)
             if self.ckpt is not None:
