@@ -22,7 +22,7 @@ from rljax.engine.sampler import FINISH_LENGTH, Request, Trajectory
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.rewards.pool import RewardPool
 from rljax.runtime.driver import Driver
-from rljax.runtime.rollout import Group, encode_group
+from rljax.runtime.rollout import Group, decode_group, encode_group
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -252,11 +252,6 @@ def test_driver_invariants_random_lengths(eta, overprovision, dynamic, median, s
     _check_run(record, driver, eta)
 
 
-def _decode_group(d: dict) -> Group:
-    trajs = [Trajectory(**t) for t in d["trajectories"]]
-    return Group(d["request_id"], d["example"], trajs, np.asarray(d["rewards"]), d["min_version"])
-
-
 @pytest.mark.parametrize("eta,overprovision", [(1, 0), (2, 2)])
 def test_resume_mid_run(eta, overprovision):
     prompts, learner, sync = Prompts(), FakeLearner(constant_cost(0.002)), FakeWeightSync()
@@ -286,7 +281,7 @@ def test_resume_mid_run(eta, overprovision):
     dropped_1 = {first.dispatched[r] for r in first.dropped}
 
     second = Record()
-    buffer = RecordingBuffer.from_state_dict(state["buffer"], decode=_decode_group)
+    buffer = RecordingBuffer.from_state_dict(state["buffer"], decode=decode_group)
     assert buffer.version == learner.version
     resumed = _driver(
         second,
