@@ -12,16 +12,18 @@ agree with it. ``data.path`` is a GSM8K JSONL or parquet file (local or gs://).
 Mesh split (8 chips, one host, disjoint meshes, ``mode=async``):
   * sampler: chips 0-3, axes data=2 x tensor=2 (``:v6e8``: data=4 x tensor=1). Each data shard
     owns 128 of the 256 decode slots and their own half of the KV page pool; 'tensor' splits
-    the weights, the 2 kv heads and so the pool again. On v5e the tensor split is what makes
-    room: weights stay f32 on the sampler (the runtime's WeightSync does not cast to bf16),
-    and an in-flight update holds a second copy of them while it is staged;
+    the weights, the 2 kv heads and so the pool again. The sampler runs in bf16
+    (``sampling.dtype``: weights cast from the learner's f32 master copy at each publish, KV
+    pages and activations bf16); an in-flight update holds a second copy of its weights while
+    it is staged;
   * learner: chips 4-7, axes fsdp=4 x tensor=1 (f32 master weights and Adam moments sharded).
 Batch: B=32 prompts x G=8 responses = 256 sequences per step, in 16 micro-batches of 16 rows x
 768 tokens (``:v6e8``: 8 of 32 x 1280), ``learner.remat='full'``; eta = 1 (decoupled PPO
 corrects the one-step staleness).
 Expected memory per chip (``scripts/plan_memory.py``: XLA's memory analysis of the learner
 step and the engine's generate, compiled on a fake CPU mesh; the table is in
-docs/benchmarks.md), GiB:
+docs/benchmarks.md), GiB; the plan was made with an f32 sampler, so its sampler weights, KV
+pool and staged weights are half of these in bf16:
   * ``:v5e8`` (16 GiB): learner params 1.44 + Adam 2.88 + temp (grads, accumulator,
     activations) 6.91 = 11.23; sampler weights 2.88 + KV pool 2.63 (f32, 56 KiB/token x 256
     slots x 768 tokens / 4) + temp 2.75 + staged weights 2.88 = 11.13.
@@ -72,6 +74,7 @@ def recipe(variant: str = "") -> RunConfig:
             max_prefill_length=256,
             max_concurrent_decodes=256,
             page_size=16,
+            dtype="bfloat16",  # weights cast at each publish; the learner keeps f32
         ),
         learner=LearnerConfig(
             loss="decoupled_ppo",

@@ -11,7 +11,8 @@ hosts (TPU_WORKER_HOSTNAMES) into one program. ``init`` is a Hugging Face direct
 architecture is ``model_config('qwen3-8b')``.
 
 Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=sync``):
-  * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4: f32 weights split 4 ways, each
+  * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4: bf16 weights (``sampling.dtype``,
+    cast from the learner's f32 master copy at each publish) split 4 ways, each
     data shard owns 128 of the 256 slots and half of the KV page pool, whose 8 kv heads
     'tensor' splits 4 ways;
   * learner: chips 8-15 (hosts 2-3), axes fsdp=8 x tensor=1 (f32 weights, grads and Adam
@@ -22,7 +23,8 @@ decisions are not yet agreed across hosts, so ``mode='async'`` with several proc
 refused; docs/multihost.md). The split still pays: the sampler keeps its KV pool and compiled
 programs while the learner steps, and weights move over ICI.
 Expected memory per chip (``scripts/plan_memory.py``, XLA's memory analysis on a fake 16-device
-CPU mesh; table in docs/benchmarks.md), GiB of v5p's 95: learner params 3.81 + Adam 7.63 +
+CPU mesh; table in docs/benchmarks.md, planned with an f32 sampler: in bf16 its weights, KV pool
+and staged update are half), GiB of v5p's 95: learner params 3.81 + Adam 7.63 +
 temp (grads, accumulator, activations) 28.07 = 39.51; sampler weights 7.63 + KV pool 11.25
 (f32, 288 KiB/token x 256 slots x 1280 tokens / 8) + temp 0.48 + a staged weight update 7.63
 = 26.99. Both leave over half the HBM free, room for longer answers or more slots.
@@ -67,6 +69,7 @@ def recipe(variant: str = "") -> RunConfig:
             max_prefill_length=256,
             max_concurrent_decodes=256,
             page_size=16,
+            dtype="bfloat16",  # weights cast at each publish; the learner keeps f32
         ),
         learner=LearnerConfig(
             loss="grpo",

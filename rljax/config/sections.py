@@ -110,9 +110,15 @@ class SamplingConfig:
     page_size: int = 16
     num_pages: int = 0  # 0 = enough for every slot at full length
     swap_mode: str = "inflight"
+    # The sampler's precision: its copy of the weights (cast from the learner's master copy at
+    # every publish), its activations and its KV pages. Logits, sampling and the recorded
+    # log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory; the
+    # learner logs the mismatch it brings (mismatch/* metrics, docs/runtime.md).
+    dtype: str = "float32"
 
     def __post_init__(self):
         _positive_float("sampling.temperature", self.temperature, allow_zero=True)
+        _one_of("sampling.dtype", self.dtype, DTYPES)
         _positive("sampling.top_k", self.top_k, allow_zero=True)
         if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
             _fail("sampling.top_p", self.top_p, "a number in (0, 1]")

@@ -10,6 +10,11 @@ optimiser state live in their learner shardings (FSDP over 'fsdp', tensor parall
 Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never
 materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
 importance ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
+
+The same forward pass gives the train-inference mismatch, logged every step: the gap between
+these log-probs and the sampler's (``mismatch/*``, :data:`MISMATCH_FRESH` restricted to the
+tokens the learner's own version sampled, where only the two programs and their precisions
+differ; see docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from rljax.kernels.fused_logprobs import (
     token_logprobs_and_entropy,
 )
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
-from rljax.learner.losses import Loss, LossInputs, get_loss
+from rljax.learner.losses import Loss, LossInputs, get_loss, train_inference_mismatch
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -39,6 +44,10 @@ from rljax.models.sharding import (
     state_shardings,
     with_shardings,
 )
+
+# Mismatch metrics over the fresh tokens (behaviour version == learner version) only; absent
+# from a step's metrics when it has none.
+MISMATCH_FRESH = ("mismatch/abs_logp_fresh", "mismatch/k3_fresh")
 
 # Only the rate is injected (kept in the optimiser state); the rest stay Python constants.
 _STATIC_ADAMW_ARGS = ("b1", "b2", "eps", "eps_root", "weight_decay")
@@ -276,6 +285,12 @@ class Learner:
         loss = jnp.sum(per_token * mb["weights"] * mb["mask"])
         sums = {k: jnp.sum(v * mb["mask"]) for k, v in metrics.items()}
         sums["tokens"] = jnp.sum(mb["mask"])
+        if self.loss.sampled:
+            fresh = mb["mask"] * (mb["versions"] == version)
+            for k, v in train_inference_mismatch(logp, mb["old_logprobs"], mb["mask"]).items():
+                sums[f"mismatch/{k}"] = jnp.sum(v * mb["mask"])
+                sums[f"mismatch/{k}_fresh"] = jnp.sum(v * fresh)
+            sums["fresh_tokens"] = jnp.sum(fresh)
         return loss, sums
 
     def _train_step(self, params, opt_state, ref_params, batch, version):
@@ -295,7 +310,12 @@ class Learner:
         updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
-        metrics = {k: v / tokens for k, v in sums.items()}
+        fresh = sums.pop("fresh_tokens", None)
+        metrics = {k: v / tokens for k, v in sums.items() if k not in MISMATCH_FRESH}
+        if fresh is not None:
+            # NaN with no fresh token; step() then drops the keys.
+            metrics.update({k: sums[k] / fresh for k in MISMATCH_FRESH})
+            metrics["mismatch/fresh_frac"] = fresh / tokens
         metrics.update(
             loss=loss,
             grad_norm=optax.tree.norm(grads),
@@ -323,16 +343,25 @@ class Learner:
 
         The proximal policy is the params before the first update: its log-probs are computed
         once, here, and every epoch clips against them. Metrics are those of the last update
-        (its ratio and clip fraction show the drift; ``learning_rate`` is the rate it applied).
+        (its ratio and clip fraction show the drift; ``learning_rate`` is the rate it applied),
+        except the ``mismatch/*`` ones: the first update's, taken at the version that sampled.
         """
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
+        first = None
         for _ in range(self.cfg.ppo_epochs):
             self.params, self.opt_state, metrics = self._step_fn(
                 self.params, self.opt_state, self.ref_params, arrays, jnp.int32(self.version)
             )
+            first = metrics if first is None else first
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        for k, v in jax.device_get(first).items():
+            if k.startswith("mismatch/"):
+                metrics[k] = float(v)
+        if metrics.get("mismatch/fresh_frac") == 0.0:
+            for k in MISMATCH_FRESH:
+                del metrics[k]
         self.version += 1
         return metrics
 

@@ -60,6 +60,8 @@ class Loss:
     ``'with_is'`` (only when ``truncated_is > 0``) or ``'never'``. ``scale_advantages`` is the
     loss's default for dividing advantages by the group std, used when
     ``LearnerConfig.scale_advantages`` is None (see :func:`rljax.learner.advantages.resolve_scale`).
+    ``sampled`` says the batch's tokens were sampled and carry the sampler's log-probs, so the
+    learner logs the train-inference mismatch (False for SFT, which trains on given answers).
     """
 
     fn: LossFn
@@ -67,6 +69,7 @@ class Loss:
     uses_advantages: bool = True
     proximal: str = "never"
     scale_advantages: bool = True
+    sampled: bool = True
 
     def __post_init__(self):
         if self.proximal not in ("always", "with_is", "never"):
@@ -83,6 +86,21 @@ def kl_k3(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
     """Schulman's k3 estimator of KL(pi || pi_ref): unbiased, always >= 0."""
     d = ref_logprobs - logprobs
     return jnp.exp(d) - d - 1.0
+
+
+def train_inference_mismatch(
+    logprobs: jax.Array, sampler_logprobs: jax.Array, mask: jax.Array
+) -> dict[str, jax.Array]:
+    """Per-token gap between the learner's and the sampler's log-probs of the sampled tokens.
+
+    With r = log pi_learner - log pi_sampler: ``abs_logp`` = |r| and ``k3`` = exp(r) - 1 - r,
+    Schulman's k3 estimate of KL(pi_sampler || pi_learner) (the tokens are the sampler's
+    draws). Both are 0 off ``mask``, where the sampler's log-probs are padding.
+    """
+    on = mask > 0
+    r = jnp.where(on, jax.lax.stop_gradient(logprobs) - sampler_logprobs, 0.0)
+    # expm1: exp(r) - 1 would lose all of k3 ~ r^2 / 2 to rounding at the |r| ~ 1e-3 of bf16.
+    return {"abs_logp": jnp.abs(r), "k3": jnp.expm1(r) - r}
 
 
 def loglinear_alpha(versions: jax.Array, learner_version: jax.Array) -> jax.Array:
@@ -186,7 +204,7 @@ LOSSES: dict[str, Loss] = {
     "dr_grpo": Loss(grpo, aggregation="constant", proximal="with_is", scale_advantages=False),
     "gspo": Loss(gspo, aggregation="seq_mean_token_mean"),
     "decoupled_ppo": Loss(decoupled_ppo, proximal="always"),
-    "sft": Loss(sft, uses_advantages=False),
+    "sft": Loss(sft, uses_advantages=False, sampled=False),
 }
 
 

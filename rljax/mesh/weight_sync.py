@@ -1,10 +1,15 @@
 """Versioned weight hand-off from the learner mesh to the sampler mesh.
 
 ``publish(params, version)`` reshards the learner's params onto the sampler's shardings with
-``jax.device_put`` (a jit cannot write onto a disjoint mesh), optionally casting to bfloat16
-first on the learner side so half the bytes cross. ``acquire()`` returns the newest published
-``(params, version)``; the sampler takes it at its next generate boundary, per its swap mode.
-Every publish is timed and its bytes counted.
+``jax.device_put`` (a jit cannot write onto a disjoint mesh), casting them to the sampler's
+dtype (``sampling.dtype``) first on the learner side, so with bfloat16 half the bytes cross and
+the sampler holds half the weight memory; the learner keeps its f32 master copy. ``acquire()``
+returns the newest published ``(params, version)``; the sampler takes it at its next generate
+boundary, per its swap mode. Every publish is timed and its bytes counted. ``copy(params)`` is
+the same cast and copy without publishing (the sampler's first params).
+
+:func:`sampler_model` gives the engine the model in the sampler's dtype, so a bfloat16 sampler
+also computes its activations and holds its KV pages in bfloat16 (logits stay float32).
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
+
+from rljax.config import ModelConfig
+from rljax.models.transformer import Decoder
 
 # Publishes kept in WeightSync.history (the newest; the driver and reallocator read the last).
 HISTORY = 64
@@ -36,13 +45,14 @@ class WeightSync:
         self,
         target_shardings: Callable,
         *,
-        cast_bf16: bool = False,
+        dtype: str | None = None,
         every: int = 1,
     ):
         if every < 1:
             raise ValueError(f"every={every}: publish at least every step (>= 1)")
         self._target_shardings = target_shardings
-        self.cast_bf16 = cast_bf16
+        # Floating leaves are cast to ``dtype`` on the learner side; None keeps theirs.
+        self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.every = every
         self._lock = threading.Lock()
         self._latest: tuple[object, int] | None = None
@@ -50,10 +60,22 @@ class WeightSync:
         self.history: collections.deque[SyncStats] = collections.deque(maxlen=HISTORY)
         self._cast = jax.jit(
             lambda tree: jax.tree.map(
-                lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
                 tree,
             )
         )
+
+    def copy(self, params):
+        """``params`` cast to the sampler's dtype and copied onto its shardings; not published.
+
+        Always a copy, never an alias: the learner donates its buffers to its next step.
+        """
+        needs_cast = self.dtype is not None and any(
+            jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.dtype
+            for x in jax.tree.leaves(params)
+        )
+        src = self._cast(params) if needs_cast else params
+        return jax.device_put(src, self._target_shardings(src), may_alias=False)
 
     def retarget(self, target_shardings: Callable) -> None:
         """Publish onto new sampler shardings from now on (a resize rebuilt the sampler mesh).
@@ -72,8 +94,7 @@ class WeightSync:
     def publish(self, params, version: int, *, block: bool = True) -> SyncStats:
         """Copy ``params`` to the sampler shardings and make them the newest version."""
         start = time.perf_counter()
-        src = self._cast(params) if self.cast_bf16 else params
-        copy = jax.device_put(src, self._target_shardings(src), may_alias=False)
+        copy = self.copy(params)
         if block:
             jax.block_until_ready(copy)
         nbytes = sum(x.nbytes for x in jax.tree.leaves(copy))
@@ -93,3 +114,17 @@ class WeightSync:
     def latest_version(self) -> int:
         with self._lock:
             return -1 if self._latest is None else self._latest[1]
+
+
+def sampler_model(
+    model_cfg: ModelConfig, graphdef: nnx.GraphDef, dtype: str
+) -> tuple[ModelConfig, nnx.GraphDef]:
+    """The engine's model config and graphdef: the learner's model in the sampler's ``dtype``.
+
+    The graphdef carries the config the decoder computes with (activation dtype, which the
+    KV pages follow), so a sampler in another dtype than the learner needs its own.
+    """
+    if model_cfg.dtype == dtype and model_cfg.param_dtype == dtype:
+        return model_cfg, graphdef
+    cfg = dataclasses.replace(model_cfg, dtype=dtype, param_dtype=dtype)
+    return cfg, nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))

@@ -39,7 +39,7 @@ from rljax.learner.losses import Loss, get_loss
 from rljax.mesh import distributed
 from rljax.mesh.resize import MeshCache, Reallocation
 from rljax.mesh.topology import Topology, build_topology
-from rljax.mesh.weight_sync import WeightSync
+from rljax.mesh.weight_sync import WeightSync, sampler_model
 from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
@@ -134,7 +134,8 @@ class Run:
             self.model_cfg, self.learner = resume.new_learner(
                 cfg, self.topology.learner, self.loss
             )
-        self.graphdef = self.learner.graphdef
+        self.graphdef = self.learner.graphdef  # the engine's is in sampling.dtype:
+        self.sampler_model = sampler_model(self.model_cfg, self.graphdef, cfg.sampling.dtype)
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
@@ -153,7 +154,7 @@ class Run:
         )
         if cfg.sft.steps:
             check_divisible("sft.batch_size", cfg.sft.batch_size, self.learner.dp)
-        self.weight_sync = WeightSync(self.engine.param_shardings)
+        self.weight_sync = WeightSync(self.engine.param_shardings, dtype=cfg.sampling.dtype)
         # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
         self.engines, self.learners = MeshCache(), MeshCache()
         self.engines.put(self.topology.sampler, self.engine)
@@ -165,7 +166,7 @@ class Run:
         )
         self.sampler = Sampler(
             self.engine,
-            self.engine.load_params(self.learner.params),
+            self.weight_sync.copy(self.learner.params),
             version=self.learner.version,
             stop_ids=sorted(self.tokenizer.stop_ids),
         )
@@ -193,7 +194,8 @@ class Run:
 
     def _build_engine(self, mesh) -> Engine:
         cfg = self.cfg
-        return Engine(self.model_cfg, cfg.sampling, mesh, self.graphdef, impl=cfg.kernel_impl)
+        model_cfg, graphdef = self.sampler_model
+        return Engine(model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl)
 
     # -- pieces -----------------------------------------------------------------------------
 
