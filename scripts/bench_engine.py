@@ -53,9 +53,9 @@ from continuous_batching import (  # noqa: E402
     QUICK_MODEL,
     batching_distribution,
     fmt,
-    make_requests,
     random_params,
     spread,
+    warm_up,
 )
 from decode_bound import copy_bandwidth_gbs, decode_step_vs_bound  # noqa: E402
 
@@ -83,12 +83,7 @@ def bench_batching(args, figures):
     engine = greedy_engine(
         model, graphdef, args.slots, args.max_prompt, args.max_new_tokens, args.page_size
     )
-    rng = np.random.default_rng(args.seed)
-    # Warm-up: one prompt per prefill bucket compiles prefill, insert, generate and free.
-    warm = [
-        rng.integers(0, model.vocab_size, size=b) for b in engine.buckets if b <= args.max_prompt
-    ]
-    Sampler(engine, params).run(make_requests(warm, [2] * len(warm)))
+    warm_up(engine, params, model.vocab_size, args.max_prompt, args.seed)
     work = {
         "requests": args.requests,
         "median_len": args.median_len,

@@ -100,19 +100,20 @@ class EngineCallTimer:
     Wraps the methods on the instance and restores them on exit; the Engine is not modified.
     """
 
-    CALLS = ("prefill_multisampling", "bulk_insert", "generate", "free_resource")
+    CALLS = ("prefill_multisampling", "prefill_batch", "bulk_insert", "generate", "free_resource")
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.seconds = dict.fromkeys(self.CALLS, 0.0)
+        self.calls = [name for name in self.CALLS if hasattr(engine, name)]
+        self.seconds = dict.fromkeys(self.calls, 0.0)
 
     def __enter__(self):
-        for name in self.CALLS:
+        for name in self.calls:
             setattr(self.engine, name, self._wrap(name, getattr(self.engine, name)))
         return self
 
     def __exit__(self, *exc):
-        for name in self.CALLS:
+        for name in self.calls:
             delattr(self.engine, name)
 
     def _wrap(self, name, fn):
@@ -150,6 +151,23 @@ def timed_run(sampler_cls, engine, params, prompts, lengths) -> dict:
 DRIVERS = (("continuous", Sampler), ("static", StaticSampler))
 
 
+def warm_up(engine, params, vocab: int, max_prompt: int, seed: int) -> None:
+    """Compiles what the timed runs will call: for each prefill bucket, 1, 2, 4, ... up to
+    every slot's worth of requests queued at once (prefill may batch the queued prompts, and
+    compiles per bucket and padded batch size), then insert, generate and free."""
+    rng = np.random.default_rng(seed)
+    slots, k = engine.max_concurrent_decodes, 1
+    sizes = []
+    while k < slots:
+        sizes.append(k)
+        k *= 2
+    sizes.append(slots)
+    for bucket in (b for b in engine.buckets if b <= max_prompt):
+        for k in sizes:
+            prompts = [rng.integers(0, vocab, size=bucket) for _ in range(k)]
+            Sampler(engine, params).run(make_requests(prompts, [2] * k))
+
+
 def one_seed(engine, params, vocab: int, work: dict, sigma: float, seed: int, flip: bool):
     """Both drivers on one draw of requests; ``flip`` runs static first (load drift cancels)."""
     rng = np.random.default_rng(seed)
@@ -183,7 +201,7 @@ def batching_distribution(engine, params, vocab: int, work: dict, log) -> dict:
         f"lengths lognormal(median={work['median_len']}, sigma) capped at "
         f"{work['max_new_tokens']}; sigmas {list(work['sigmas'])}, seeds {list(work['seeds'])}"
     )
-    call_seconds = {name: dict.fromkeys(EngineCallTimer.CALLS, 0.0) for name, _ in DRIVERS}
+    call_seconds = {name: {} for name, _ in DRIVERS}
     runs, shapes = [], {}
     for sigma in work["sigmas"]:
         mine = []
@@ -191,7 +209,7 @@ def batching_distribution(engine, params, vocab: int, work: dict, log) -> dict:
             run = one_seed(engine, params, vocab, work, sigma, seed, flip=len(runs) % 2 == 1)
             for name, _ in DRIVERS:
                 for call, s in run[name].pop("engine_call_seconds").items():
-                    call_seconds[name][call] += s
+                    call_seconds[name][call] = call_seconds[name].get(call, 0.0) + s
             runs.append(run)
             mine.append(run)
             c, s = run["continuous"], run["static"]

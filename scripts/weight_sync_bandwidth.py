@@ -20,7 +20,10 @@ Every time is the median of several publishes (or puts) after a warm-up one; the
 publish / device_put for the same bytes, and the bytes the publish writes on the sampler
 devices (read + write, as numpy is counted) over the numpy copy bandwidth. Fake CPU devices
 share one memory and its cores, so this measures the publish's overhead over a bare copy on
-this machine, not an interconnect. The last line printed is one JSON object.
+this machine, not an interconnect; and JAX may let the four sampler replicas of an array
+share one buffer there, so the bytes written (counted per distinct buffer) lie between one
+and four times the bytes published, for the publish and the device_put alike. The last line
+printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -85,34 +88,55 @@ def weight_sync(shardings, bf16: bool) -> WeightSync:
 
 
 def written_bytes(tree) -> int:
-    """Bytes held on the devices by ``tree``'s shards (a replica per sampler device counts)."""
-    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards)
+    """Bytes in distinct buffers under ``tree``'s shards.
+
+    Four replicas on fake CPU devices can share one buffer (the transfer then writes the bytes
+    once): shards are counted by buffer address, so shared replicas count once.
+    """
+    buffers = {
+        s.data.unsafe_buffer_pointer(): s.data.nbytes
+        for x in jax.tree.leaves(tree)
+        for s in x.addressable_shards
+    }
+    return sum(buffers.values())
+
+
+def fresh(host_tree, shardings):
+    """New learner-side arrays each call, as each learner step makes: JAX's transfer path
+    depends on whether it has seen the source arrays before, so never reuse them."""
+    return jax.block_until_ready(jax.device_put(host_tree, shardings))
 
 
 def time_publishes(sync: WeightSync, params, repeats: int) -> tuple[list[float], int, int]:
     """(seconds of each timed publish, bytes published, bytes written on the sampler side)."""
-    sync.publish(params, 0)  # warm-up: compiles the cast
-    seconds = [sync.publish(params, v).seconds for v in range(1, repeats + 1)]
+    host = jax.device_get(params)
+    shardings = jax.tree.map(lambda x: x.sharding, params)
+    seconds = []
+    for v in range(repeats + 1):  # the first is a warm-up: compiles the cast
+        stats = sync.publish(fresh(host, shardings), v)
+        if v:
+            seconds.append(stats.seconds)
     copy, _ = sync.acquire()
     return seconds, sync.history[-1].bytes, written_bytes(copy)
 
 
-def time_device_put(nbytes: int, topology: Topology, repeats: int) -> list[float]:
-    """Seconds of each ``device_put`` of one f32 array of ``nbytes``, learner -> sampler."""
+def time_device_put(nbytes: int, topology: Topology, repeats: int) -> tuple[list[float], int]:
+    """(seconds of each ``device_put`` of one f32 array of ``nbytes``, learner -> sampler;
+    bytes the last one wrote on the sampler side)."""
     learner = topology.learner.devices.size
-    n = max(nbytes // 4 // learner, 1) * learner
-    src = jax.device_put(
-        np.ones(n, np.float32), NamedSharding(topology.learner, PartitionSpec("fsdp"))
-    )
+    host = np.ones(max(nbytes // 4 // learner, 1) * learner, np.float32)
+    src_sharding = NamedSharding(topology.learner, PartitionSpec("fsdp"))
     dst = NamedSharding(topology.sampler, PartitionSpec())
     seconds = []
     for i in range(repeats + 1):  # the first is a warm-up
+        src = fresh(host, src_sharding)
         start = time.perf_counter()
         out = jax.block_until_ready(jax.device_put(src, dst, may_alias=False))
         if i:
             seconds.append(time.perf_counter() - start)
-        del out
-    return seconds
+        written = written_bytes(out)
+        del out, src
+    return seconds, written
 
 
 def spread_s(seconds) -> dict:
@@ -126,7 +150,7 @@ def spread_s(seconds) -> dict:
 def publish_row(label, sync, params, topology, repeats, copy_gbs, log) -> dict:
     """One publish mode of one model: times, bytes per second and the two ratios."""
     publish_s, nbytes, written = time_publishes(sync, params, repeats)
-    put_s = time_device_put(nbytes, topology, repeats)
+    put_s, put_written = time_device_put(nbytes, topology, repeats)
     pub, put = statistics.median(publish_s), statistics.median(put_s)
     copy_equivalent = 2 * written / pub / 1e9  # read + write, as the numpy figure counts
     row = {
@@ -136,6 +160,7 @@ def publish_row(label, sync, params, topology, repeats, copy_gbs, log) -> dict:
         "publish_gbs": round(nbytes / pub / 1e9, 3),
         "device_put_s": spread_s(put_s),
         "device_put_gbs": round(nbytes / put / 1e9, 3),
+        "device_put_bytes_written_on_sampler": int(put_written),
         "publish_over_device_put": round(put / pub, 4),
         "publish_copy_equivalent_gbs": round(copy_equivalent, 3),
         "publish_over_numpy_copy": round(copy_equivalent / copy_gbs, 4),
@@ -143,7 +168,8 @@ def publish_row(label, sync, params, topology, repeats, copy_gbs, log) -> dict:
     log(
         f"(d) {label}: {nbytes / 1e6:.1f} MB published in {pub * 1e3:.1f} ms (median of "
         f"{repeats}) = {row['publish_gbs']:.2f} GB/s; device_put of one array of the same bytes "
-        f"{put * 1e3:.1f} ms = {row['device_put_gbs']:.2f} GB/s -> publish / device_put "
+        f"{put * 1e3:.1f} ms = {row['device_put_gbs']:.2f} GB/s ({put_written / 1e6:.0f} MB "
+        f"written) -> publish / device_put "
         f"{row['publish_over_device_put']:.2f}; {written / 1e6:.0f} MB written on the sampler = "
         f"{copy_equivalent:.2f} GB/s read + write, {row['publish_over_numpy_copy']:.2f} of the "
         f"numpy copy"
