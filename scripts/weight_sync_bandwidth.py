@@ -162,6 +162,8 @@ def publish_row(label, sync, params, topology, repeats, copy_gbs, log) -> dict:
         "device_put_gbs": round(nbytes / put / 1e9, 3),
         "device_put_bytes_written_on_sampler": int(put_written),
         "publish_over_device_put": round(put / pub, 4),
+        # The same ratio on bytes written: robust to replicas that share a buffer.
+        "publish_over_device_put_written": round(written / pub / (put_written / put), 4),
         "publish_copy_equivalent_gbs": round(copy_equivalent, 3),
         "publish_over_numpy_copy": round(copy_equivalent / copy_gbs, 4),
     }
@@ -169,8 +171,8 @@ def publish_row(label, sync, params, topology, repeats, copy_gbs, log) -> dict:
         f"(d) {label}: {nbytes / 1e6:.1f} MB published in {pub * 1e3:.1f} ms (median of "
         f"{repeats}) = {row['publish_gbs']:.2f} GB/s; device_put of one array of the same bytes "
         f"{put * 1e3:.1f} ms = {row['device_put_gbs']:.2f} GB/s ({put_written / 1e6:.0f} MB "
-        f"written) -> publish / device_put "
-        f"{row['publish_over_device_put']:.2f}; {written / 1e6:.0f} MB written on the sampler = "
+        f"written) -> publish / device_put {row['publish_over_device_put']:.2f} (on bytes "
+        f"written {row['publish_over_device_put_written']:.2f}); {written / 1e6:.0f} MB written = "
         f"{copy_equivalent:.2f} GB/s read + write, {row['publish_over_numpy_copy']:.2f} of the "
         f"numpy copy"
     )
