@@ -168,6 +168,11 @@ class LearnerConfig:
     ppo_epochs: int = 1  # optimiser updates per batch (PPO reuse; the clip bounds the drift)
     pack_length: int = 0  # row length for sequence packing; 0 = model max
     remat: str = "none"  # activation rematerialisation per decoder block: one of REMAT
+    # Decoder layers per iteration of the train step's layer scan; 0 unrolls the whole stack.
+    # Unrolled, XLA slices each layer's weights and gradients statically instead of through the
+    # scan's dynamic slices and stacked residuals: faster on the CPU (docs/benchmarks.md,
+    # Learner), at a compile time that grows with depth. 1 compiles one block however deep.
+    layer_unroll: int = 1
     epsilon_low: float = 0.2
     epsilon_high: float = 0.28
     # c: dual clip (verl; Ye et al. 2020): for A < 0 the loss is at most -c * A, so a huge ratio
@@ -203,6 +208,7 @@ class LearnerConfig:
         _positive("learner.ppo_epochs", self.ppo_epochs)
         _positive("learner.pack_length", self.pack_length, allow_zero=True)
         _one_of("learner.remat", self.remat, REMAT)
+        _positive("learner.layer_unroll", self.layer_unroll, allow_zero=True)
         if self.micro_batches > self.batch_groups * self.group_size:
             _fail(
                 "learner.micro_batches",

@@ -245,6 +245,7 @@ class Learner:
             impl=self.kernel_impl,
             sharding=sharding,
             remat=self.cfg.remat,
+            unroll=self.cfg.layer_unroll,
         )
         r, t, d = hidden.shape
         unembed = model.unembed_dv
