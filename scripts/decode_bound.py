@@ -12,7 +12,9 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from rljax.kernels.paged_attention.ops import XLA_BLOCK_TOKENS
 
 from rljax.engine.engine import Engine
 
@@ -27,6 +29,39 @@ def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - start)
     return 2 * src.nbytes / best / 1e9
+
+
+def matmul_floor_s(params, batch: int, repeats: int) -> float:
+    """Median time of one jit that multiplies a [batch, d] input by every weight matrix once.
+
+    Each stacked layer weight [L, d, ...] is one dot over its d axis (no per-layer slicing),
+    the embedding one [batch, D] x [V, D] dot: the matmuls a decode step cannot avoid, with
+    nothing else, so its fraction of the bound is the best this CPU's dot kernels reach here.
+    """
+    # Stacked layer matrices are [L, d, ...] (norms, [L, D], are not matrices); the embedding
+    # [V, D] and an untied head [D, V] are contracted over D.
+    mats, axes = [], []
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = jax.tree_util.keystr(path)
+        if x.ndim > 2 or "embed" in name or "lm_head" in name:
+            mats.append(x)
+            axes.append(1 if x.ndim > 2 or "embed" in name else 0)
+
+    @jax.jit
+    def dots(ws):
+        total = 0.0
+        for w, axis in zip(ws, axes, strict=True):
+            x = jnp.ones((batch, w.shape[axis]), w.dtype)
+            total += jnp.tensordot(x, w, axes=((1,), (axis,))).sum()
+        return total
+
+    dots(mats).block_until_ready()
+    times = []
+    for _ in range(max(repeats, 3)):
+        start = time.perf_counter()
+        dots(mats).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: int) -> dict:
@@ -58,8 +93,12 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
     )
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     kv_held = statistics.mean(held) * kv_per_token
-    # The XLA paged attention gathers every slot's whole page-table row, not just held pages.
-    kv_gathered = b * engine.pages_per_slot * engine.sampling_cfg.page_size * kv_per_token
+    # The XLA paged attention reads every slot's table up to the longest slot's last block.
+    z = engine.sampling_cfg.page_size
+    block = max(1, XLA_BLOCK_TOKENS // z)
+    longest = max(engine.slot_length(s) for s in range(b)) + 1
+    pages_read = min(engine.pages_per_slot, -(-longest // (block * z)) * block)
+    kv_gathered = b * pages_read * z * kv_per_token
     step = statistics.median(times)
     bound = (param_bytes + kv_held) / (bandwidth_gbs * 1e9)
     print(
@@ -68,9 +107,17 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
         f"{bound * 1e3:.2f} ms; achieved {bound / step:.3f} of the bound",
         flush=True,
     )
+    floor = matmul_floor_s(params, b, steps)
+    print(
+        f"(c) {label}: the weight matmuls alone, batch {b}: {floor * 1e3:.2f} ms, "
+        f"{bound / floor:.3f} of the bound (a limit of this CPU's dot kernels for this model)",
+        flush=True,
+    )
     return {
         "slots": b,
         "step_ms": round(step * 1e3, 3),
+        "matmul_floor_ms": round(floor * 1e3, 3),
+        "matmul_floor_fraction_of_bound": round(bound / floor, 4),
         "param_bytes": int(param_bytes),
         "kv_bytes_held": int(kv_held),
         "kv_bytes_gathered_by_xla_attention": int(kv_gathered),

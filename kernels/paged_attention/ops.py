@@ -8,12 +8,16 @@ import jax
 from rljax.kernels import dispatch, validation
 from rljax.kernels.paged_attention import block_sizes as block_sizes_lib
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
-from rljax.kernels.paged_attention.reference import paged_decode_attention_reference
+from rljax.kernels.paged_attention.xla import paged_decode_attention_xla
 
 _Q = "[B, N, H]"
 _PAGES = "[K, P, S, H]"
 _LENGTHS = "[B]"
 _TABLE = "[B, pages_per_seq]"
+
+# Tokens per block of the XLA path's online softmax: wide enough that the loop's per-block
+# overhead is small on a CPU, narrow enough that short sequences read few padded pages.
+XLA_BLOCK_TOKENS = 256
 
 
 def validate(q, k_pages, v_pages, lengths, page_table):
@@ -59,8 +63,14 @@ def paged_decode_attention_core(
             block_sizes=block_sizes,
             interpret=interpret,
         )
-    return paged_decode_attention_reference(
-        q, k_pages, v_pages, lengths, page_table, sm_scale=sm_scale
+    return paged_decode_attention_xla(
+        q,
+        k_pages,
+        v_pages,
+        lengths,
+        page_table,
+        sm_scale=sm_scale,
+        pages_per_block=max(1, XLA_BLOCK_TOKENS // k_pages.shape[2]),
     )
 
 
@@ -79,7 +89,9 @@ def paged_decode_attention(
 
     Query head n attends with kv head n // (N // K). Slot b attends to its first
     ``lengths[b]`` cached tokens, stored in pages ``page_table[b, :ceil(lengths[b] / S)]``;
-    the rest of its page table is never read, so it may hold any in-range index.
+    the rest of its page table is never attended to, so it may hold any in-range index. The
+    Pallas kernel reads only each slot's own pages; the XLA path reads, for every slot, the
+    table's columns up to the longest slot's last block of ``XLA_BLOCK_TOKENS`` tokens.
 
     Args:
       q: [B, N, H] float queries, one token per slot.

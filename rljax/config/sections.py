@@ -107,6 +107,8 @@ class SamplingConfig:
     max_prefill_length: int = 32  # the largest prefill bucket
     prefill_buckets: tuple[int, ...] = ()  # () = powers of two up to max_prefill_length
     max_concurrent_decodes: int = 64  # decode slots
+    # Prompts prefilled in one device call (rounded up to powers of two); 1 = one at a time.
+    prefill_batch: int = 8
     page_size: int = 16
     num_pages: int = 0  # 0 = enough for every slot at full length
     swap_mode: str = "inflight"
@@ -127,6 +129,7 @@ class SamplingConfig:
         _positive("sampling.max_new_tokens", self.max_new_tokens)
         _positive("sampling.max_prefill_length", self.max_prefill_length)
         _positive("sampling.max_concurrent_decodes", self.max_concurrent_decodes)
+        _positive("sampling.prefill_batch", self.prefill_batch)
         _positive("sampling.page_size", self.page_size)
         _positive("sampling.num_pages", self.num_pages, allow_zero=True)
         _one_of("sampling.swap_mode", self.swap_mode, SWAP_MODES)

@@ -46,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.pages import PageAllocator, SlotPages
+from rljax.engine.prefill import PrefillRequest, prefill_batch, sample_keys
 from rljax.engine.state import (
     DecodeState,
     Prefix,
@@ -337,21 +338,19 @@ class Engine:
         register_with_jetstream(("ResultTokens", ResultTokens), ("Engine", Engine))
         return prefix, ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob)
 
+    def prefill_batch(
+        self, *, params: nnx.State, requests: Sequence[PrefillRequest], sampler=None
+    ) -> list[tuple[Prefix, ResultTokens]]:
+        """Many prompts in one call (an rljax extension): see :mod:`rljax.engine.prefill`."""
+        return prefill_batch(self, params, requests, sampler=sampler)
+
     def _sample_keys(self, rng, n: int) -> jax.Array:
-        """Key data [n, 2]: one PRNG stream per sample."""
+        """Key data [n, 2]: one PRNG stream per sample (the engine's next key when None)."""
         if rng is None:
             with self._lock:
                 i = next(self._prefills)
             rng = jax.random.fold_in(self._base_key, i)
-        if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
-            rng = jax.random.wrap_key_data(jnp.asarray(rng, jnp.uint32))
-        if rng.shape == ():
-            rng = jax.random.split(rng, n) if n > 1 else rng[None]
-        if rng.shape != (n,):
-            raise ValueError(
-                f"rng holds {rng.shape} keys for {n} samples; pass one key, or one per sample"
-            )
-        return jax.random.key_data(rng)
+        return sample_keys(rng, n)
 
     # -- slots ------------------------------------------------------------------------------
 
@@ -402,6 +401,8 @@ class Engine:
             rows = np.zeros((width, self.pages_per_slot), np.int32)
             rows[: len(slots)] = self.pages.admit(slots, int(prefix.length))
             decode_state = self._park_freed(decode_state)
+            # One set of input shardings whichever prefill made the prefix: nothing recompiles.
+            prefix = jax.device_put(prefix, self.get_prefix_destination_sharding())
             return self._steps.insert(decode_state, prefix, rows, slot_ids, cols, fold)
 
     def free_resource(self, slot: int) -> None:

@@ -37,6 +37,7 @@ import numpy as np
 
 from rljax.engine.engine import Engine
 from rljax.engine.pages import OutOfPages
+from rljax.engine.prefill import PrefillRequest
 from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
 
 FINISH_STOP = "stop"
@@ -281,30 +282,47 @@ class Sampler:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def _prefill(self, samples: list[_Sample], finished: list[Trajectory]) -> Prefix | None:
-        """Prefill the samples' shared prompt + tokens so far, drawing each one's next token.
+    def _prefill(self, batch: list[list[_Sample]], finished: list[Trajectory]) -> None:
+        """Prefill each sample list's shared prompt + tokens so far, in one engine call.
 
-        Records those tokens; returns the prefix of the samples still running (dropping the
-        ones that finished on this token into ``finished``), or None when none is.
+        Draws each sample's next token and records it; the samples still running go to
+        ``_pending`` with their prefix (the ones that finished on this token to ``finished``).
         """
-        first = samples[0]
-        tokens = list(first.request.prompt_tokens) + first.tokens
-        seeds = [_sample_seed(s.request.seed, s.index, len(s.tokens)) for s in samples]
-        prefix, result = self.engine.prefill_multisampling(
-            params=self.params,
-            padded_tokens=np.asarray(tokens, np.int32),
-            true_length=len(tokens),
-            rng=_keys(seeds),
-            num_samples=len(samples),
-            sampling=first.request.sampling,
-        )
-        self.stats["prefills"] += 1
-        keep = self._record(samples, result.convert_to_numpy(), range(len(samples)), finished)
-        if not keep:
-            return None
-        running = [samples[i] for i in keep]
-        samples[:] = running
-        return prefix if len(keep) == prefix.num_samples else prefix.select(keep)
+        requests = []
+        for samples in batch:
+            first = samples[0]
+            seeds = [_sample_seed(s.request.seed, s.index, len(s.tokens)) for s in samples]
+            requests.append(
+                PrefillRequest(
+                    list(first.request.prompt_tokens) + first.tokens,
+                    len(samples),
+                    _keys(seeds),
+                    first.request.sampling,
+                )
+            )
+        if len(requests) == 1:
+            r = requests[0]
+            out = [
+                self.engine.prefill_multisampling(
+                    params=self.params,
+                    padded_tokens=np.asarray(r.tokens, np.int32),
+                    true_length=len(r.tokens),
+                    rng=r.rng,
+                    num_samples=r.num_samples,
+                    sampling=r.sampling,
+                )
+            ]
+        else:
+            out = self.engine.prefill_batch(params=self.params, requests=requests)
+        self.stats["prefills"] += len(requests)
+        self.stats["prefill_calls"] += 1
+        for samples, (prefix, result) in zip(batch, out, strict=True):
+            keep = self._record(samples, result.convert_to_numpy(), range(len(samples)), finished)
+            if keep:
+                running = [samples[i] for i in keep]
+                if len(keep) != prefix.num_samples:
+                    prefix = prefix.select(keep)
+                self._pending.append((prefix, running))
 
     def _record(self, samples, result: ResultTokens, rows, finished) -> list[int]:
         """Append each valid row's token to its sample; returns the indices still running."""
@@ -356,16 +374,30 @@ class Sampler:
                     self._pending.appendleft((prefix.select(rest), samples[room:]))
                     prefix, samples = prefix.select(list(range(room))), samples[:room]
                 return prefix, samples
-            if self._queue:  # resumed: prefill its own prompt + tokens so far
-                samples = [self._queue.popleft()]
+            batch = self._take_prompts(room)
+            if not batch:
+                return None
+            self._prefill(batch, finished)
+
+    def _take_prompts(self, room: int) -> list[list[_Sample]]:
+        """The next prompts to prefill together: resumed samples first (each its own prompt),
+        then new groups; at least one, then more while their samples fit in ``room`` slots."""
+        batch: list[list[_Sample]] = []
+        taken = 0
+        while len(batch) < self.engine.sampling_cfg.prefill_batch:
+            if self._queue:
+                samples = [self._queue[0]]
             elif self._requests:
-                r = self._requests.popleft()
+                r = self._requests[0]
                 samples = [_Sample(r, i) for i in range(r.num_samples)]
             else:
-                return None
-            prefix = self._prefill(samples, finished)
-            if prefix is not None:
-                self._pending.appendleft((prefix, samples))
+                break
+            if batch and taken + len(samples) > room:
+                break
+            (self._queue if self._queue else self._requests).popleft()
+            batch.append(samples)
+            taken += len(samples)
+        return batch
 
     def _preempt_youngest(self) -> None:
         busy = [(s.order, slot) for slot, s in enumerate(self._slots) if s is not None]

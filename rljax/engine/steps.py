@@ -58,6 +58,7 @@ class Steps:
 
     make_state: Callable[[], DecodeState]
     prefill: Callable
+    prefill_many: Callable
     insert: Callable
     generate: Callable  # generate(sampler) -> jitted (params, state) step
 
@@ -104,6 +105,42 @@ def build_steps(engine) -> Steps:
         )
         data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
         return k[:, 0], v[:, 0], data, log_prob
+
+    # A Sharding given for a tuple output applies to each of its arrays.
+    @functools.partial(
+        jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
+    )
+    def prefill_many(
+        params, tokens_nt, lengths_n, rows_s, keys_s2, floats_s3, top_k_s, sampler=None
+    ):
+        """Cache N prompts in one forward pass; sample s draws from prompt ``rows_s[s]``.
+
+        Returns each prompt's keys and values as a tuple of N arrays [L, T, K, H], and the
+        samples' first tokens. Padding prompts (length 1) and samples cost compute only.
+        """
+        n, t = tokens_nt.shape
+        positions = jnp.broadcast_to(jnp.arange(t)[None], (n, t))
+        segments = (positions < lengths_n[:, None]).astype(jnp.int32)
+        model = model_of(params)
+        hidden, (k, v) = model(
+            tokens_nt, positions, segments, return_kv=True, impl=engine.impl, sharding=shard
+        )
+        last_nd = jnp.take_along_axis(hidden, (lengths_n - 1)[:, None, None], axis=1)[:, 0]
+        logits_sv = model.logits(last_nd)[rows_s]
+        s = rows_s.shape[0]
+        tokens, logprobs = draw(
+            logits_sv,
+            keys_s2,
+            floats_s3[:, 0],
+            top_k_s,
+            floats_s3[:, 1],
+            floats_s3[:, 2],
+            jnp.zeros(s, jnp.int32),
+            jnp.ones(s, bool),
+            sampler,
+        )
+        data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
+        return tuple(k[:, i] for i in range(n)), tuple(v[:, i] for i in range(n)), data, log_prob
 
     @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
     def insert(state, prefix: Prefix, rows_wm, slots_w, cols_w, fold_w):
@@ -164,7 +201,7 @@ def build_steps(engine) -> Steps:
 
     # Compiled once per engine: building a Sampler must not re-jit the empty state.
     make_state = jax.jit(empty_state, out_shardings=state_sh)
-    return Steps(make_state, prefill, insert, generate)
+    return Steps(make_state, prefill, prefill_many, insert, generate)
 
 
 def _generate_step(engine, state_sh, rep, max_seq_len, sampler):

@@ -15,6 +15,7 @@ from rljax.kernels.paged_attention import (
     sharded_paged_decode_attention,
 )
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
+from rljax.kernels.paged_attention.xla import paged_decode_attention_xla
 
 PAGE = 8
 PAGES_PER_SEQ = 3
@@ -115,6 +116,24 @@ def test_xla_path_and_reference_agree_with_numpy():
             s = keys @ qn[b, n] / np.sqrt(HEAD_DIM)
             p = np.exp(s - s.max())
             np.testing.assert_allclose(out[b, n], (p / p.sum()) @ vals, atol=1e-5)
+
+
+@pytest.mark.parametrize("pages_per_block", [1, 2, PAGES_PER_SEQ])
+@pytest.mark.parametrize("lengths", [LENGTHS, (0, 1, 3, PAGE)])
+def test_xla_blocks_match_reference_on_a_pool_with_garbage(pages_per_block, lengths):
+    """The XLA path, one block or several, ignores whatever fills unheld positions (NaN here).
+
+    With every slot inside the first page (and no longer than make_inputs filled it), the
+    blocks past it are never needed; the answer
+    must not change however the loop is cut.
+    """
+    q, k, v, _, table = make_inputs(4, 2, jnp.float32, seed=3)
+    lengths = jnp.asarray(lengths, jnp.int32)
+    out = paged_decode_attention_xla(
+        q, k, v, lengths, table, sm_scale=1 / np.sqrt(HEAD_DIM), pages_per_block=pages_per_block
+    )
+    want = dense_reference(q, k, v, lengths, table)
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
 
 
 def test_sharded_over_batch_and_heads():

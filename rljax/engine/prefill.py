@@ -1,0 +1,155 @@
+"""Batched prefill: many prompts in one device call (an rljax extension of JetStream's API).
+
+JetStream's ``prefill`` takes one prompt. A sampler that admits a dozen GRPO groups at once
+would then run a dozen forward passes of one row each; :func:`prefill_batch` runs them as one
+``[N, T]`` pass. N is rounded up to a power of two (at most ``sampling.prefill_batch``), T to
+the engine's bucket for the longest prompt, and every prompt's sample rows to the same power of
+two, so a warmed-up engine (:func:`warm_up`) never compiles again. Each sample draws its first
+token with its own key, as in ``prefill_multisampling``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.engine.state import Prefix, ResultTokens, SlotSampling
+
+
+@dataclasses.dataclass
+class PrefillRequest:
+    """One prompt of a batched prefill and the samples to draw from it."""
+
+    tokens: Sequence[int]
+    num_samples: int = 1
+    rng: jax.Array | None = None  # as prefill_multisampling's rng
+    sampling: SlotSampling | None = None
+
+
+def pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def sample_keys(rng: jax.Array, n: int) -> jax.Array:
+    """Key data [n, 2] from one key (split per sample) or one key per sample."""
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        rng = jax.random.wrap_key_data(jnp.asarray(rng, jnp.uint32))
+    if rng.shape == ():
+        rng = jax.random.split(rng, n) if n > 1 else rng[None]
+    if rng.shape != (n,):
+        raise ValueError(
+            f"rng holds {rng.shape} keys for {n} samples; pass one key, or one per sample"
+        )
+    return jax.random.key_data(rng)
+
+
+def prefill_batch(
+    engine, params, requests: Sequence[PrefillRequest], *, sampler=None
+) -> list[tuple[Prefix, ResultTokens]]:
+    """One ``(Prefix, ResultTokens)`` per request, like ``prefill_multisampling`` of each."""
+    if not requests:
+        raise ValueError("prefill_batch got no requests; pass at least one PrefillRequest")
+    if len(requests) > engine.sampling_cfg.prefill_batch:
+        raise ValueError(
+            f"prefill_batch got {len(requests)} prompts, more than sampling.prefill_batch="
+            f"{engine.sampling_cfg.prefill_batch}; split them or raise the setting"
+        )
+    lengths = [len(r.tokens) for r in requests]
+    for i, (r, n) in enumerate(zip(requests, lengths, strict=True)):
+        if n < 1:
+            raise ValueError(f"prefill_batch request {i} has an empty prompt; give it a token")
+        if not isinstance(r.num_samples, int) or r.num_samples < 1:
+            raise ValueError(f"request {i}: num_samples={r.num_samples!r} must be an int >= 1")
+    t = engine.bucket_for(max(lengths))
+    n_pad = pow2(len(requests))
+    g = pow2(max(r.num_samples for r in requests))
+    tokens = np.zeros((n_pad, t), np.int32)
+    lengths_n = np.ones(n_pad, np.int32)  # padding prompts: one token, never read back
+    rows = np.repeat(np.arange(n_pad, dtype=np.int32), g)
+    keys = np.zeros((n_pad * g, 2), np.uint32)
+    floats = np.zeros((n_pad * g, 3), np.float32)
+    top_k = np.zeros(n_pad * g, np.int32)
+    settings = []
+    for i, (r, n) in enumerate(zip(requests, lengths, strict=True)):
+        tokens[i, :n] = np.asarray(r.tokens, np.int32)
+        lengths_n[i] = n
+        s = r.sampling or SlotSampling.from_config(engine.sampling_cfg)
+        f = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
+        sl = slice(i * g, i * g + r.num_samples)
+        keys[sl] = np.asarray(engine._sample_keys(r.rng, r.num_samples))
+        floats[sl], top_k[sl] = f, s.top_k
+        settings.append((f, np.int32(s.top_k)))
+    ks, vs, data, log_prob = engine._steps.prefill_many(
+        params,
+        jnp.asarray(tokens),
+        jnp.asarray(lengths_n),
+        jnp.asarray(rows),
+        jnp.asarray(keys),
+        jnp.asarray(floats),
+        jnp.asarray(top_k),
+        sampler=sampler,
+    )
+    data, log_prob = np.asarray(data), np.asarray(log_prob)
+    out = []
+    for i, r in enumerate(requests):
+        sl = slice(i * g, i * g + r.num_samples)
+        f, k = settings[i]
+        prefix = Prefix(
+            k=ks[i],
+            v=vs[i],
+            length=np.int32(lengths[i]),
+            tokens=jnp.asarray(data[sl, 0]),
+            keys=jnp.asarray(keys[sl]),
+            floats=f,
+            top_k=k,
+        )
+        result = ResultTokens(data[sl], samples_per_slot=r.num_samples, log_prob=log_prob[sl])
+        out.append((prefix, result))
+    return out
+
+
+def warm_up(engine, params, *, num_samples: int = 1) -> int:
+    """Compile every prefill shape (prompt counts x buckets), insert width and generate.
+
+    Returns the number of prefill shapes compiled. Afterwards a sampler whose groups have
+    ``num_samples`` samples compiles nothing more. Uses and frees the engine's slots: call it
+    before serving.
+    """
+    shapes, batch, slots = 0, 1, engine.max_concurrent_decodes
+    while True:
+        for bucket in engine.buckets:
+            reqs = [PrefillRequest([0] * bucket, num_samples) for _ in range(batch)]
+            shapes += 1
+            if batch > 1:
+                prefill_batch(engine, params, reqs)
+                continue
+            # The buckets past max_prefill_length re-prefill resumed sequences, which always
+            # leave a slot room for one more token.
+            length = min(bucket, engine.max_seq_len - 1)
+            prefix, _ = engine.prefill_multisampling(
+                params=params,
+                padded_tokens=reqs[0].tokens,
+                true_length=length,
+                num_samples=num_samples,
+            )
+            # Every insert the Sampler makes: k of a group's samples into k slots, and a
+            # one-sample prefix into any power-of-two width.
+            inserts = [(list(range(k)), list(range(k))) for k in range(2, num_samples + 1)]
+            width = 1
+            while width < 2 * slots:
+                inserts.append(([0], list(range(min(width, slots)))))
+                width *= 2
+            for samples, used in inserts:
+                state = engine.bulk_insert(
+                    prefix.select(samples), engine.init_decode_state(), used
+                )
+                engine.generate(params, state)
+                for slot in used:
+                    engine.free_resource(slot)
+        if batch >= engine.sampling_cfg.prefill_batch:
+            return shapes
+        batch = min(batch * 2, engine.sampling_cfg.prefill_batch)
