@@ -7,9 +7,12 @@ The Driver, StalenessBuffer and StalenessController are the real ones; the sampl
 learner and weight sync are rljax.testing.fakes whose device work is a ``time.sleep`` from a
 cost model (sleeping releases the GIL, as a blocked device call does). Response lengths are
 lognormal with a long tail. Figures, each a ratio taken in this run:
-  (a) async learner steps/s vs the ideal min(sampler rate, learner rate), where the sampler
-      rate is the driver's with a free learner (zero step cost) and the learner rate the
-      driver's with a free sampler; target >= 0.95 once eta >= 1;
+  (a) async learner steps/s vs the ideal min(sampler limit, learner limit), each a limit of
+      the cost model measured on its own, not the driver throttled: the sampler's rate with
+      every slot busy at every decode step (slots tokens per step, over the tokens a learner
+      step consumes: B x G x the mean response length, from 200,000 draws of the length
+      distribution), and the learner's step cost at that mean batch plus one publish. The
+      driver's own rates with the other side free are printed beside them;
   (b) async vs sync steps/s on the same workload and fakes (sync: the same driver in its
       lock-step schedule: sample a whole batch of groups, then learn, then publish);
   (c) host overhead per trajectory in microseconds: the driver (eta = 4) with every cost set
@@ -70,6 +73,25 @@ class Workload:
         if free:
             return lambda active: 0.0
         return lambda active: self.decode_s + self.decode_per_slot_s * active
+
+    def mean_response_len(self, draws: int = 200_000) -> float:
+        """The length distribution's mean, by sampling it (the cap makes it no closed form)."""
+        draw = lognormal_lengths(self.median_len, self.sigma, self.max_len)
+        rng = np.random.default_rng(12345)
+        return float(np.mean([draw(rng) for _ in range(draws)]))
+
+    def limits(self) -> tuple[float, float]:
+        """(sampler, learner) learner-steps/s, each side's cost model alone at its best.
+
+        The sampler at full slot occupancy; the learner on the mean batch, plus one publish.
+        """
+        trajectories = self.batch_groups * self.group_size
+        mean_len = self.mean_response_len()
+        tokens_per_s = self.slots / (self.decode_s + self.decode_per_slot_s * self.slots)
+        sampler = tokens_per_s / (trajectories * mean_len)
+        batch_tokens = trajectories * (self.prompt_len + mean_len)
+        learner = 1.0 / (self.learn_fixed_s + self.learn_per_token_s * batch_tokens + self.sync_s)
+        return sampler, learner
 
     def learner_cost(self, free: bool):
         if free:
@@ -197,11 +219,23 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"workload: {w}")
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
 
-    sampler_alone = run_async(w, max(ETAS), free_learner=True)["steps_per_s"]
-    print(f"sampler alone (learner free): {sampler_alone:.2f} steps/s")
+    sampler_limit, learner_limit = w.limits()
+    ideal = min(sampler_limit, learner_limit)
+    print(
+        f"limits of the cost model: sampler at full slot occupancy {sampler_limit:.2f} steps/s, "
+        f"learner {learner_limit:.2f} steps/s -> ideal {ideal:.2f}"
+    )
+    sampler_alone = run_async(w, max(ETAS), free_learner=True)
+    print(
+        f"driver, learner free: {sampler_alone['steps_per_s']:.2f} steps/s = "
+        f"{sampler_alone['steps_per_s'] / sampler_limit:.3f} of the sampler limit, "
+        f"slot occupancy {sampler_alone['slot_occupancy']:.2f}"
+    )
     learner_alone = run_async(w, max(ETAS), free_sampler=True)["steps_per_s"]
-    print(f"learner alone (sampler free): {learner_alone:.2f} steps/s")
-    ideal = min(sampler_alone, learner_alone)
+    print(
+        f"driver, sampler free: {learner_alone:.2f} steps/s = "
+        f"{learner_alone / learner_limit:.3f} of the learner limit"
+    )
 
     sync = run_async(w, 0, lockstep=True)
     print(f"sync: {sync['steps_per_s']:.2f} steps/s, slot occupancy {sync['slot_occupancy']:.2f}")
@@ -232,7 +266,10 @@ def main(argv: list[str] | None = None) -> dict:
         "quick": args.quick,
         "steps": w.steps,
         "trajectories_per_step": w.batch_groups * w.group_size,
-        "sampler_alone_steps_per_s": sampler_alone,
+        "sampler_limit_steps_per_s": sampler_limit,
+        "learner_limit_steps_per_s": learner_limit,
+        "sampler_alone_steps_per_s": sampler_alone["steps_per_s"],
+        "sampler_alone_slot_occupancy": sampler_alone["slot_occupancy"],
         "learner_alone_steps_per_s": learner_alone,
         "ideal_steps_per_s": ideal,
         "sync_steps_per_s": sync["steps_per_s"],

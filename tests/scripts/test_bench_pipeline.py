@@ -47,7 +47,7 @@ def test_figures_are_consistent(quick_run, bench):
     assert f["quick"] is True and f["steps"] == bench.QUICK.steps
     assert set(f["async"]) == {str(eta) for eta in bench.ETAS}
     assert f["ideal_steps_per_s"] == min(
-        f["sampler_alone_steps_per_s"], f["learner_alone_steps_per_s"]
+        f["sampler_limit_steps_per_s"], f["learner_limit_steps_per_s"]
     )
     for row in f["async"].values():
         assert math.isclose(row["of_ideal"], row["steps_per_s"] / f["ideal_steps_per_s"])
@@ -55,6 +55,17 @@ def test_figures_are_consistent(quick_run, bench):
         assert 0 < row["slot_occupancy"] <= 1
     assert f["host_overhead_us_per_trajectory"] > 0 and f["host_cpu_us_per_trajectory"] > 0
     assert f["trajectories_per_step"] == bench.QUICK.batch_groups * bench.QUICK.group_size
+
+
+def test_limits_are_the_cost_model_at_full_occupancy(bench):
+    """Fixed lengths (sigma 0): the limits by hand, not the driver's throttled rates."""
+    w = bench.dataclasses.replace(bench.QUICK, sigma=0.0, median_len=10, max_len=64)
+    sampler, learner = w.limits()
+    trajectories = w.batch_groups * w.group_size
+    per_step_s = w.decode_s + w.decode_per_slot_s * w.slots
+    assert sampler == pytest.approx(w.slots / per_step_s / (trajectories * 10))
+    cost = w.learn_fixed_s + w.learn_per_token_s * trajectories * (w.prompt_len + 10) + w.sync_s
+    assert learner == pytest.approx(1 / cost)
 
 
 def test_too_few_steps_is_rejected(bench):
