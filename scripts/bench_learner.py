@@ -3,20 +3,24 @@
     python scripts/bench_learner.py                  # SmolLM2-135M f32 and the tiny model
     python scripts/bench_learner.py --steps 5        # more timed steps per side
     python scripts/bench_learner.py --layers 4       # SmolLM2's shapes, 4 layers (a proxy)
-    python scripts/bench_learner.py --quick          # tiny models only: a smoke test
+    python scripts/bench_learner.py --layer-unroll 0 # only the unrolled layer stack
+    python scripts/bench_learner.py --quick          # the tiny model only: a smoke test
 
 Both sides start from the same weights (SmolLM2-135M-Instruct's GGUF dequantized to f32, or a
 random init of the tiny model) and train on the same packed GRPO batch (8 rows of 256 tokens:
-prompt + response sequences, loss on the responses, on-policy behaviour log-probs so nothing is
-clipped), with the same loss (PPO-clipped surrogate, token-mean), global-norm clipping and AdamW.
-One warm-up step each (rljax's compiles), then ``--steps`` timed steps each, interleaved
-(rljax, torch, rljax, ...) so load on a shared machine hits both alike; medians are reported.
+prompt + response sequences, loss on the responses, behaviour log-probs of the starting weights
+jittered by about 0.05, so ratios rarely clip but the loss depends on the model), with the same
+loss (PPO-clipped surrogate, token-mean), global-norm clipping and AdamW. ``--warmup`` untimed
+steps each (the first: rljax's compile), then ``--steps`` timed steps each, interleaved (rljax,
+torch, rljax, ...) so load on a shared machine hits both alike; medians are reported. Each
+``--layer-unroll`` value gets a fresh learner and a fresh torch model from the same weights.
 
 Figures per model: tokens/s of each side and their ratio (rljax / torch; > 1: rljax faster);
 model FLOP/s of each (6 x matmul params x tokens + the attention score and value products,
 forward + backward; rljax's extra recomputation is not counted) as a fraction of the f32 GEMM
 peak measured in the same run (the faster of a jitted jnp.dot and torch.mm, 2048^3); the
-first-step losses of both sides. The last line printed is one JSON object of every figure.
+losses of both sides at the first step and after one update. The last line printed is one JSON
+object of every figure.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ TINY = ModelConfig(  # configs/arith_tiny.py's model
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=3, help="timed steps per side (median)")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed steps per side first (the tiny model: >= 3)"
+    )
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--row-len", type=int, default=256)
     p.add_argument("--layers", type=int, default=0, help="SmolLM2 with this many layers (proxy)")
@@ -74,6 +81,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps={args.steps} must be >= 1")
+    if args.warmup < 1:
+        p.error(f"--warmup={args.warmup} must be >= 1")
     if args.rows < 1 or args.rows & (args.rows - 1):
         p.error(f"--rows={args.rows} must be a power of two (pack_batch pads rows to one)")
     if min(args.layer_unroll) < 0:
@@ -281,6 +290,9 @@ def time_pair(learner, torch_step, batch, args) -> dict:
     start = time.perf_counter()
     losses = {"rljax": [learner.step(batch)["loss"]], "torch": [torch_step()]}
     warmup = time.perf_counter() - start
+    for _ in range(args.warmup - 1):
+        learner.step(batch)
+        torch_step()
     times = {"rljax": [], "torch": []}
     for i in range(args.steps):
         start = time.perf_counter()
@@ -324,7 +336,11 @@ def main(argv=None) -> dict:
         f"sgemm peak: jax {peak['jax'] / 1e9:.1f}, torch {peak['torch'] / 1e9:.1f} GFLOP/s "
         f"(load {figures['load_average_start'][0]:.2f})"
     )
-    figures["tiny"] = bench_model("tiny", tiny(), args, peak["peak"])
+    # The tiny model's steps take milliseconds: more of them, so torch's first slow steps
+    # (allocator and kernel warm-up) drop out of the median.
+    tiny_args = argparse.Namespace(**vars(args))
+    tiny_args.warmup, tiny_args.steps = max(args.warmup, 3), max(args.steps, 5)
+    figures["tiny"] = bench_model("tiny", tiny(), tiny_args, peak["peak"])
     if args.no_smollm2:
         figures["smollm2"] = {"skipped": "--no-smollm2 (or --quick)"}
     else:
