@@ -95,6 +95,7 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
     from rljax.engine.engine import Engine
     from rljax.learner.learner import Learner
     from rljax.mesh.topology import build_topology
+    from rljax.mesh.weight_sync import sampler_model
     from rljax.models.sharding import with_shardings
     from rljax.models.transformer import abstract_decoder
     from rljax.sim.chips import get_chip
@@ -128,10 +129,13 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
     )
     learn["total"] = learn["peak"]
 
-    engine = Engine(cfg.model, cfg.sampling, topo.sampler, graphdef, impl="xla")
-    gen = _analysis(engine.lower_generate(abstract_params).compile())
+    # The sampler holds its own copy in sampling.dtype (cast at every publish), as the runtime.
+    sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype)
+    sampler_params = nnx.split(abstract_decoder(sampler_cfg))[1]
+    engine = Engine(sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl="xla")
+    gen = _analysis(engine.lower_generate(sampler_params).compile())
     weights = _per_device_bytes(
-        with_shardings(abstract_params, engine.param_shardings(abstract_params))
+        with_shardings(sampler_params, engine.param_shardings(sampler_params))
     )
     state = with_shardings(
         jax.eval_shape(engine.init_decode_state), engine.decode_state_shardings()
