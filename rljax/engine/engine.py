@@ -8,7 +8,8 @@ the orchestrator's ``isinstance`` checks hold.
 
 - ``prefill`` caches the whole prompt and draws its first token, returned as a
   :class:`ResultTokens`; ``prefill_multisampling`` draws ``num_samples`` first tokens from one
-  forward pass, each with its own PRNG stream.
+  forward pass, each with its own PRNG stream. ``prefill_batch`` (an rljax extension) runs
+  many prompts in one call: see :mod:`rljax.engine.prefill`.
 - ``insert`` / ``bulk_insert`` arm slots with a prefix; ``generate`` feeds every live slot's
   last token and returns the next as a ResultTokens (still on the device), with the log-prob
   of each sampled token in ``log_prob``.

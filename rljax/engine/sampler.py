@@ -1,8 +1,10 @@
 """The continuous-batching driver: keeps every engine slot busy from a request stream.
 
 A request asks for ``num_samples`` responses to one prompt (a GRPO group). Its prompt is
-prefilled once (``Engine.prefill_multisampling``), which draws every sample's first token,
-each from its own PRNG stream; each sample then takes the next free slot
+prefilled once, which draws every sample's first token, each from its own PRNG stream; the
+groups that fit the free slots are prefilled together in one call (``Engine.prefill_batch``,
+at most ``sampling.prefill_batch`` prompts; one alone goes through
+``Engine.prefill_multisampling``). Each sample then takes the next free slot
 (``Engine.bulk_insert``). Slots are refilled as soon as a sequence finishes and is freed
 (``Engine.free_resource``), so a long-tailed response length distribution does not idle the
 batch the way static batching does. The Sampler drives the engine only through JetStream's
