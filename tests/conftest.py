@@ -6,3 +6,11 @@ os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Keep XLA from grabbing every core per fake device; 2-core CI machine.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# One persistent XLA compilation cache per test session, inherited by the runs tests launch as
+# subprocesses: the same tiny programs are compiled once, not once per process. A fresh
+# directory each session, so no test reads a cache an older checkout wrote.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-xla-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")

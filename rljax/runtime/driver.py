@@ -366,6 +366,8 @@ class Driver(SafePoints):
             self.timeline.add("reward", start, time.perf_counter(), track="rewards")
             with self._cond:
                 self._place(trajs, rewards)
+                # Under the lock: a reader that sees no unfinished task sees the group placed.
+                self._rewards_q.task_done()
                 self._cond.notify_all()
 
     def _threaded_batch(self) -> list[Group] | None:

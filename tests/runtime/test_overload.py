@@ -95,7 +95,7 @@ class SaturatedLearner(FakeLearner):
             while not (
                 driver.sampler.idle_at == (self.version, driver.buffer.version)
                 and driver.buffer.num_pending == 0
-                and driver._rewards_q.empty()
+                and driver._rewards_q.unfinished_tasks == 0  # none queued or being scored
             ):
                 assert time.monotonic() < deadline, "the sampler never saturated"
                 driver._cond.wait(timeout=0.01)
