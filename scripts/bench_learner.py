@@ -37,6 +37,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rljax.configs.arith_tiny import MODEL as TINY  # the default run's model
 
 from rljax.config import LearnerConfig, ModelConfig
 from rljax.learner.batch import TrainSequence, pack_batch
@@ -45,18 +46,6 @@ from rljax.models.families import config_to_hf
 from rljax.models.hf import hf_tensors
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
-
-TINY = ModelConfig(  # configs/arith_tiny.py's model
-    family="llama",
-    vocab_size=18,
-    hidden_size=128,
-    intermediate_size=384,
-    num_layers=2,
-    num_heads=8,
-    num_kv_heads=4,
-    head_dim=16,
-    max_position_embeddings=64,
-)
 
 
 def parse_args(argv=None):
