@@ -47,7 +47,8 @@ a phase of length ``L`` on a sampler of ``slots`` decode slots:
   the same split, else reports 0 (every step cost scales with the load);
 * ``learner_busy_s`` = the ``Learn`` seconds (at most ``L``), ``learner_idle_s`` = the
   ``LearnerWait`` seconds (at most ``L - learner_busy_s``);
-* ``buffer_fill`` and ``queued_groups`` from the buffer's ``snapshot()`` rows at phase end.
+* ``buffer_fill`` and ``queued_groups`` from the buffer's ``snapshot()`` rows at phase end;
+* ``steps``: the ``StepEnd`` events of the phase.
 """
 
 from __future__ import annotations
@@ -310,6 +311,7 @@ class PhaseMeter:
             sampler_occupancy=occupancy,
             decode_step_s=step,
             decode_fixed_s=fixed,
+            steps=max(1, self.steps),
         )
         self.tokens = {"sampler": self._sampler_tokens, "learner": self._learner_tokens}
         self.phase_start = self._end

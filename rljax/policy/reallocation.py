@@ -74,6 +74,8 @@ class PhaseStats:
       decode_fixed_s: the part of a decode step that does not depend on the live sequences
         (the weight read, bytes / HBM bandwidth, plus launch latency: the step time of a
         replica decoding one short sequence); 0 = every step cost scales with the load.
+      steps: learner steps in the phase (``PhaseMeter`` counts its ``StepEnd`` events); the
+        lending policy divides phase seconds by it to get seconds per step.
     """
 
     sampler_busy_s: float
@@ -88,6 +90,7 @@ class PhaseStats:
     sampler_occupancy: float = 1.0
     decode_step_s: float = 0.0
     decode_fixed_s: float = 0.0
+    steps: int = 1
 
     def __post_init__(self):
         times = (self.sampler_busy_s, self.sampler_idle_s, self.learner_busy_s)
@@ -105,6 +108,8 @@ class PhaseStats:
             )
         if self.granularity < 1:
             raise ValueError(f"granularity must be >= 1 chip, got {self.granularity}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1 learner step per phase, got {self.steps}")
 
 
 class Direction(enum.Enum):
