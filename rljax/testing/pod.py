@@ -1,0 +1,76 @@
+"""A pod on localhost: N processes x D CPU devices joined by ``jax.distributed`` (gloo).
+
+Tests and scripts use it to stand in for a multi-host TPU slice: every process runs the same
+command with ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` set,
+which :func:`rljax.mesh.distributed.maybe_initialize` reads. ``{pid}`` in an argument is
+replaced by the process index (per-process work directories, log names).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pod_env(pid: int, processes: int, devices: int, port: int, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        JAX_PLATFORMS="cpu",
+        JAX_NUM_CPU_DEVICES=str(devices),
+        XLA_FLAGS="",
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        JAX_NUM_PROCESSES=str(processes),
+        JAX_PROCESS_ID=str(pid),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def start(
+    argv: list[str], *, processes: int, devices: int, logdir: Path, name: str = "p", **env: str
+) -> list[subprocess.Popen]:
+    """Starts the pod; process i logs to ``logdir/<name><i>.txt``."""
+    port = free_port()
+    procs = []
+    for pid in range(processes):
+        cmd = [sys.executable, *[a.replace("{pid}", str(pid)) for a in argv]]
+        log = open(Path(logdir) / f"{name}{pid}.txt", "w")  # noqa: SIM115 - closed by the child's exit
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=pod_env(pid, processes, devices, port, **env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        log.close()
+    return procs
+
+
+def run(argv: list[str], *, processes: int, devices: int, logdir: Path, name: str = "p",
+        timeout: float = 600, **env: str) -> tuple[list[int], list[str]]:
+    """Runs the pod to the end; returns (exit codes, logs)."""
+    procs = start(argv, processes=processes, devices=devices, logdir=logdir, name=name, **env)
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = [(Path(logdir) / f"{name}{i}.txt").read_text() for i in range(processes)]
+    return [p.returncode for p in procs], logs
