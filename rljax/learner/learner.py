@@ -11,6 +11,11 @@ Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, w
 materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
 importance ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
 
+Trainer-on-RollPool (:mod:`rljax.runtime.lending`): ``step(batch, loan)`` takes the gradients of
+the last ``loan.micro_batches`` micro-batches on other chips with the current params, moves them
+back (``device_put``) and sums them into the update; the learner stays the only optimiser and
+version authority, and the step equals the unlent one within float tolerance.
+
 The same forward pass gives the train-inference mismatch, logged every step: the gap between
 these log-probs and the sampler's (``mismatch/*``, :data:`MISMATCH_FRESH` restricted to the
 tokens the learner's own version sampled, where only the two programs and their precisions
@@ -19,7 +24,9 @@ differ; see docs/runtime.md).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -41,6 +48,7 @@ from rljax.models.sharding import (
     ShardingRules,
     axis_size,
     kernel_mesh_axes,
+    make_mesh,
     state_shardings,
     with_shardings,
 )
@@ -114,6 +122,41 @@ def check_divisible(key: str, batch: int, dp: int) -> None:
             f"{dp} data-parallel learner devices; use a multiple of {dp} or shrink the learner "
             "mesh"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class GradLoan:
+    """Lend a step's last ``micro_batches`` micro-batches to ``devices`` (Trainer-on-RollPool).
+
+    ``devices`` are chips outside the learner mesh (the sampler's); the lent gradients are
+    computed there on a mesh of as many of them as divide a micro-batch's rows.
+    """
+
+    devices: tuple[jax.Device, ...]
+    micro_batches: int
+
+    def __post_init__(self):
+        if not self.devices:
+            raise ValueError("GradLoan.devices is empty; lend at least one device")
+        if not (isinstance(self.micro_batches, int) and self.micro_batches >= 1):
+            raise ValueError(
+                f"GradLoan.micro_batches={self.micro_batches!r}; lend an integer >= 1 of the "
+                "step's micro-batches"
+            )
+
+
+class _LentGrads:
+    """The gradient half of the train step compiled for a mesh of lent devices."""
+
+    def __init__(self, learner: Learner, devices: Sequence[jax.Device]):
+        mesh = make_mesh(devices, {"fsdp": len(devices), "tensor": 1})
+        worker = Learner.__new__(Learner)
+        args = (learner.graphdef, mesh, learner.rules, learner.loss, None, learner.temperature)
+        worker._configure(learner.cfg, *args)
+        worker.kernel_impl = learner.kernel_impl
+        self.param_shardings = state_shardings(learner.params, mesh, learner.rules)
+        self.batch_sharding, rep = worker._batch_sharding, worker._replicated
+        self.fn = jax.jit(worker._accumulate, out_shardings=(self.param_shardings, rep, rep))
 
 
 class Learner:
@@ -294,7 +337,8 @@ class Learner:
             sums["fresh_tokens"] = jnp.sum(fresh)
         return loss, sums
 
-    def _train_step(self, params, opt_state, ref_params, batch, version):
+    def _accumulate(self, params, ref_params, batch, version):
+        """Gradients, loss and metric sums over a [micro_batches, ...] batch (a scan)."""
         grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
 
         def micro(carry, mb):
@@ -308,6 +352,19 @@ class Learner:
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0)
         init = (jax.tree.map(jnp.zeros_like, params), jnp.float32(0.0), zeros)
         (grads, loss, sums), _ = jax.lax.scan(micro, init, batch)
+        return grads, loss, sums
+
+    def _train_step(self, params, opt_state, ref_params, batch, version):
+        grads, loss, sums = self._accumulate(params, ref_params, batch, version)
+        return self._finish(params, opt_state, grads, loss, sums)
+
+    def _apply_parts(self, params, opt_state, parts):
+        """The update from gradient parts (own and lent micro-batches), summed in order."""
+        grads, loss, sums = jax.tree.map(lambda *xs: functools.reduce(jnp.add, xs), *parts)
+        return self._finish(params, opt_state, grads, loss, sums)
+
+    def _finish(self, params, opt_state, grads, loss, sums):
+        """Clip, update and the step's metrics, from the summed gradients and sums."""
         updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
@@ -339,22 +396,29 @@ class Learner:
             and self.loss.needs_proximal(self.cfg)
         )
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def step(self, batch: TrainBatch, loan: GradLoan | None = None) -> dict[str, float]:
         """``ppo_epochs`` optimiser updates on ``batch``; the version advances by one.
 
         The proximal policy is the params before the first update: its log-probs are computed
         once, here, and every epoch clips against them. Metrics are those of the last update
         (its ratio and clip fraction show the drift; ``learning_rate`` is the rate it applied),
         except the ``mismatch/*`` ones: the first update's, taken at the version that sampled.
+
+        With a ``loan``, every epoch computes the gradients of the last ``loan.micro_batches``
+        micro-batches on ``loan.devices`` and sums them into its update (Trainer-on-RollPool).
         """
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
         first = None
         for _ in range(self.cfg.ppo_epochs):
-            self.params, self.opt_state, metrics = self._step_fn(
-                self.params, self.opt_state, self.ref_params, arrays, jnp.int32(self.version)
-            )
+            version = jnp.int32(self.version)
+            if loan is None:
+                self.params, self.opt_state, metrics = self._step_fn(
+                    self.params, self.opt_state, self.ref_params, arrays, version
+                )
+            else:
+                metrics = self._lent_update(arrays, version, loan)
             first = metrics if first is None else first
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         for k, v in jax.device_get(first).items():
@@ -365,6 +429,57 @@ class Learner:
                 del metrics[k]
         self.version += 1
         return metrics
+
+    def _lent_update(self, arrays: dict, version, loan: GradLoan) -> dict:
+        """One update whose last ``loan.micro_batches`` micro-batches run on the lent chips."""
+        m, rows = arrays["tokens"].shape[:2]
+        if loan.micro_batches > m:
+            raise ValueError(
+                f"GradLoan lends {loan.micro_batches} of {m} micro-batches; lend <= {m}"
+            )
+        own, lent = m - loan.micro_batches, self._lent_grads(loan.devices, rows)
+        # The lent share starts first: it runs on other chips while the learner does its own.
+        params, ref = (
+            None if p is None else jax.device_put(p, lent.param_shardings)
+            for p in (self.params, self.ref_params)
+        )
+        share = jax.device_put({k: v[own:] for k, v in arrays.items()}, lent.batch_sharding)
+        remote = lent.fn(params, ref, share, version)
+        mine = {k: v[:own] for k, v in arrays.items()}
+        parts = [self._accum_fn(self.params, self.ref_params, mine, version)] if own else []
+        parts.append(jax.device_put(remote, (self.param_shardings, *[self._replicated] * 2)))
+        self.params, self.opt_state, metrics = self._apply_fn(
+            self.params, self.opt_state, tuple(parts)
+        )
+        return metrics
+
+    def _lent_grads(self, devices: Sequence[jax.Device], rows: int) -> _LentGrads:
+        """The gradient function on the most of ``devices`` that divide ``rows``, cached."""
+        overlap = set(devices) & set(self.mesh.devices.flat)
+        if overlap:
+            raise ValueError(
+                f"GradLoan lends {len(overlap)} of the learner's own devices; lend only "
+                "devices outside the learner mesh (the sampler's)"
+            )
+        n = max(d for d in range(1, len(devices) + 1) if rows % d == 0)
+        key = tuple(d.id for d in devices[:n])
+        cache = self.__dict__.setdefault("lent_grads", {})  # device ids -> _LentGrads
+        if key not in cache:
+            cache[key] = _LentGrads(self, list(devices[:n]))
+        return cache[key]
+
+    @functools.cached_property
+    def _accum_fn(self):
+        rep = self._replicated
+        return jax.jit(self._accumulate, out_shardings=(self.param_shardings, rep, rep))
+
+    @functools.cached_property
+    def _apply_fn(self):
+        return jax.jit(
+            self._apply_parts,
+            donate_argnums=(0, 1),
+            out_shardings=(self.param_shardings, self._opt_shardings(), self._replicated),
+        )
 
     @functools.cached_property
     def _logprob_fn(self):
