@@ -144,6 +144,11 @@ class SamplingConfig:
             )
 
     @property
+    def max_seq_len(self) -> int:
+        """Tokens a slot holds at most: the longest prompt plus the response budget."""
+        return self.max_prefill_length + self.max_new_tokens
+
+    @property
     def buckets(self) -> tuple[int, ...]:
         """Prefill lengths, ascending; prompts are padded up to the next one."""
         if self.prefill_buckets:

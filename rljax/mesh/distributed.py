@@ -133,10 +133,28 @@ def maybe_initialize(env: Mapping[str, str] | None = None) -> ProcessInfo:
                 coordinator_address=plan.coordinator,
                 num_processes=plan.num_processes,
                 process_id=plan.process_id,
+                heartbeat_timeout_seconds=heartbeat_timeout_s(),
             )
         else:
-            jax.distributed.initialize()
+            jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s())
     return ProcessInfo(index=jax.process_index(), count=jax.process_count(), mode=plan.mode)
+
+
+def heartbeat_timeout_s(env: Mapping[str, str] | None = None) -> int:
+    """Seconds without a heartbeat after which JAX stops every other process, naming the lost
+    one (``RLJAX_HEARTBEAT_TIMEOUT_S``, default 20; JAX's own default, 100, lets a pod hang for
+    minutes after a host died)."""
+    env = os.environ if env is None else env
+    raw = env.get("RLJAX_HEARTBEAT_TIMEOUT_S", "20")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise DistributedConfigError(
+            f"RLJAX_HEARTBEAT_TIMEOUT_S={raw!r} is invalid; set it to whole seconds >= 1"
+        )
+    return value
 
 
 def process_index() -> int:

@@ -37,7 +37,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
-
 def union_devices(*shardings: Sequence[jax.sharding.Sharding]) -> list[jax.Device]:
     """The devices of every sharding, each once, in first-seen order (equal on every process)."""
     seen: dict[int, jax.Device] = {}
@@ -52,9 +51,7 @@ def needs_union(src: Sequence[jax.sharding.Sharding], dst: Sequence[jax.sharding
     """Whether a plain ``device_put`` cannot do this move (several processes, other devices)."""
     if jax.process_count() == 1:
         return False
-    return any(
-        set(a.device_set) != set(b.device_set) for a, b in zip(src, dst, strict=True)
-    )
+    return any(set(a.device_set) != set(b.device_set) for a, b in zip(src, dst, strict=True))
 
 
 def _starts(sharding, shape) -> dict[jax.Device, tuple[int, ...]]:
@@ -115,7 +112,14 @@ def transfer(tree, dst_shardings, *, force_union: bool = False):
     ``force_union`` takes the union path on one process too (tests compare the two).
     """
     leaves, treedef = jax.tree.flatten(tree)
-    dst = treedef.flatten_up_to(dst_shardings)
+    # Shardings may stand where a leaf's wrapper node is (an nnx.State of shardings has no
+    # Param nodes): match them to the leaves in order.
+    dst = jax.tree.leaves(dst_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    if len(dst) != len(leaves):
+        raise ValueError(
+            f"transfer: {len(leaves)} arrays but {len(dst)} target shardings; give one sharding "
+            "per leaf of the tree"
+        )
     src = [x.sharding for x in leaves]
     if not leaves:
         return tree

@@ -7,6 +7,7 @@ the in-flight requests and the flags used here. A resize (``Run.resize``) runs a
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -90,3 +91,15 @@ class SafePoints:
                 self._cond.wait(timeout=0.1)
             self._parked = False
         self.clocks.sampler_parked(start, time.perf_counter())
+
+
+def install_sigterm(handler):
+    """Route SIGTERM to ``handler`` (a stop at the next step boundary); returns the previous
+    handler, or None off the main thread, where signals cannot be handled."""
+    main = threading.current_thread() is threading.main_thread()
+    return signal.signal(signal.SIGTERM, handler) if main else None
+
+
+def restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)

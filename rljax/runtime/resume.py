@@ -108,18 +108,21 @@ def checkpoint_meta(
     metrics_offset: int | None,
     extra: dict[str, Any] | None = None,
     config: RunConfig | None = None,
+    gather: bool = True,
 ) -> dict[str, Any]:
     """The JSON meta of a checkpoint. A collective: every process calls it at the same step.
 
     ``data_state`` is this process's prompt-iterator state, read at the same instant as
     anything in ``extra`` that depends on it (the driver's pending prompts). ``config``, the
     run's, is stored flat so a resume can name the keys that changed (:func:`check_resume_config`).
+    ``gather=False``: ``data_state`` is the only prompt stream (a pod's leader reads for all).
     """
+    states = distributed.allgather_objects(data_state) if gather else [data_state]
     return {
         **({"config": flat_config(config)} if config is not None else {}),
         "version": version,
         # Every process's iterator state, in process order.
-        **distributed.data_meta(distributed.allgather_objects(data_state)),
+        **distributed.data_meta(states),
         "initial_accuracy": initial_accuracy,
         "metrics_offset": metrics_offset,
         **(extra or {}),

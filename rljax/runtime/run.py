@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,7 +44,8 @@ from rljax.policy import admission
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool, failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import resizing, resume, scoring
+from rljax.runtime import lending, resizing, resume, scoring
+from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
 from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.warm_start import warm_start
@@ -76,14 +75,24 @@ def check_supported(cfg: RunConfig, process_count: int) -> None:
         )
     if cfg.mode == "async" and process_count > 1:
         raise ConfigError(
-            f"config key 'mode' = 'async' is single-process for now (its admissions follow "
-            f"each host's thread timing); set mode='sync' and buffer.max_staleness=0 for this "
-            f"{process_count}-process run"
+            f"config key 'mode' = 'async' on {process_count} processes needs split meshes (a "
+            f"pod run: mesh.mode='split', sampler and learner on whole hosts); set mesh.mode="
+            f"'split', or mode='sync' and buffer.max_staleness=0"
         )
 
 
 class Run:
-    """One experiment, built from a :class:`RunConfig`. ``Run(cfg, workdir).train()``."""
+    """One experiment, built from a :class:`RunConfig`. ``Run(cfg, workdir).train()``.
+
+    On a pod (several processes, ``mesh.mode='split'``) it is a ``runtime.pod_run.PodRun``."""
+
+    def __new__(cls, cfg: RunConfig, *args: Any, **kwargs: Any):
+        if cls is Run:
+            from rljax.runtime.pod_run import PodRun, is_pod
+
+            if is_pod(cfg):
+                cls = PodRun
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -170,6 +179,7 @@ class Run:
             version=self.learner.version,
             stop_ids=sorted(self.tokenizer.stop_ids),
         )
+        self.lending = lending.build(self)  # lending.enabled: chips lent inside a step
         # This process's shard only; next_prompts all-gathers the shards into the global batch.
         self.prompts = prompt_iterator(
             self.train_examples,
@@ -257,7 +267,7 @@ class Run:
         cfg = self.cfg
         return pack_batch(
             seqs,
-            row_len=cfg.learner.pack_length or self.engine.max_seq_len,
+            row_len=cfg.learner.pack_length or cfg.sampling.max_seq_len,
             micro_batches=cfg.learner.micro_batches,
             row_multiple=self.learner.dp,
             aggregation=aggregation,
@@ -376,7 +386,7 @@ class Run:
         buffer, requeue, next_id = resume.driver_state(
             self.resumed_meta, cfg, version=self.learner.version
         )
-        return Driver(
+        driver = Driver(
             sampler=self.sampler,
             learner=self.learner,
             weight_sync=self.weight_sync,
@@ -407,16 +417,17 @@ class Run:
             counters=resume.driver_counters(self.resumed_meta),
             encode_group=encode_group,
         )
+        return lending.attach(self, driver)  # lending.enabled: its sampler, learner, meter
 
     def train(self) -> dict[str, Any]:
         """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again."""
         # SIGTERM stops the run gracefully until train returns: one during the final
         # evaluation lets it finish (it used to kill the process there).
-        previous = _install_sigterm(self.request_stop)
+        previous = install_sigterm(self.request_stop)
         try:
             return self._train()
         finally:
-            _restore_sigterm(previous)
+            restore_sigterm(previous)
 
     def _train(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -486,13 +497,3 @@ def _debug(event: str, **fields: Any) -> None:
     if log.isEnabledFor(logging.DEBUG):
         log.debug("data %s %s", event, json.dumps(fields))
 
-
-def _install_sigterm(handler):
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler)
-
-
-def _restore_sigterm(previous) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)

@@ -44,9 +44,9 @@ def score(
         fields = {"process": shard_index, "prompts": prompts, "trajectories": len(mine)}
         fields["of"] = len(trajs)
         log.debug("data scored %s", json.dumps(fields))
-    shares = distributed.allgather_objects(
-        {"rewards": local.tolist(), "failures": pool.stats.by_kind()}
-    )
+    share = {"rewards": local.tolist(), "failures": pool.stats.by_kind()}
+    # One shard (one process, or a pod's leader scoring for all): nothing to gather.
+    shares = [share] if shard_count == 1 else distributed.allgather_objects(share)
     failures = {k: sum(share["failures"][k] for share in shares) for k in FAILURE_KINDS}
     rewards = np.zeros(len(trajs), np.float32)
     for p, share in enumerate(shares):

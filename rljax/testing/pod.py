@@ -60,8 +60,16 @@ def start(
     return procs
 
 
-def run(argv: list[str], *, processes: int, devices: int, logdir: Path, name: str = "p",
-        timeout: float = 600, **env: str) -> tuple[list[int], list[str]]:
+def run(
+    argv: list[str],
+    *,
+    processes: int,
+    devices: int,
+    logdir: Path,
+    name: str = "p",
+    timeout: float = 600,
+    **env: str,
+) -> tuple[list[int], list[str]]:
     """Runs the pod to the end; returns (exit codes, logs)."""
     procs = start(argv, processes=processes, devices=devices, logdir=logdir, name=name, **env)
     try:

@@ -1,0 +1,412 @@
+"""RL on a pod: sampler hosts and learner hosts of one ``jax.distributed`` program.
+
+On several processes with a split topology (``mesh.mode='split'``, each mesh made of whole
+hosts), each process owns devices of one mesh only, so each plays one role:
+
+- **The sampler leader** (the first sampler process, process 0) runs the one
+  :class:`~rljax.runtime.driver.Driver`, threaded (mode='async') or lock-step (mode='sync'),
+  with the same policies as one host. It takes every decision once: which requests enter the
+  sampler, when weights swap and to which version, which groups the buffer hands the learner,
+  when to checkpoint and stop. It scores the rewards (its reward pool isolates failures as on
+  one host) and writes the metrics.
+- **Sampler followers** replay the leader's sampler operations in the same order (submit,
+  swap, generate, interrupt, ...), so their engine state stays identical; each generate is one
+  program over the whole sampler mesh.
+- **Learner processes** replay the learner operations: train on the groups the leader chose,
+  send weights, save checkpoints (orbax on the learner processes only).
+
+The operations travel as *ticks* (``tick/<k>``, JSON lists of ``[op, arg]``) through the
+coordination service (:class:`~rljax.mesh.control.Channel`). The leader posts a tick before
+each operation that touches devices of another process (a generate, a weight swap), so every
+process enters each collective in the same order; host-only operations ride along with the
+next one. Weights move as one computation over the union of both meshes
+(:func:`rljax.mesh.transfer.transfer`); a learner step and a generate run concurrently on
+their own chips, which is what makes the schedule asynchronous.
+
+No host's clock feeds another host's decision: the leader's decisions depend on its timing
+(when a learner step reports done), but they are taken once and carried out by all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rljax.config import ConfigError
+from rljax.engine.engine import SlotSampling
+from rljax.engine.sampler import Request, Sampler
+from rljax.mesh.control import Channel
+from rljax.mesh.topology import Topology
+from rljax.mesh.transfer import transfer
+from rljax.mesh.weight_sync import HISTORY, SyncStats
+from rljax.models.sharding import SAMPLER_RULES, state_shardings
+from rljax.runtime.rollout import decode_group, encode_group
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Roles:
+    """Which processes own the sampler mesh and which the learner mesh."""
+
+    sampler: tuple[int, ...]
+    learner: tuple[int, ...]
+    me: int
+
+    @property
+    def role(self) -> str:
+        return "sampler" if self.me in self.sampler else "learner"
+
+    @property
+    def is_leader(self) -> bool:
+        return self.me == self.sampler[0]
+
+    @property
+    def is_learner_leader(self) -> bool:
+        return self.me == self.learner[0]
+
+
+def roles(topology: Topology) -> Roles | None:
+    """The pod's roles, or None when one process runs both meshes (not a pod run)."""
+    if jax.process_count() == 1:
+        return None
+    if topology.colocated:
+        raise ConfigError(
+            f"config key 'mesh.mode' = 'colocated' on {jax.process_count()} processes: both "
+            "roles would share every host; use mesh.mode='split' with mesh.sampler_devices and "
+            "mesh.learner_devices in whole hosts"
+        )
+    sampler = sorted({d.process_index for d in topology.sampler.devices.flat})
+    learner = sorted({d.process_index for d in topology.learner.devices.flat})
+    idle = sorted(set(range(jax.process_count())) - set(sampler) - set(learner))
+    if idle:
+        raise ConfigError(
+            f"process {idle[0]} owns no device of either mesh; make mesh.sampler_devices + "
+            "mesh.learner_devices cover every host's devices"
+        )
+    if sampler[0] != 0:
+        raise ConfigError(
+            "process 0 must own sampler devices (it leads the pod and writes the metrics); the "
+            "sampler mesh takes the first devices, so launch the sampler hosts first"
+        )
+    return Roles(tuple(sampler), tuple(learner), jax.process_index())
+
+
+# -- requests and weights on the wire ----------------------------------------------------------
+
+
+def encode_request(r: Request) -> dict[str, Any]:
+    return {
+        "prompt_tokens": list(r.prompt_tokens),
+        "num_samples": r.num_samples,
+        "seed": r.seed,
+        "sampling": None if r.sampling is None else dataclasses.asdict(r.sampling),
+        "request_id": r.request_id,
+        "max_new_tokens": r.max_new_tokens,
+    }
+
+
+def decode_request(d: dict[str, Any]) -> Request:
+    sampling = None if d["sampling"] is None else SlotSampling(**d["sampling"])
+    return Request(
+        d["prompt_tokens"],
+        d["num_samples"],
+        seed=d["seed"],
+        sampling=sampling,
+        request_id=d["request_id"],
+        max_new_tokens=d["max_new_tokens"],
+    )
+
+
+class PodWeights:
+    """The weight sync of a pod: every process calls :meth:`move` at the same tick.
+
+    ``abstract`` is the learner's params state as ``ShapeDtypeStruct``s with the learner's
+    shardings. Learner processes pass their params (cast to the sampler's dtype on the learner
+    mesh first); sampler processes pass nothing and get the sampler's copy.
+    """
+
+    def __init__(self, abstract, sampler_mesh, dtype: str):
+        self.dtype = jnp.dtype(dtype)
+
+        def cast(x):
+            floating = jnp.issubdtype(x.dtype, jnp.floating)
+            dtype = self.dtype if floating else x.dtype
+            return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+
+        self.source = jax.tree.map(cast, abstract)
+        self.targets = state_shardings(self.source, sampler_mesh, SAMPLER_RULES)
+        self._cast = jax.jit(
+            lambda tree: jax.tree.map(
+                lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                tree,
+            )
+        )
+        self.bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.source))
+
+    def move(self, params=None):
+        """The sampler's copy (None leaves on learner processes), after one union transfer."""
+        src = self.source if params is None else self._cast(params)
+        out = transfer(src, self.targets)
+        jax.block_until_ready([x for x in jax.tree.leaves(out) if x is not None])
+        return out
+
+
+class Ticks:
+    """The leader's side of the tick stream: operations are queued, then posted in order."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.lock = threading.RLock()  # one tick (and the device work it orders) at a time
+        self.count = 0
+        self._ops: list[list] = []
+
+    def queue(self, op: str, arg: Any = None) -> None:
+        with self.lock:
+            self._ops.append([op, arg])
+
+    def flush(self, op: str | None = None, arg: Any = None) -> None:
+        """Posts the queued operations (and ``op``) as the next tick."""
+        with self.lock:
+            if op is not None:
+                self._ops.append([op, arg])
+            if not self._ops:
+                return
+            self.channel.post(f"tick/{self.count}", self._ops)
+            self.count += 1
+            self._ops = []
+
+
+class PodSampler:
+    """The leader's sampler: the real :class:`Sampler`, with each operation also posted.
+
+    Duck-types what the driver and ``Run.evaluate`` use. A swap or a generate posts the tick
+    first, then runs here, so followers and learner processes enter the same collectives in
+    the same order.
+    """
+
+    def __init__(self, sampler: Sampler, ticks: Ticks, weights: PodWeights, sync: PodWeightSync):
+        self.real = sampler
+        self.ticks = ticks
+        self.weights = weights
+        self.sync = sync
+        self.swapped = -1
+        self.on_tick = lambda: None  # the leader polls for stop requests here
+
+    # the sampler's state, read by the driver
+    version = property(lambda self: self.real.version)
+    busy_slots = property(lambda self: self.real.busy_slots)
+    num_slots = property(lambda self: self.real.num_slots)
+    queued_samples = property(lambda self: self.real.queued_samples)
+    kv_tokens = property(lambda self: self.real.kv_tokens)
+    engine = property(lambda self: self.real.engine)
+    stats = property(lambda self: self.real.stats)
+
+    def has_work(self) -> bool:
+        return self.real.has_work()
+
+    def submit(self, requests) -> list[int]:
+        with self.ticks.lock:
+            ids = self.real.submit(requests)
+            self.ticks.queue("submit", [encode_request(r) for r in requests])
+            return ids
+
+    def set_params(self, _params, version: int) -> None:
+        """Swap to the learner's ``version``: one union transfer, entered by every process."""
+        with self.ticks.lock:
+            if version <= self.swapped:
+                return
+            self.ticks.flush("swap", version)
+            start = time.perf_counter()
+            params = self.weights.move()
+            self.sync.record(SyncStats(version, self.weights.bytes, time.perf_counter() - start))
+            self.swapped = version
+            self.real.set_params(params, version)
+
+    def catch_up(self) -> None:
+        """Swap now if the learner published a version the sampler has not taken yet."""
+        latest = self.sync.latest_version
+        if latest > self.swapped:
+            self.set_params(None, latest)
+
+    def step(self):
+        self.on_tick()  # outside the tick lock: it may take the driver's
+        with self.ticks.lock:
+            self.ticks.flush("step")
+            return self.real.step()
+
+    def run(self, requests=()):
+        self.submit(requests)
+        out = []
+        while self.has_work():
+            out.extend(self.step())
+        return out
+
+    def _host_op(self, name: str, request_id: int):
+        with self.ticks.lock:
+            out = getattr(self.real, name)(request_id)
+            self.ticks.queue(name, request_id)
+            return out
+
+    def interrupt(self, request_id: int) -> int:
+        return self._host_op("interrupt", request_id)
+
+    def resume(self, request_id: int) -> None:
+        self._host_op("resume", request_id)
+
+    def abort(self, request_id: int) -> None:
+        self._host_op("abort", request_id)
+
+    def clear(self) -> int:
+        with self.ticks.lock:
+            self.ticks.queue("clear")
+            return self.real.clear()
+
+
+class PodWeightSync:
+    """The leader's view of the weight sync: a publish only announces a version.
+
+    The bytes move when the sampler swaps (:meth:`PodSampler.set_params`), which records the
+    transfer here; :meth:`publish` returns the newest such record.
+    """
+
+    def __init__(self, every: int = 1):
+        self.every = every
+        self.history: list[SyncStats] = []
+        self._latest = -1
+        self._lock = threading.Lock()
+
+    def due(self, version: int) -> bool:
+        return version % self.every == 0
+
+    def publish(self, _params, version: int, *, block: bool = True) -> SyncStats:
+        with self._lock:
+            self._latest = max(self._latest, version)
+            return self.history[-1] if self.history else SyncStats(version, 0, 0.0)
+
+    def record(self, stats: SyncStats) -> None:
+        with self._lock:
+            self.history = [*self.history[-(HISTORY - 1) :], stats]
+
+    def acquire(self):
+        with self._lock:
+            return None if self._latest < 0 else (None, self._latest)
+
+    @property
+    def latest_version(self) -> int:
+        with self._lock:
+            return self._latest
+
+
+@dataclasses.dataclass
+class PodBatch:
+    """What the leader hands its remote learner: the groups, encoded."""
+
+    groups: list[dict]
+    num_tokens: int
+
+
+class RemoteLearner:
+    """The leader's learner: a step posts the groups and waits for the learner processes."""
+
+    def __init__(self, sampler: PodSampler, channel: Channel, version: int):
+        self.sampler = sampler
+        self.channel = channel
+        self.version = version
+        self.params = None  # the params live on the learner processes
+
+    def step(self, batch: PodBatch) -> dict[str, Any]:
+        with self.sampler.ticks.lock:
+            # The learner processes send weights in tick order: a version announced but not
+            # yet swapped must go out before the step that overwrites those params.
+            self.sampler.catch_up()
+            self.sampler.ticks.flush("learn", {"version": self.version, "groups": batch.groups})
+        metrics = self.channel.get(f"done/{self.version}", waiting_for="a learner step")
+        self.version += 1
+        return metrics
+
+
+def make_pod_batch(groups) -> PodBatch:
+    tokens = sum(
+        len(t.prompt_tokens) + len(t.response_tokens) for g in groups for t in g.trajectories
+    )
+    return PodBatch([encode_group(g) for g in groups], tokens)
+
+
+# -- the other processes ------------------------------------------------------------------------
+
+
+def follow_sampler(channel: Channel, sampler: Sampler, weights: PodWeights, start: int = 0) -> int:
+    """A sampler follower: replays the leader's sampler operations until 'end'."""
+    k = start
+    while True:
+        for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
+            if op == "submit":
+                sampler.submit([decode_request(r) for r in arg])
+            elif op == "swap":
+                sampler.set_params(weights.move(), arg)
+            elif op == "step":
+                sampler.step()
+            elif op in ("interrupt", "resume", "abort"):
+                getattr(sampler, op)(arg)
+            elif op == "clear":
+                sampler.clear()
+            elif op == "end":
+                return k + 1
+        k += 1
+
+
+def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles, start: int = 0) -> int:
+    """A learner process: trains, sends weights and saves as the leader's ticks say."""
+    learner = run.learner
+    k = start
+    while True:
+        for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
+            if op == "swap":
+                if arg != learner.version:
+                    raise RuntimeError(
+                        f"pod out of order: the leader swaps to version {arg} but this learner "
+                        f"holds version {learner.version} (a bug in the tick stream)"
+                    )
+                weights.move(learner.params)
+            elif op == "learn":
+                if arg["version"] != learner.version:
+                    raise RuntimeError(
+                        f"pod out of order: step for version {arg['version']} on a learner at "
+                        f"version {learner.version} (a bug in the tick stream)"
+                    )
+                groups = [decode_group(g) for g in arg["groups"]]
+                metrics = learner.step(run.make_batch(groups))
+                if roles.is_learner_leader:
+                    channel.post(f"done/{arg['version']}", _plain(metrics))
+            elif op == "sft":
+                run.warm_start_learner()
+                if roles.is_learner_leader:
+                    channel.post("done/sft", {})
+            elif op == "save":
+                run.save_learner(arg["version"], arg["meta"], force=arg["force"])
+                if roles.is_learner_leader:
+                    channel.post(f"saved/{arg['version']}", {})
+            elif op == "end":
+                return k + 1
+        k += 1
+
+
+def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out[key] = _plain(value)
+        elif hasattr(value, "item") and getattr(value, "size", 1) == 1:
+            out[key] = value.item()
+        elif isinstance(value, (int, float, str, bool, list)) or value is None:
+            out[key] = value
+        else:
+            out[key] = float(value)
+    return out

@@ -1,0 +1,289 @@
+"""``Run`` on a pod: each process builds and runs the parts of its role (``runtime.pod``).
+
+``rljax.Run(cfg, workdir)`` is a :class:`PodRun` when several processes run a split topology
+(``mesh.mode='split'``); the launcher and the library need nothing else. The sampler leader
+(process 0) runs the phases of :class:`~rljax.runtime.run.Run` (warm start, evaluation, the
+driver, checkpoints) through stand-ins that post each operation to the other processes; the
+sampler followers and the learner processes replay them.
+
+Checkpoints hold what one host would hold: the learner's params and optimiser state (written
+by the learner processes, orbax restricted to them), and the leader's meta (buffer, pending
+prompts, prompt-stream state, metrics cursor) plus the pod's shape, so a resume with another
+process count or split is refused.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+
+from rljax import io
+from rljax.checkpoint import Checkpointer
+from rljax.config import ConfigError, RunConfig
+from rljax.data.pipeline import prompt_iterator
+from rljax.data.tasks import check_prompts, load_task
+from rljax.engine.engine import Engine
+from rljax.engine.sampler import Sampler
+from rljax.learner.advantages import resolve_scale
+from rljax.learner.losses import get_loss
+from rljax.mesh import distributed
+from rljax.mesh.control import Channel
+from rljax.mesh.topology import build_topology
+from rljax.mesh.weight_sync import sampler_model
+from rljax.metrics import MetricsWriter, Timeline
+from rljax.models.loading import (
+    abstract_params,
+    check_tokenizer_fits,
+    initial_model_config,
+    load_tokenizer,
+)
+from rljax.rewards.pool import RewardPool
+from rljax.rewards.registry import check_reward_fn, get_reward
+from rljax.runtime import pod, resume
+from rljax.runtime.run import Run
+from rljax.runtime.warm_start import warm_start
+
+
+def is_pod(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` on this world is a pod run (several processes, split meshes)."""
+    return jax.process_count() > 1 and cfg.mesh.mode == "split"
+
+
+def check_pod(cfg: RunConfig) -> None:
+    if cfg.mesh.reallocate:
+        raise ConfigError(
+            "config key 'mesh.reallocate' = True is single-host for now (a pod resizes only "
+            "between runs: relaunch with another mesh.sampler_devices); turn it off"
+        )
+
+
+class PodRun(Run):
+    """One experiment on a pod; built and used exactly like :class:`Run`."""
+
+    def _build(self, cfg, workdir, reward_fn, loss, devices) -> None:
+        check_pod(cfg)
+        distributed.check_same_config(cfg)
+        self.cfg = cfg
+        self.shard_index, self.shard_count = 0, 1  # the leader reads and scores every prompt
+        self.workdir = str(io.ensure_writable_dir(workdir))
+        self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
+        self._scale = resolve_scale(cfg.learner, self.loss)
+        self.tokenizer = load_tokenizer(cfg)
+        self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
+        prompts = self.train_examples + self.heldout_examples[: cfg.eval_examples]
+        check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
+        check_tokenizer_fits(cfg, self.tokenizer, initial_model_config(cfg))
+        reward = get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
+        self.devices = list(jax.devices() if devices is None else devices)
+        self.topology = build_topology(cfg.mesh, self.devices)
+        self.roles = pod.roles(self.topology)
+        self.channel = Channel()
+        self.timeline = Timeline()
+        self.metrics = MetricsWriter(
+            self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
+        )
+        self.model_cfg = initial_model_config(cfg)
+        graphdef, abstract = abstract_params(self.model_cfg, self.topology.learner)
+        self.weights = pod.PodWeights(abstract, self.topology.sampler, cfg.sampling.dtype)
+        self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype)
+        self.step_hooks, self.reallocation = [], None
+        self.reward_failures: dict[str, int] = {}
+        self._stop_requested = False
+        self.last_metrics: dict[str, Any] = {}
+        self.driver = None
+        self.initial_accuracy = float("nan")
+        self._last_saved = -1
+        if self.roles.role == "learner":
+            self.resumed_meta = self._build_learner()
+            return
+        answer = self.channel.get("resume", waiting_for="the learner processes to start")
+        if "error" in answer:
+            raise ConfigError(answer["error"])
+        self.resumed_meta = answer["meta"]
+        version = 0 if self.resumed_meta is None else int(self.resumed_meta["version"])
+        self._check_shape(self.resumed_meta)
+        model_cfg, graph = self.sampler_model
+        self.engine = Engine(
+            model_cfg, cfg.sampling, self.topology.sampler, graph, impl=cfg.kernel_impl
+        )
+        sampler = Sampler(
+            self.engine, None, version=version, stop_ids=sorted(self.tokenizer.stop_ids)
+        )
+        if not self.roles.is_leader:
+            self.real_sampler = sampler
+            return
+        self.rewards = RewardPool(
+            reward,
+            num_workers=cfg.reward.num_workers,
+            timeout_s=cfg.reward.timeout_s,
+            mode=cfg.reward.mode,
+            on_failure=cfg.reward.on_failure,
+            batched=cfg.reward.batched,
+        )
+        self.weight_sync = pod.PodWeightSync()
+        self.sampler = pod.PodSampler(
+            sampler, pod.Ticks(self.channel), self.weights, self.weight_sync
+        )
+        self.learner = pod.RemoteLearner(self.sampler, self.channel, version)
+        self.prompts = prompt_iterator(
+            self.train_examples, batch_size=cfg.learner.batch_groups, seed=cfg.seed
+        )
+        if self.resumed_meta is not None:
+            self.prompts.set_state(distributed.process_data_state(self.resumed_meta, 0, 1))
+            self.initial_accuracy = self.resumed_meta["initial_accuracy"]
+            self.metrics.rewind(self.resumed_meta.get("metrics_offset"))
+        elif cfg.checkpoint.enabled:
+            self.metrics.rewind(0)
+
+    def _build_learner(self) -> dict[str, Any] | None:
+        """The learner processes' parts; the learner leader tells the others what it resumed."""
+        cfg = self.cfg
+        ckpt = (
+            Checkpointer(
+                io.join(self.workdir, "checkpoints"), cfg.checkpoint, processes=self.roles.learner
+            )
+            if cfg.checkpoint.enabled
+            else None
+        )
+        self.ckpt = ckpt
+        meta = None
+        try:
+            if resume.can_resume(ckpt):
+                self.model_cfg, self.learner, meta = resume.restored_learner(
+                    cfg, self.topology.learner, self.loss, ckpt
+                )
+                self._check_shape(meta)
+            else:
+                self.model_cfg, self.learner = resume.new_learner(
+                    cfg, self.topology.learner, self.loss
+                )
+        except ConfigError as e:
+            if self.roles.is_learner_leader:
+                self.channel.post("resume", {"error": str(e)})
+            raise
+        if self.roles.is_learner_leader:
+            self.channel.post("resume", {"meta": meta})
+        return meta
+
+    def _check_shape(self, meta: dict[str, Any] | None) -> None:
+        saved = (meta or {}).get("pod")
+        shape = self._shape()
+        if saved is not None and saved != shape:
+            raise ConfigError(
+                f"the checkpoint was saved by a pod of {saved['processes']} processes "
+                f"({len(saved['sampler'])} sampler, {len(saved['learner'])} learner) but this run "
+                f"has {shape['processes']} ({len(shape['sampler'])} + {len(shape['learner'])}); "
+                "relaunch with the saving run's process count and mesh split, or a fresh workdir"
+            )
+
+    def _shape(self) -> dict[str, Any]:
+        r = self.roles
+        return {
+            "processes": jax.process_count(),
+            "sampler": list(r.sampler),
+            "learner": list(r.learner),
+        }
+
+    # -- the leader's seams -------------------------------------------------------------------
+
+    def next_prompts(self) -> list[dict]:
+        return next(self.prompts)
+
+    def make_batch(self, groups):
+        if self.roles.role == "learner":
+            return super().make_batch(groups)
+        return pod.make_pod_batch(groups)
+
+    def publish(self) -> None:
+        self.sampler.set_params(None, self.learner.version)
+
+    def _warm_start(self) -> None:
+        if self.cfg.sft.steps:
+            self.sampler.ticks.flush("sft")
+            self.channel.get("done/sft", waiting_for="the warm start")
+        self.publish()
+
+    def warm_start_learner(self) -> None:
+        eos = self.tokenizer.eos_id
+        warm_start(
+            self.cfg,
+            self.learner,
+            self.train_examples,
+            encode_prompt=self.encode_prompt,
+            encode_answer=lambda text: self.tokenizer.encode(text, add_bos=False) + [eos],
+            pack=self._pack,
+            metrics=self.metrics,
+            timeline=self.timeline,
+        )
+
+    def save(self, *, force: bool = False) -> None:
+        """The leader decides and sends the meta; the learner processes write the arrays."""
+        version = self.learner.version
+        ck = self.cfg.checkpoint
+        if not ck.enabled or version == self._last_saved:
+            return
+        if not (force or version % ck.every_steps == 0):
+            return
+        with self.timeline.span("checkpoint"):
+            driver = self.driver.checkpoint_state() if self.driver is not None else {}
+            data = driver.pop("data", None) or self.prompts.get_state()
+            meta = resume.checkpoint_meta(
+                version=version,
+                data_state=data,
+                initial_accuracy=self.initial_accuracy,
+                metrics_offset=self.metrics.offset(),
+                extra={"driver": driver, "pod": self._shape()}
+                if driver
+                else {"pod": self._shape()},
+                config=self.cfg,
+                gather=False,
+            )
+            self.sampler.ticks.flush("save", {"version": version, "meta": meta, "force": force})
+            self.channel.get(f"saved/{version}", waiting_for="the checkpoint write")
+        self._last_saved = version
+
+    def save_learner(self, version: int, meta: dict[str, Any], *, force: bool) -> None:
+        if self.ckpt is not None:
+            self.ckpt.save(
+                version,
+                params=self.learner.params,
+                opt_state=self.learner.opt_state,
+                meta=meta,
+                force=True,
+            )
+            self.ckpt.wait()
+
+    def request_stop(self, *_: Any) -> None:
+        """SIGTERM: the leader stops at the next step boundary; others tell the leader."""
+        self._stop_requested = True
+        if self.roles.is_leader:
+            if self.driver is not None:
+                self.driver.stop()
+        else:
+            self.channel.post(f"stop/{self.roles.me}", {})
+
+    def _poll_stop(self) -> None:
+        if not self._stop_requested and self.channel.keys("stop"):
+            self.request_stop()
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def _train(self) -> dict[str, Any]:
+        if self.roles.role == "learner":
+            pod.follow_learner(self, self.channel, self.weights, self.roles)
+            return {"role": "learner", "steps": self.learner.version}
+        if not self.roles.is_leader:
+            pod.follow_sampler(self.channel, self.real_sampler, self.weights)
+            return {"role": "sampler"}
+        self.sampler.on_tick = self._poll_stop
+        start = time.perf_counter()
+        try:
+            if self.resumed_meta is not None:
+                self.publish()  # the restored version, before anything samples
+            summary = super()._train()
+        finally:
+            self.sampler.ticks.flush("end")
+        summary["pod"] = {**self._shape(), "wall_s": time.perf_counter() - start}
+        return summary
