@@ -17,6 +17,7 @@ from rljax.config.sections import (
     SamplingConfig,
     SFTConfig,
 )
+from rljax.policy.lending import LendingConfig
 from rljax.policy.reallocation import ReallocatorConfig
 
 
@@ -36,6 +37,9 @@ class RunConfig:
     mesh: MeshConfig = MeshConfig()
     # The reallocation policy's settings; the simulator's SimConfig.reallocator is this section.
     reallocator: ReallocatorConfig = ReallocatorConfig()
+    # Lending idle chips of one role to the other inside a step (rljax.runtime.lending); the
+    # policy's settings, shared with the simulator's SimConfig.lending. Off by default.
+    lending: LendingConfig = LendingConfig()
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -79,6 +83,12 @@ class RunConfig:
                 f"at least {updates - lr.warmup_steps} (num_steps * learner.ppo_epochs - "
                 f"learner.warmup_steps): the rate is 0 once the decay ends, so the last "
                 f"{updates - lr.warmup_steps - lr.decay_steps} updates would not train",
+            )
+        if self.lending.enabled and self.mesh.mode != "split":
+            _fail(
+                "lending.enabled",
+                self.lending.enabled,
+                "False unless mesh.mode='split' (lending runs work on the other mesh's chips)",
             )
         if self.sampling.max_concurrent_decodes < self.learner.group_size:
             _fail(

@@ -258,6 +258,26 @@ class Sampler:
         """Queue a held request's samples again; they continue from their prefixes."""
         self._queue.extend(self._held.pop(request_id, []))
 
+    def hand_over(self, request_id: int) -> list:
+        """Interrupt a request and give up its samples (partial rollouts) for another sampler's
+        :meth:`adopt`; they keep their tokens, log-probs and versions."""
+        self.interrupt(request_id)
+        return self._held.pop(request_id, [])
+
+    def adopt(self, samples: Sequence) -> None:
+        """Queue samples another sampler handed over; they resume here from their prefixes."""
+        self._queue.extend(samples)
+
+    def request_ids(self) -> set[int]:
+        """Ids of the requests with a sample here (running, pending, queued or held)."""
+        samples = [s for s in self._slots if s is not None] + list(self._queue)
+        samples += [s for _, group in self._pending for s in group]
+        return (
+            {s.request.request_id for s in samples}
+            | set(self._held)
+            | {r.request_id for r in self._requests}
+        )
+
     def abort(self, request_id: int) -> None:
         """Drop a request entirely (e.g. surplus of a redundant rollout)."""
         self.interrupt(request_id)

@@ -81,6 +81,7 @@ class Driver(SafePoints):
         next_request_id: int = 0,
         encode_group: Callable[[Group], Any] | None = None,
         counters: dict[str, int] | None = None,
+        lender=None,  # rljax.runtime.lending: a replica on the learner's chips while it waits
     ):
         if lockstep and buffer.max_staleness != 0:
             raise ValueError(
@@ -105,6 +106,7 @@ class Driver(SafePoints):
         self._on_boundary = on_boundary
         self._prompt_state = prompt_state
         self._encode_group = encode_group
+        self._lender = lender
         self.timeline = timeline or Timeline()
         self.clocks = RoleClocks(meter)
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
@@ -237,6 +239,7 @@ class Driver(SafePoints):
 
     def _load(self, queued: int) -> ReplicaLoad:
         free = self.sampler.num_slots - self.sampler.busy_slots
+        free += getattr(self.sampler, "lent_free_slots", 0)  # a replica lent by the learner
         return ReplicaLoad(0, free_slots=free, queued=queued)
 
     def _generate(self) -> list[list]:
@@ -372,15 +375,33 @@ class Driver(SafePoints):
 
     def _threaded_batch(self) -> list[Group] | None:
         start = time.perf_counter()
-        with self._cond:
-            while not self.buffer.ready(self.learner.version):
-                if self._stop.is_set() or self._errors:
-                    return None
-                self._cond.wait(timeout=0.1)
-            groups = self._consume()
-            self._cond.notify_all()
+        if self._lender is not None:
+            self._lender.waiting(self.learner)
+        try:
+            with self._cond:
+                while not self.buffer.ready(self.learner.version):
+                    if self._stop.is_set() or self._errors:
+                        return None
+                    if not self._serve_lent():
+                        self._cond.wait(timeout=0.1)
+                groups = self._consume()
+                self._cond.notify_all()
+        finally:
+            if self._lender is not None:  # its requests go back to the sampler before the step
+                self._lender.ready()
         self.clocks.learner_wait(start, time.perf_counter())
         return groups
+
+    def _serve_lent(self) -> bool:
+        """One generate on a replica lent on the learner's chips, outside the lock (held)."""
+        if self._lender is None:
+            return False
+        self._cond.release()
+        try:
+            return self._lender.serve()
+        finally:
+            self._cond.acquire()
+            self._cond.notify_all()  # the sampler thread collects what it finished
 
     def _consume(self) -> list[Group]:
         # Completion order varies with thread timing; request-id order does not.
