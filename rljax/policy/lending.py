@@ -73,6 +73,13 @@ class LendingConfig:
       max_lend_frac: the most of the lender's chips one decision lends.
       max_share: the most of the learner's micro-batches computed on borrowed chips.
       min_gain_frac: the smallest predicted saving, as a fraction of the step, that lends.
+      held_threshold: the fraction of the sampler's slot capacity the policies must hold back
+        for the live sequences to count as capped by the staleness window (more chips then
+        spread them thinner rather than run more of them); as ``reallocator.held_threshold``.
+      sampler_margin: a Trainer-on-RollPool loan leaves the sampler chips with this much more
+        capacity than its measured work per step (chip-seconds at full slots), and loads the
+        kept chips at most ``1 + sampler_margin`` times as much, so the next batch (and its
+        stragglers) is not late.
     """
 
     enabled: bool = False
@@ -84,6 +91,8 @@ class LendingConfig:
     max_lend_frac: float = 1.0
     max_share: float = 0.5
     min_gain_frac: float = 0.02
+    held_threshold: float = 0.05
+    sampler_margin: float = 0.25
 
     def __post_init__(self):
         def fail(name: str, expected: str) -> None:
@@ -94,15 +103,17 @@ class LendingConfig:
 
         if not isinstance(self.enabled, bool):
             fail("enabled", "True or False")
-        for name in ("prepare_s", "release_s", "train_prepare_s", "grad_transfer_s_per_gb"):
+        timings = ("prepare_s", "release_s", "train_prepare_s", "grad_transfer_s_per_gb")
+        for name in (*timings, "sampler_margin"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                fail(name, "a number of seconds >= 0 (measured, or the documented default)")
+                fail(name, "a number >= 0 (seconds measured, or the documented default)")
         for name, low, high in (
             ("min_idle_frac", "[0", "1)"),
             ("max_lend_frac", "(0", "1]"),
             ("max_share", "(0", "1]"),
             ("min_gain_frac", "[0", "1)"),
+            ("held_threshold", "[0", "1)"),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -150,6 +161,23 @@ def _whole_units(chips: float, unit: int) -> int:
     return int(chips // unit) * unit if chips >= unit else 0
 
 
+def sampler_speedup(stats: PhaseStats, sampler_chips: int, extra: int, held_threshold: float):
+    """How many times faster the sampler decodes with ``extra`` more chips (see the module doc)."""
+    phase = _phase(stats)
+    grown = (sampler_chips + extra) / sampler_chips
+    if phase <= 0:
+        return 1.0
+    if stats.sampler_idle_s / phase <= held_threshold:
+        return grown  # every slot was wanted: the live sequences scale with the slots
+    if stats.decode_step_s > 0:
+        # The window caps the live sequences: spread over more replicas, each step reads the
+        # same weights (the fixed part) and fewer sequences' KV.
+        step, fixed = stats.decode_step_s, min(stats.decode_fixed_s, stats.decode_step_s)
+        return step / (fixed + (step - fixed) / grown)
+    live = min(1.0, stats.sampler_busy_s * stats.sampler_occupancy / phase)
+    return 1.0 + (grown - 1.0) * live  # no decode timings: the decoding share scales
+
+
 def rollout_on_train(
     stats: PhaseStats, split: Split, config: LendingConfig
 ) -> tuple[int, float, float]:
@@ -161,11 +189,10 @@ def rollout_on_train(
     window = wait - config.prepare_s
     if chips <= 0 or window <= 0 or phase <= 0:
         return chips, 0.0, 0.0
-    live = min(1.0, stats.sampler_busy_s * stats.sampler_occupancy / phase)
-    faster = chips / (split.sampler_chips + chips)
-    gain = live * window * faster - config.release_s
-    share = live * faster * window / (phase / steps)
-    return chips, min(1.0, share), gain
+    speedup = sampler_speedup(stats, split.sampler_chips, chips, config.held_threshold)
+    saved = window * (1.0 - 1.0 / speedup)
+    share = saved / (phase / steps)
+    return chips, min(1.0, share), saved - config.release_s
 
 
 def train_on_roll(
@@ -173,22 +200,44 @@ def train_on_roll(
 ) -> tuple[int, float, float]:
     """(chips, share, gain seconds per step) of lending sampler chips to training."""
     steps = max(1, stats.steps)
-    train = stats.learner_busy_s / steps
-    held = stats.sampler_idle_s / steps
-    if train <= 0:
+    phase = _phase(stats)
+    # Publishing the weights is learner work that no borrowed chip shortens.
+    train = max(0.0, stats.learner_busy_s - stats.learner_publish_s) / steps
+    if train <= 0 or phase <= 0:
         return 0, 0.0, 0.0
-    free = split.sampler_chips * min(1.0, held / train) * config.max_lend_frac
-    chips = _whole_units(free, stats.granularity)
-    if chips <= 0:
-        return 0, 0.0, 0.0
+    idle = min(1.0, stats.sampler_idle_s / phase)
+    most = _whole_units(split.sampler_chips * idle * config.max_lend_frac, stats.granularity)
     cost = config.train_prepare_s + config.release_s
     cost += config.grad_transfer_s_per_gb * param_bytes / 1e9
-    ratio = split.learner_chips / chips  # seconds on the borrowed chips per learner second
-    share = min(config.max_share, (train - cost) / (train * (1.0 + ratio)))
-    if share <= 0:
-        return chips, 0.0, train - cost - train * ratio  # negative: costs exceed the step
-    gain = train - max((1.0 - share) * train, cost + share * train * ratio)
-    return chips, share, gain
+    # A shorter training step shortens the step only as far as the sampler waits on it (held
+    # back until the learner's version moves the staleness window); a sampler never held back
+    # paces the step itself, and the saving would become more learner waiting.
+    pacing = min(1.0, stats.sampler_idle_s / steps / train)
+    # The sampler's work per step (chip-seconds at full slots) must still fit on the chips it
+    # keeps, with ``sampler_margin`` to spare, in the shorter step; and the live sequences of
+    # the lent chips, piled onto the kept ones, may load them at most ``1 + sampler_margin``
+    # times as much (a decode step near the compute roofline slows more than linearly with its
+    # load, which the meter's fit over the loads it saw cannot tell; stragglers then pace).
+    work = stats.sampler_busy_s / steps * split.sampler_chips * (1.0 + config.sampler_margin)
+    step = phase / steps
+    best = (0, 0.0, 0.0)
+    worst = None  # the least negative gain, to report when every loan costs more than it saves
+    for chips in range(stats.granularity, most + 1, stats.granularity):
+        ratio = split.learner_chips / chips  # seconds on the borrowed chips per learner second
+        share = min(config.max_share, (train - cost) / (train * (1.0 + ratio)))
+        if share <= 0:
+            gain = train - cost - train * ratio
+            worst = gain if worst is None else max(worst, gain)
+            continue
+        gain = (train - max((1.0 - share) * train, cost + share * train * ratio)) * pacing
+        kept = split.sampler_chips - chips
+        if kept * (step - gain) < work or split.sampler_chips > kept * (1 + config.sampler_margin):
+            break  # more chips only leave the sampler shorter
+        if gain > best[2]:
+            best = (chips, share, gain)
+    if best[0] == 0 and worst is not None:
+        return most, 0.0, worst
+    return best
 
 
 def _phase(stats: PhaseStats) -> float:

@@ -48,7 +48,9 @@ a phase of length ``L`` on a sampler of ``slots`` decode slots:
 * ``learner_busy_s`` = the ``Learn`` seconds (at most ``L``), ``learner_idle_s`` = the
   ``LearnerWait`` seconds (at most ``L - learner_busy_s``);
 * ``buffer_fill`` and ``queued_groups`` from the buffer's ``snapshot()`` rows at phase end;
-* ``steps``: the ``StepEnd`` events of the phase.
+* ``steps``: the ``StepEnd`` events of the phase;
+* ``learner_publish_s``: the part of ``learner_busy_s`` reported as ``Learn`` events with
+  ``tokens=0`` (publishing the weights), which lending cannot shorten.
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ class PhaseMeter:
         self._held = self._away = 0.0  # held-back / unavailable slot-seconds
         self._filled = 0.0  # decoding slot-seconds: sum of busy_slots * duration
         self._fit = _StepFit()
-        self._learn = self._wait = 0.0
+        self._learn = self._wait = self._publish = 0.0
         self._sampler_tokens = self._learner_tokens = 0
 
     def record(self, event: Event) -> None:
@@ -240,8 +242,11 @@ class PhaseMeter:
             self._away += slot_s
 
     def _learn_event(self, event: Learn) -> None:
-        self._learn += _span(event, self.phase_start)
+        seconds = _span(event, self.phase_start)
+        self._learn += seconds
         self._learner_tokens += event.tokens
+        if event.tokens == 0:  # a publish (or a step that trained nothing)
+            self._publish += seconds
 
     def _wait_event(self, event: LearnerWait) -> None:
         self._wait += _span(event, self.phase_start)
@@ -312,6 +317,7 @@ class PhaseMeter:
             decode_step_s=step,
             decode_fixed_s=fixed,
             steps=max(1, self.steps),
+            learner_publish_s=min(learn, self._publish),
         )
         self.tokens = {"sampler": self._sampler_tokens, "learner": self._learner_tokens}
         self.phase_start = self._end

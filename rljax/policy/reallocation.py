@@ -76,6 +76,8 @@ class PhaseStats:
         replica decoding one short sequence); 0 = every step cost scales with the load.
       steps: learner steps in the phase (``PhaseMeter`` counts its ``StepEnd`` events); the
         lending policy divides phase seconds by it to get seconds per step.
+      learner_publish_s: the part of ``learner_busy_s`` spent publishing weights (``Learn``
+        events with ``tokens=0``); 0 = not separated.
     """
 
     sampler_busy_s: float
@@ -91,10 +93,12 @@ class PhaseStats:
     decode_step_s: float = 0.0
     decode_fixed_s: float = 0.0
     steps: int = 1
+    learner_publish_s: float = 0.0
 
     def __post_init__(self):
         times = (self.sampler_busy_s, self.sampler_idle_s, self.learner_busy_s)
         times += (self.learner_idle_s, self.switch_cost_s, self.decode_step_s, self.decode_fixed_s)
+        times += (self.learner_publish_s,)
         if min(times) < 0:
             raise ValueError("PhaseStats times must be non-negative; pass measured seconds")
         if not 0.0 <= self.buffer_fill <= 1.0:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from rljax.policy.lending import LendingConfig
 from rljax.policy.reallocation import ReallocatorConfig
 
-MODES = ("sync", "async", "realloc")
+MODES = ("sync", "async", "realloc", "lend")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +20,7 @@ class SimConfig:
     """One simulated run.
 
     Attributes:
-      mode: "sync" | "async" | "realloc" (see the module docstring).
+      mode: "sync" | "async" | "realloc" | "lend" (see ``rljax.sim.simulator``).
       total_chips: chips in the job.
       sampler_chips: chips on the sampler mesh at the start (ignored by "sync").
       steps: learner steps to simulate.
@@ -32,10 +33,12 @@ class SimConfig:
       train_flops_per_param: overrides the cost model's per-token training FLOPs / N (e.g. 8
         when the stack recomputes old log-probs), or None to keep the cost model's.
       sync_pauses_sampler: whether sampler replicas stall while a weight broadcast lands.
-      phase_steps: learner steps per reallocation phase.
+      phase_steps: learner steps per reallocation (or lending) phase.
       switch_cost_s: stall of one reallocation; None estimates it from the cost model.
       granularity: chips move in units of this many; None = the chip's chips_per_host.
       reallocator: policy knobs (minimum chips default to what holds the model).
+      lending: the lending policy's knobs (RunConfig's ``lending`` section); None in mode
+        "lend" means ``LendingConfig(enabled=True)``.
       seed: seeds the length draws.
       timeline: record spans for plotting.
     """
@@ -56,6 +59,7 @@ class SimConfig:
     switch_cost_s: float | None = None
     granularity: int | None = None
     reallocator: ReallocatorConfig | None = None
+    lending: LendingConfig | None = None
     seed: int = 0
     timeline: bool = True
 

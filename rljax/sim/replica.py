@@ -57,7 +57,9 @@ class Replica:
         self.n = 0
         self.base = 0.0  # sum over live sequences of (prompt - start); KV tokens = base + n * P
         self.heap: list[tuple[float, int, object, float]] = []
-        self.waiting: collections.deque = collections.deque()  # (request, length) pairs
+        # (request, length, done) triples; ``done`` > 0 for a sample resumed from a prefix.
+        self.waiting: collections.deque = collections.deque()
+        self.lent = False  # runs on borrowed learner chips (Rollout-on-TrainPool)
         self.queued = 0  # live samples in ``waiting``
         self.counted = 0  # ``n`` as the simulator last counted it
         self.epoch = 0
@@ -151,7 +153,7 @@ class Replica:
         self.advance(now)
         request.live = 0
         request.kv_base = 0.0
-        self.waiting.extend([(request, length) for length in lengths])
+        self.waiting.extend([(request, length, 0) for length in lengths])
         request.queued = len(lengths)
         self.queued += len(lengths)
         # pause(now, prefill_s), whose advance(now) would be a no-op here.
@@ -164,18 +166,19 @@ class Replica:
         waiting, heap, p0, slots = self.waiting, self.heap, self.p0, self.slots
         n = self.n
         while waiting and n < slots:
-            request, length = waiting.popleft()
+            request, length, done = waiting.popleft()
             if request.queued == 0:
                 continue  # aborted
             request.queued -= 1
             self.queued -= 1
             if n == 0:
                 self.busy_since = now
-            heapq.heappush(heap, (p0 + length, next(_TIEBREAK), request, p0))
+            # A resumed sample "started" ``done`` steps ago: its KV holds the tokens so far.
+            heapq.heappush(heap, (p0 + length, next(_TIEBREAK), request, p0 - done))
             n += 1
-            self.base += prompt - p0
+            self.base += prompt - p0 + done
             request.live += 1
-            request.kv_base += prompt - p0
+            request.kv_base += prompt - p0 + done
         self.n = n
 
     def remove(self, now: float, request, prompt: int) -> None:
@@ -189,6 +192,33 @@ class Replica:
         self.epoch += 1
         self._fill(now, prompt)
         self._maybe_idle(now)
+
+    def extract(self, now: float, request, prompt: int) -> list[tuple[float, float]]:
+        """Interrupts ``request`` here (partial rollout): returns ``(remaining, done)`` tokens of
+        each of its unfinished samples and purges it from this replica's heap and queue, so
+        the request can resume elsewhere (and this replica be parked or retired)."""
+        self.advance(now)
+        p0 = self.p0
+        samples = [(f - p0, p0 - start) for f, _, r, start in self.heap if r is request]
+        samples += [(length, done) for r, length, done in self.waiting if r is request]
+        self.heap = [entry for entry in self.heap if entry[2] is not request]
+        heapq.heapify(self.heap)
+        self.waiting = collections.deque(e for e in self.waiting if e[0] is not request)
+        self.remove(now, request, prompt)
+        return samples
+
+    def resume(self, now: float, request, samples, prompt: int, prefill_s: float) -> None:
+        """Takes over an interrupted request: re-prefills its prefixes, then decodes the rest
+        of each sample (``samples`` as :meth:`extract` returns them)."""
+        self.advance(now)
+        request.live = 0
+        request.kv_base = 0.0
+        self.waiting.extend([(request, remaining, done) for remaining, done in samples])
+        request.queued = len(samples)
+        self.queued += len(samples)
+        self.pause_until = max(self.pause_until, now) + prefill_s
+        self.epoch += 1
+        self._fill(now, prompt)
 
     def _maybe_idle(self, now: float) -> None:
         if self.n == 0 and self.busy_since is not None:

@@ -44,6 +44,9 @@ class SimResult:
       moves: (time, sampler_chips, learner_chips) of each reallocation.
       final_split: (sampler_chips, learner_chips) at the end.
       spans: the timeline, if recorded.
+      lends: (time, direction, chips, share) of each lending decision that lends (mode "lend").
+      lent_steps: {direction: learner steps in which that loan was carried out}.
+      migrated: requests interrupted on lent or parked chips and resumed elsewhere.
     """
 
     mode: str
@@ -61,6 +64,9 @@ class SimResult:
     moves: tuple[tuple[float, int, int], ...]
     final_split: tuple[int, int]
     spans: tuple[Span, ...]
+    lends: tuple[tuple[float, str, int, float], ...] = ()
+    lent_steps: tuple[tuple[str, int], ...] = ()
+    migrated: int = 0
 
     @property
     def step_s(self) -> float:
@@ -94,4 +100,6 @@ class SimResult:
             "staleness_hist": {str(k): v for k, v in self.staleness_histogram().items()},
             "moves": len(self.moves),
             "final_split": list(self.final_split),
+            "lent_steps": dict(self.lent_steps),
+            "migrated": self.migrated,
         }

@@ -14,6 +14,10 @@ Modes:
             versions ahead; weights are broadcast after every step.
   realloc:  async, plus the Reallocator is consulted every ``phase_steps`` learner steps and a
             move pays ``switch_cost_s`` of stall on the learner and on the added replicas.
+  lend:     async on a static split, plus the lending policy (``rljax.policy.lending``) is
+            consulted every ``phase_steps`` learner steps and its loans (Rollout-on-TrainPool,
+            Trainer-on-RollPool) are carried out in each step of the next phase, with their
+            costs (see :mod:`rljax.sim.lend`).
 
 A group is dispatched to the replica ``route`` picks (its G samples share a prefill; samples
 that find no free slot wait there for one), its lengths are drawn at dispatch from the
@@ -31,12 +35,14 @@ import heapq
 import itertools
 
 from rljax.policy import admission
+from rljax.policy.lending import LendingConfig
 from rljax.policy.meter import Learn, LearnerWait, PhaseMeter, SamplerIdle, StepEnd
 from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
 from rljax.policy.routing import ReplicaLoad, route
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.sim.config import MODES, SimConfig
 from rljax.sim.costs import CostModel
+from rljax.sim.lend import Lender
 from rljax.sim.replica import Replica
 from rljax.sim.results import SimResult, Span
 from rljax.sim.workload import LengthModel
@@ -129,7 +135,8 @@ class Simulator:
         # Every change to a replica's live set ends here, so this keeps ``open`` and ``_live``
         # (live sequences over all replicas) exact.
         n = rep.n
-        self._live += n - rep.counted
+        if not rep.lent:  # live sequences on the sampler's own chips
+            self._live += n - rep.counted
         rep.counted = n
         if rep.slots - n - rep.queued > 0 and rep.epoch >= 0:
             self.open.add(rep)
@@ -240,6 +247,7 @@ class Simulator:
         if self.colocated:
             for rid in list(self.running):  # surplus of an on-policy batch is dropped
                 self._abort(now, rid, requeue=False)
+        delay = self.lender.release(now) if self.lender is not None else 0.0
         groups = self.buffer.consume(v)
         self._changes += 1
         tokens = 0
@@ -248,22 +256,30 @@ class Simulator:
             self.consumed_prompts.append(prompt_id)
             tokens += group_tokens
         train_s = self.cost.train_step_s(tokens, self.learner_chips)
+        if self.lender is not None:
+            train_s = self.lender.train_s(now, train_s)
         if self.meter is not None and now > self._learner_free_t:
             self.meter.record(LearnerWait(self._learner_free_t, now))
         self.learner_busy = True
         self.learner_train += train_s
-        self._training = (now, tokens)
-        self._span("learner", 0, "train", now, now + train_s)
-        self._push(now + train_s, "trained", v + 1)
+        start = now + delay  # after the borrowed replicas' requests are handed back
+        self._training = (start, tokens)
+        self._span("learner", 0, "train", start, start + train_s)
+        self._push(start + train_s, "trained", v + 1)
 
     def _on_trained(self, now: float, version: int) -> None:
         self.steps_done += 1
         split = None
+        if self.lender is not None:
+            self.lender.unpark(now)
         if self.meter is not None:
             self.meter.record(Learn(self._training[0], now, self._training[1]))
             self.meter.record(StepEnd(now))
             if self.meter.steps >= self.cfg.phase_steps:
-                split = self.reallocator.decide(self._phase_stats(now))
+                if self.lender is not None:
+                    self.lender.decide(now, self._phase_stats(now))
+                else:
+                    split = self.reallocator.decide(self._phase_stats(now))
         switch = 0.0
         if split is not None:
             switch = self._resize(now, split)
@@ -287,6 +303,8 @@ class Simulator:
         self.sampler_version = version
         self._changes += 1
         self.learner_busy = False
+        if self.lender is not None:
+            self.lender.on_learner_free(now)
 
     # ----- reallocation ----------------------------------------------------------------------
 
@@ -350,7 +368,7 @@ class Simulator:
         """Simulates ``cfg.steps`` learner steps and returns the measurements."""
         cfg = self.cfg
         self.events, self._seq = [], itertools.count()
-        self.meter = PhaseMeter() if cfg.mode == "realloc" else None
+        self.meter = PhaseMeter() if cfg.mode in ("realloc", "lend") else None
         self._rid, self._prompt_ids, self._replica_ids = (itertools.count() for _ in range(3))
         if self.colocated:
             self.sampler_chips = self.learner_chips = cfg.total_chips
@@ -382,6 +400,9 @@ class Simulator:
         self.reallocator = Reallocator(rcfg)
         self.switch_cost_s = self.estimated_switch_cost_s()
         self.running: dict[int, _Request] = {}
+        self.lender = None
+        if cfg.mode == "lend":
+            self.lender = Lender(self, cfg.lending or LendingConfig(enabled=True))
         self.requeue: list[int] = []
         self.sampler_version = 0
         self.learner_busy = False
@@ -440,4 +461,5 @@ class Simulator:
             moves=tuple(self.moves),
             final_split=(self.sampler_chips, self.learner_chips),
             spans=tuple(self.spans),
+            **(self.lender.figures() if self.lender is not None else {}),
         )
