@@ -1,0 +1,149 @@
+"""Benchmarks lending inside a step: the same short async run with lending off and forced on.
+
+    python scripts/bench_lending.py            # 8 RL steps per mode, 6/2 split, eta = 1
+    python scripts/bench_lending.py --quick    # 3 RL steps per mode: a smoke test
+    python scripts/bench_lending.py --slots 16 --steps 12 --repeats 2
+
+Every mode runs the default recipe's small variant (``configs/arith_tiny.py:small``, the tiny
+model) in ``mode='async'`` with ``buffer.max_staleness=1`` on 8 fake CPU devices split 6/2,
+with ``--slots`` decode slots on the sampler (fewer slots than a batch needs, so the learner
+waits for its batch: the idle learner time Rollout-on-TrainPool reclaims). Modes:
+
+- ``off``: no lending (the baseline);
+- ``rollout_on_train``: every step, a replica on the learner's 2 chips serves while it waits;
+- ``train_on_roll``: every step, half the micro-batches' gradients run on the sampler's chips;
+- ``policy``: lending on, decided by ``rljax.policy.lending.decide`` from the measured phase.
+
+Throughput is a batch's trained samples over the median ``step_s`` of the RL steps after the
+first (which compiles the lent engine and gradient function); modes run in turn,
+``--repeats`` times, and the median per mode is reported with its ratio to ``off``. On the CPU
+the fake devices share the host's cores, so a ratio says whether lending's mechanism pays for
+itself here, not what it buys on chips that compute in parallel. The last line printed is one
+JSON object of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from rljax.configs import arith_tiny  # noqa: E402
+
+from rljax.config import replace  # noqa: E402
+from rljax.policy.lending import LendDirection, LendingDecision  # noqa: E402
+from rljax.runtime import Run  # noqa: E402
+from rljax.testing import audit  # noqa: E402
+
+MODES = ("off", "rollout_on_train", "train_on_roll", "policy")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=8, help="RL steps per run (the first untimed)")
+    p.add_argument("--slots", type=int, default=8, help="the sampler's decode slots")
+    p.add_argument("--micro-batches", type=int, default=2, help="learner.micro_batches")
+    p.add_argument("--repeats", type=int, default=1, help="runs per mode (median)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    p.add_argument("--quick", action="store_true", help="3 steps per run: a smoke test")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps = 3
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in args.modes if m not in MODES]
+    if bad:
+        p.error(f"--modes names {bad}; use some of {list(MODES)}")
+    if args.steps < 2:
+        p.error(f"--steps={args.steps}: need >= 2 (the first step is not timed)")
+    if args.slots < 8:
+        p.error(f"--slots={args.slots}: a group of 8 samples needs >= 8 decode slots")
+    return args
+
+
+def config(args, mode: str):
+    return replace(
+        arith_tiny.recipe("small"),
+        **{
+            "mode": "async",
+            "buffer.max_staleness": 1,
+            "mesh.mode": "split",
+            "mesh.sampler_devices": 6,
+            "mesh.learner_devices": 2,
+            "sampling.max_concurrent_decodes": args.slots,
+            "learner.micro_batches": args.micro_batches,
+            "lending.enabled": mode != "off",
+            "num_steps": args.steps,
+        },
+    )
+
+
+FORCED = {
+    "rollout_on_train": LendingDecision(LendDirection.ROLLOUT_ON_TRAIN, 2, 0.0, 0.0, "forced"),
+    "train_on_roll": LendingDecision(LendDirection.TRAIN_ON_ROLL, 6, 0.5, 0.0, "forced"),
+}
+
+
+def run_once(args, mode: str) -> dict:
+    """One run of ``mode``: trained samples per second after the first step, and what lent."""
+    cfg = config(args, mode)
+    workdir = tempfile.mkdtemp(prefix=f"bench_lending_{mode}_")
+    run = Run(cfg, workdir)
+    try:
+        if run.lending is not None:
+            run.lending.force = FORCED.get(mode)  # None: the policy decides
+        run.train()
+    finally:
+        run.close()
+    train = [r for r in audit.read_metrics(pathlib.Path(workdir)) if r["phase"] == "train"]
+    # The median step: a compile in a later step (a new prefill bucket, the policy's first
+    # lend) does not swing the figure.
+    step_s = statistics.median(r["step_s"] for r in train[1:])
+    samples = cfg.learner.batch_groups * cfg.learner.group_size
+    lent = {}
+    for r in train:
+        for k, v in r.items():
+            if k.startswith("lending/") and isinstance(v, int | float):
+                lent[k] = lent.get(k, 0) + v
+    return {
+        "samples_per_s": samples / max(step_s, 1e-9),
+        "staleness_max": max(r["staleness_max"] for r in train),
+        "lent": {k: v for k, v in lent.items() if k not in ("lending/chips", "lending/share")},
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results: dict[str, list[dict]] = {m: [] for m in args.modes}
+    for _ in range(args.repeats):
+        for mode in args.modes:  # in turn, so load on a shared machine hits every mode alike
+            results[mode].append(run_once(args, mode))
+            r = results[mode][-1]
+            print(f"{mode:>17}: {r['samples_per_s']:8.1f} samples/s  lent {r['lent']}", flush=True)
+    figures = {
+        "steps": args.steps,
+        "slots": args.slots,
+        "repeats": args.repeats,
+        "samples_per_s": {
+            m: statistics.median(r["samples_per_s"] for r in rs) for m, rs in results.items()
+        },
+        "staleness_max": {m: max(r["staleness_max"] for r in rs) for m, rs in results.items()},
+        "lent": {m: rs[-1]["lent"] for m, rs in results.items()},
+    }
+    base = figures["samples_per_s"].get("off")
+    if base:
+        figures["ratio_vs_off"] = {m: v / base for m, v in figures["samples_per_s"].items()}
+        for m, ratio in figures["ratio_vs_off"].items():
+            print(f"{m:>17}: {ratio:.3f}x the samples/s of lending off")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
