@@ -72,16 +72,19 @@ class ReplicaSet:
     The sampler thread drives ``main`` as before (``step``, ``submit``, ``set_params``,
     ``abort``); the learner thread drives the lent replica (:meth:`serve`) between
     :meth:`lend` and :meth:`release`. Requests routed to the lent replica wait in an inbox the
-    learner thread takes; samples it hands back wait in ``returns`` until the sampler thread's
-    next call adopts them, so neither thread touches the other's sampler. ``busy_slots``,
-    ``num_slots`` and ``kv_tokens`` are the main sampler's (the PhaseMeter measures it);
-    ``lent_free_slots`` is what admission adds while a replica is lent.
+    learner thread takes; what it finishes, and the samples it hands back at release, wait
+    until the sampler thread's next call, so only that thread touches ``main``. Locks: ``_serve``
+    around any use of the lent sampler, then ``_lock`` (short) around the lent pointer, the
+    inbox and the lent load; always in that order. ``busy_slots``, ``num_slots`` and
+    ``kv_tokens`` are the main sampler's (the PhaseMeter measures it); ``lent_free_slots`` is
+    what admission adds while a replica is lent.
     """
 
     def __init__(self, main: Sampler):
         self.main = main
         self.lent: Sampler | None = None
-        self._lock = threading.Lock()  # the lent replica, its inbox and its load snapshot
+        self._serve = threading.Lock()
+        self._lock = threading.Lock()
         self._inbox: collections.deque[Request] = collections.deque()
         # Handed back: a started request's samples (a list) or a request no replica started.
         self._returns: collections.deque[list | Request] = collections.deque()
@@ -115,12 +118,19 @@ class ReplicaSet:
 
     @property
     def lent_free_slots(self) -> int:
-        return self._lent_load[0] if self.lent is not None else 0
+        with self._lock:
+            return self._lent_load[0] if self.lent is not None else 0
 
     @property
     def queued_samples(self) -> int:
-        inbox = sum(r.num_samples for r in list(self._inbox))
-        return self._main_queued() + inbox + self._lent_load[1]
+        with self._lock:
+            lent = self._lent_load[1] + sum(r.num_samples for r in self._inbox)
+        return self._main_queued() + lent
+
+    @property
+    def returning_samples(self) -> int:
+        """Samples handed back that the main sampler has not adopted yet."""
+        return sum(_samples(x) for x in list(self._returns))
 
     def _main_queued(self) -> int:
         return self.main.queued_samples + self.returning_samples
@@ -131,18 +141,21 @@ class ReplicaSet:
     def submit(self, requests: Sequence[Request]) -> list[int]:
         """Route each group to a replica with an unclaimed slot (the main one when none has)."""
         main, lent = [], []
-        load = [ReplicaLoad(0, self.main.num_slots - self.main.busy_slots, self._main_queued())]
-        if self.lent is not None:
-            load.append(ReplicaLoad(1, self._lent_load[0], self._lent_load[1]))
-        for r in requests:
-            i = route(load) or 0
-            load[i] = load[i]._replace(queued=load[i].queued + r.num_samples)
-            (lent if i else main).append(r)
+        with self._lock:  # a release cannot slip between routing and the inbox
+            load = [ReplicaLoad(0, self.main.num_slots - self.main.busy_slots, self._main_queued())]
+            if self.lent is not None:
+                inbox = sum(r.num_samples for r in self._inbox)
+                load.append(ReplicaLoad(1, self._lent_load[0], self._lent_load[1] + inbox))
+            for r in requests:
+                i = route(load) or 0
+                load[i] = load[i]._replace(queued=load[i].queued + r.num_samples)
+                (lent if i else main).append(r)
+            if lent:
+                self._check(lent)
+                self._inbox.extend(lent)
+                self.stats["routed_groups"] += len(lent)
         ids = self.main.submit(main) if main else []
         if lent:
-            self._check(lent)
-            self._inbox.extend(lent)
-            self.stats["routed_groups"] += len(lent)
             self.on_routed()
         return ids + [r.request_id for r in lent]
 
@@ -158,18 +171,22 @@ class ReplicaSet:
     def abort(self, request_id: int) -> None:
         self._adopt()
         self.main.abort(request_id)
-        with self._lock:
-            self._drop_inbox(request_id)
-            if self.lent is not None:
-                self.lent.abort(request_id)
+        with self._serve:
+            with self._lock:
+                self._drop_inbox(request_id)
+                lent = self.lent
+            if lent is not None:
+                lent.abort(request_id)
 
     def interrupt(self, request_id: int) -> int:
         """Hold the request on the main sampler, wherever its samples were (resume reads it)."""
         self._adopt()
-        with self._lock:
-            self.main.submit(self._drop_inbox(request_id))
-            if self.lent is not None:
-                self.main.adopt(self.lent.hand_over(request_id))
+        with self._serve:
+            with self._lock:
+                waiting, lent = self._drop_inbox(request_id), self.lent
+            self.main.submit(waiting)
+            if lent is not None:
+                self.main.adopt(lent.hand_over(request_id))
         return self.main.interrupt(request_id)
 
     def resume(self, request_id: int) -> None:
@@ -182,32 +199,34 @@ class ReplicaSet:
         with self._lock:
             self.lent = replica
             self._lent_load = (replica.num_slots, 0)
-        self.stats["lends"] += 1
+            self.stats["lends"] += 1
 
     def serve(self) -> bool:
         """One generate on the lent replica; False when none is lent or it has nothing to do.
 
         What it finishes goes to the main sampler's caller with its next ``step``.
         """
-        with self._lock:
-            lent = self.lent
+        with self._serve:
+            with self._lock:
+                lent = self.lent
+                new = [self._inbox.popleft() for _ in range(len(self._inbox))]
             if lent is None:
                 return False
-            if self._inbox:
-                lent.submit(list(self._inbox))
-                self._inbox.clear()
+            if new:
+                lent.submit(new)
             if not lent.has_work():
                 return False
             tokens = lent.stats["tokens"]
             self._finished.extend(lent.step())
-            self.stats["served_tokens"] += lent.stats["tokens"] - tokens
-            self.stats["served_steps"] += 1
-            self._lent_load = (lent.num_slots - lent.busy_slots, lent.queued_samples)
+            with self._lock:
+                self.stats["served_tokens"] += lent.stats["tokens"] - tokens
+                self.stats["served_steps"] += 1
+                self._lent_load = (lent.num_slots - lent.busy_slots, lent.queued_samples)
             return True
 
     def release(self) -> Sampler | None:
         """Stop lending: the replica's requests go back to the main sampler; returns it."""
-        with self._lock:
+        with self._serve, self._lock:
             lent, self.lent = self.lent, None
             self._lent_load = (0, 0)
             if lent is None:
@@ -231,13 +250,8 @@ class ReplicaSet:
             else:
                 self.main.adopt(item)
 
-    @property
-    def returning_samples(self) -> int:
-        """Samples handed back that the main sampler has not adopted yet."""
-        return sum(_samples(x) for x in list(self._returns))
-
     def _drop_inbox(self, request_id: int) -> list[Request]:
-        """Take a request out of the inbox (call under the lock)."""
+        """Take a request out of the inbox (call under ``_lock``)."""
         out = [r for r in self._inbox if r.request_id == request_id]
         for r in out:
             self._inbox.remove(r)
@@ -270,7 +284,7 @@ def build(run) -> Lending | None:
 
 def attach(run, driver):
     """Wire ``run.lending`` into a new driver: its sampler, learner and meter; returns it."""
-    lend = run.lending
+    lend = getattr(run, "lending", None)  # a PodRun builds none
     if lend is not None:
         driver.sampler, driver.learner = lend.replicas, LendingLearner(lend)
         driver.clocks.meter = lend.meter
@@ -351,6 +365,9 @@ class Lending:
         d = self._current
         if d.direction is not LendDirection.ROLLOUT_ON_TRAIN or self.replicas.lent is not None:
             return
+        driver = self.run.driver
+        if driver is not None and driver.buffer.ready(learner.version):
+            return  # no wait to fill
         devices = list(learner.mesh.devices.flat)[: max(1, d.chips)]
         replica = self._replica(devices)
         params = replica.sync.copy(learner.params)

@@ -107,7 +107,7 @@ def test_rollout_on_trainpool_loses_nothing_and_keeps_eta(tmp_path):
     replicas = run.lending.replicas
     assert replicas.stats["served_tokens"] > 0 and replicas.stats["routed_groups"] > 0
     assert sum(r["lending/served_tokens"] for r in train) == replicas.stats["served_tokens"]
-    assert replicas.stats["lends"] == run.lending.stats["rollout_lends"] >= steps
+    assert replicas.stats["lends"] == run.lending.stats["rollout_lends"] >= 1
     handed = replicas.stats["handed_over_samples"]
     assert handed == replicas.stats["adopted_samples"] + replicas.returning_samples
 
