@@ -76,3 +76,18 @@ def test_abort_and_interrupt_reach_the_lent_replica_and_its_inbox():
     assert sorted({t.group_id for t in trajs}) == [0, 2]
     assert len(trajs) == 2 * G
     assert all(t.versions[0] == 4 for t in trajs if t.group_id == 2)
+
+
+def test_groups_the_lent_replica_finishes_come_back_through_step():
+    replicas, lent = _replicas()
+    replicas.lend(lent)
+    replicas.submit(_requests([0, 1]))
+    while replicas.serve():  # the lent replica finishes group 1 on its own
+        pass
+    assert replicas.release() is lent and replicas.stats["handed_over_samples"] == 0
+    trajs = _drain(replicas)
+    budget = lent.engine.sampling_cfg.max_new_tokens
+    lent_trajs = [t for t in trajs if t.group_id == 1]
+    assert sorted(t.sample_index for t in lent_trajs) == list(range(G))
+    assert all(t.versions == [4] * budget for t in lent_trajs)
+    assert replicas.stats["served_tokens"] == G * budget
