@@ -331,6 +331,7 @@ class Lending:
         self.force: LendingDecision | None = None
         self.decision = NONE
         self.decisions: list[LendingDecision] = []
+        self.last_stats = None  # the PhaseStats the last decision read
         self.stats: collections.Counter = collections.Counter()
         self._engines = MeshCache()
         self._reported: collections.Counter = collections.Counter()
@@ -350,6 +351,7 @@ class Lending:
             granularity=1,
         )
         param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
+        self.last_stats = stats
         decided = decide(stats, split, self.config, param_bytes=param_bytes)
         self.decision = self.force or decided
         self.decisions.append(self.decision)

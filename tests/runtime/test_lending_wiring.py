@@ -1,0 +1,80 @@
+"""Lending's wiring without a run: the meter's phase goes to the policy at each boundary, a
+forced decision overrides it, and a Trainer-on-RollPool decision becomes the learner's loan."""
+
+import types
+
+import jax
+import pytest
+
+from rljax.policy import meter as m
+from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, decide
+from rljax.policy.reallocation import Split
+from rljax.runtime.lending import Lending
+
+SPLIT = Split(6, 2)
+
+
+class _Learner:
+    def __init__(self):
+        self.cfg = types.SimpleNamespace(micro_batches=4)
+        self.params = {"w": jax.numpy.zeros((4, 4))}
+        self.loans = []
+
+    def step(self, batch, loan=None):
+        self.loans.append(loan)
+        return {"loss": 0.0}
+
+
+def _run(**lending):
+    cfg = types.SimpleNamespace(
+        lending=LendingConfig(enabled=True, **lending),
+        learner=types.SimpleNamespace(batch_groups=4),
+    )
+    devices = jax.devices()
+    topology = types.SimpleNamespace(
+        split=SPLIT, sampler=types.SimpleNamespace(devices=types.SimpleNamespace(flat=devices[:6]))
+    )
+    sampler = types.SimpleNamespace(num_slots=8)
+    run = types.SimpleNamespace(
+        cfg=cfg, topology=topology, sampler=sampler, driver=None, learner=_Learner(), step_hooks=[]
+    )
+    return run, Lending(run)
+
+
+def _phase(meter, *, learner_wait: float) -> None:
+    """A 10 s step: the sampler decodes with every slot busy, the learner waits then trains."""
+    meter.phase_start = 0.0
+    meter.record(m.Generate(0.0, 10.0, 8, 8, steps=100, tokens=800, kv_tokens=100))
+    meter.record(m.LearnerWait(0.0, learner_wait))
+    meter.record(m.Learn(learner_wait, 10.0))
+    meter.record(m.StepEnd(10.0))
+
+
+def test_each_boundary_decides_from_the_meters_phase():
+    run, lending = _run(prepare_s=0.1, release_s=0.1)
+    assert run.step_hooks == [lending.at_boundary]
+    _phase(lending.meter, learner_wait=8.0)
+    lending.at_boundary(run, 0)
+    stats = lending.last_stats
+    assert stats.learner_idle_s == pytest.approx(8.0) and stats.split == SPLIT
+    assert lending.decision == decide(stats, SPLIT, run.cfg.lending, param_bytes=64.0)
+    assert lending.decision.direction is LendDirection.ROLLOUT_ON_TRAIN
+    assert lending.metrics()["lending/direction"] == "rollout_on_train"
+
+
+def test_a_forced_decision_wins_and_train_on_roll_lends_micro_batches():
+    run, lending = _run()
+    for share, lent in ((0.5, 2), (0.01, 1), (1.0, 4)):
+        lending.force = LendingDecision(LendDirection.TRAIN_ON_ROLL, 3, share, 0.0, "test")
+        _phase(lending.meter, learner_wait=0.0)
+        lending.at_boundary(run, 0)
+        assert lending.decision is lending.force
+        lending.learn(run.learner, batch=None)
+        loan = run.learner.loans[-1]
+        assert loan.micro_batches == lent and loan.devices == tuple(jax.devices()[:3])
+    assert lending.metrics()["lending/lent_micro_batches"] == 2 + 1 + 4
+    lending.force = None
+    lending.decision = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, "idle")
+    lending.learn(run.learner, batch=None)
+    assert run.learner.loans[-1] is None
+    assert lending.metrics()["lending/lent_micro_batches"] == 0
