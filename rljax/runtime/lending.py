@@ -353,6 +353,9 @@ class Lending:
         param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
         self.last_stats = stats
         decided = decide(stats, split, self.config, param_bytes=param_bytes)
+        if decided.direction is LendDirection.ROLLOUT_ON_TRAIN and run.cfg.mode != "async":
+            why = "Rollout-on-TrainPool needs mode='async' (a lock-step learner has no wait)"
+            decided = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, why)
         self.decision = self.force or decided
         self.decisions.append(self.decision)
 

@@ -25,8 +25,9 @@ class _Learner:
         return {"loss": 0.0}
 
 
-def _run(**lending):
+def _run(mode="async", **lending):
     cfg = types.SimpleNamespace(
+        mode=mode,
         lending=LendingConfig(enabled=True, **lending),
         learner=types.SimpleNamespace(batch_groups=4),
     )
@@ -60,6 +61,11 @@ def test_each_boundary_decides_from_the_meters_phase():
     assert lending.decision == decide(stats, SPLIT, run.cfg.lending, param_bytes=64.0)
     assert lending.decision.direction is LendDirection.ROLLOUT_ON_TRAIN
     assert lending.metrics()["lending/direction"] == "rollout_on_train"
+    # A lock-step run has no wait to fill: the same phase lends nothing there.
+    run, lending = _run(mode="sync", prepare_s=0.1, release_s=0.1)
+    _phase(lending.meter, learner_wait=8.0)
+    lending.at_boundary(run, 0)
+    assert lending.decision.direction is LendDirection.NONE
 
 
 def test_a_forced_decision_wins_and_train_on_roll_lends_micro_batches():
