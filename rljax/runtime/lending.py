@@ -444,9 +444,10 @@ class Lending:
 def kv_pages(model_cfg, sampling, mesh) -> int:
     """KV pages for a replica on ``mesh``: what its devices report free, or ``sampling``'s own.
 
-    Each device holds one shard of the pool (all kv heads), so the pages per shard are what the
-    device with the least free memory can hold; devices that report no memory (the CPU) get
-    ``sampling.num_pages``.
+    The pool is split into one shard per device when the slots divide evenly (else every device
+    holds all of it), each with every kv head; the pages per shard are what the device with the
+    least free memory holds, capped at what the slots can use. Devices that report no memory
+    (the CPU) get ``sampling.num_pages``.
     """
     stats = [d.memory_stats() for d in mesh.devices.flat]
     if not all(s and "bytes_limit" in s for s in stats):
@@ -460,4 +461,7 @@ def kv_pages(model_cfg, sampling, mesh) -> int:
             f"the learner leaves {free} bytes free per device, not one KV page; lend fewer "
             "learner chips (lending.max_lend_frac) or shrink the learner's footprint"
         )
-    return per_shard * mesh.devices.size
+    slots, n = sampling.max_concurrent_decodes, mesh.devices.size
+    shards = n if slots % n == 0 else 1
+    per_slot = -(-sampling.max_seq_len // sampling.page_size)
+    return min(per_shard * shards, slots * per_slot + shards)

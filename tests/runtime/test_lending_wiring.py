@@ -84,3 +84,25 @@ def test_a_forced_decision_wins_and_train_on_roll_lends_micro_batches():
     lending.learn(run.learner, batch=None)
     assert run.learner.loans[-1] is None
     assert lending.metrics()["lending/lent_micro_batches"] == 0
+
+
+def _mesh(free_bytes, n=2):
+    stats = None if free_bytes is None else {"bytes_limit": free_bytes + 100, "bytes_in_use": 100}
+    devices = [types.SimpleNamespace(memory_stats=lambda: stats) for _ in range(n)]
+    return types.SimpleNamespace(devices=types.SimpleNamespace(flat=devices, size=n))
+
+
+def test_the_lent_kv_pool_takes_the_memory_the_learner_leaves():
+    from rljax.config import ModelConfig, SamplingConfig
+    from rljax.runtime.lending import KV_MEMORY_FRAC, kv_pages
+
+    model = ModelConfig(num_layers=2, num_kv_heads=2, head_dim=4)
+    sampling = SamplingConfig(max_concurrent_decodes=4, page_size=8, num_pages=7)
+    page = 2 * 2 * 2 * 4 * 4 * 8  # k and v, layers, kv heads, head dim, f32, tokens per page
+    assert kv_pages(model, sampling, _mesh(None)) == 7  # the CPU reports nothing: the config's
+    assert kv_pages(model, sampling, _mesh(10 * page / KV_MEMORY_FRAC + 1)) == 2 * 10
+    # Never more than the slots can use: 4 slots of max_seq_len / page_size pages, plus one.
+    enough = 4 * -(-sampling.max_seq_len // 8) + 2
+    assert kv_pages(model, sampling, _mesh(10**12)) == enough
+    with pytest.raises(RuntimeError, match="not one KV page"):
+        kv_pages(model, sampling, _mesh(page // 2))
