@@ -33,7 +33,6 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -156,17 +155,8 @@ class Checkpointer:
     With ``cfg.enabled`` False nothing is ever written; restoring still works.
     """
 
-    def __init__(
-        self,
-        directory: str | epath.PathLike,
-        cfg: CheckpointConfig,
-        *,
-        processes: Sequence[int] | None = None,
-    ):
-        """``processes``: the processes that hold the state and take part in saves and
-        restores (a pod's learner hosts); default every process."""
+    def __init__(self, directory: str | epath.PathLike, cfg: CheckpointConfig):
         self.cfg = cfg
-        self.processes = None if processes is None else sorted(processes)
         self.directory = io.path(directory)
         if not io.is_local(self.directory) and not str(self.directory).startswith("gs://"):
             raise ConfigError(
@@ -191,15 +181,6 @@ class Checkpointer:
             # Leftovers of a save killed (or failed) before finalising; they never restore.
             cleanup_tmp_directories=cleanup,
             create=True,
-            **(
-                {}
-                if self.processes is None
-                else {
-                    "multiprocessing_options": ocp.options.MultiprocessingOptions(
-                        primary_host=self.processes[0], active_processes=set(self.processes)
-                    )
-                }
-            ),
         )
         return ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
@@ -427,14 +408,11 @@ class Checkpointer:
     def _quarantine(self, step: int) -> None:
         """Renames a step that failed to restore so later saves of that step number can land."""
         src = self.step_dir(step)
-        if jax.process_index() == (self.processes or [0])[0]:
+        if jax.process_index() == 0:
             dst = src.parent / f"{src.name}{CORRUPT_SUFFIX}"
             if dst.exists():
                 dst = src.parent / f"{src.name}{CORRUPT_SUFFIX}-{time.time_ns()}"
             src.rename(dst)
             log.warning("moved checkpoint step %d aside to %s", step, dst)
-        ocp.multihost.sync_global_processes(
-            f"rljax_checkpoint_quarantine_{step}",
-            processes=None if self.processes is None else set(self.processes),
-        )
+        ocp.multihost.sync_global_processes(f"rljax_checkpoint_quarantine_{step}")
         self._manager.reload()

@@ -7,8 +7,10 @@ file only parses flags and calls library code.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import re
+import signal
 import sys
 
 from absl import app, flags
@@ -85,6 +87,8 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax
 
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: where a hung pod process waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Random bits that do not depend on how arrays are sharded.
     jax.config.update("jax_threefry_partitionable", True)
 

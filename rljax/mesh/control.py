@@ -6,16 +6,18 @@ key-value store of ``jax.distributed``'s coordination service, not through a dev
 a collective would queue behind whatever the learner's chips are computing, and the sampler
 would wait for every learner step (the synchronous schedule this exists to avoid).
 
-Waiting is bounded in what it can miss: every second a waiting process asks the coordination
-service which processes are alive, and a dead one raises :class:`ProcessLost` naming it. JAX
-itself also stops every survivor once a process has missed heartbeats for
-``RLJAX_HEARTBEAT_TIMEOUT_S`` seconds (see ``rljax.mesh.distributed``).
+A process that fails posts its error (:meth:`Channel.fail`); every second a waiting process
+looks for such posts and raises :class:`ProcessLost` naming the failed process. A process that
+dies without a word (``kill -9``, a lost host) stops sending heartbeats: JAX then stops every
+survivor after ``RLJAX_HEARTBEAT_TIMEOUT_S`` seconds with a message naming it (see
+``rljax.mesh.distributed``). (``get_live_nodes`` is no liveness probe here: it waits for every
+live process to call it.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 from typing import Any
 
 # How often a waiting process checks that every process is still alive.
@@ -81,23 +83,23 @@ class Channel:
                     raise
             self.check_alive(waiting_for)
 
+    def fail(self, error: BaseException) -> None:
+        """Tell every other process that this one failed, and why (one line)."""
+        import jax
+
+        line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        # The coordinator may be gone too; the error itself still propagates.
+        with contextlib.suppress(Exception):
+            self.post(f"failed/{jax.process_index()}", line[:500])
+
     def check_alive(self, waiting_for: str = "the pod") -> None:
-        try:
-            live = set(self._client.get_live_nodes(list(range(self.count))))
-        except Exception as e:  # noqa: BLE001 - the coordinator itself (process 0) is gone
+        """Raises :class:`ProcessLost` if a process posted a failure."""
+        failed = self.keys("failed")
+        if failed:
+            pid = failed[0].rsplit("/", 1)[1]
             raise ProcessLost(
-                f"lost the coordination service on process 0 while waiting for {waiting_for} "
-                f"({str(e).splitlines()[0][:120]}); relaunch every process to resume from the "
-                "last checkpoint"
-            ) from None
-        missing = sorted(set(range(self.count)) - live)
-        if missing:
-            raise ProcessLost(
-                f"process {missing[0]} of {self.count} stopped (no heartbeat) while this one "
-                f"waited for {waiting_for}; relaunch every process to resume from the last "
-                "checkpoint"
+                f"process {pid} of {self.count} failed ({self.try_get(failed[0])}) while this one "
+                f"waited for {waiting_for}; fix that error, then relaunch every process"
             )
 
 
-def wait_s(start: float) -> float:
-    return time.perf_counter() - start

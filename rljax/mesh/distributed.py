@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+# How long a finished process waits at exit for the others (JAX's default, 300 s, keeps a
+# process that failed alive for minutes).
+SHUTDOWN_TIMEOUT_S = 60
 _EXPLICIT_KEYS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 _TPU_HOST_KEYS = ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES")
 
@@ -134,9 +137,13 @@ def maybe_initialize(env: Mapping[str, str] | None = None) -> ProcessInfo:
                 num_processes=plan.num_processes,
                 process_id=plan.process_id,
                 heartbeat_timeout_seconds=heartbeat_timeout_s(),
+                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
             )
         else:
-            jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s())
+            jax.distributed.initialize(
+                heartbeat_timeout_seconds=heartbeat_timeout_s(),
+                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
+            )
     return ProcessInfo(index=jax.process_index(), count=jax.process_count(), mode=plan.mode)
 
 

@@ -342,9 +342,9 @@ def make_pod_batch(groups) -> PodBatch:
 # -- the other processes ------------------------------------------------------------------------
 
 
-def follow_sampler(channel: Channel, sampler: Sampler, weights: PodWeights, start: int = 0) -> int:
+def follow_sampler(run, channel: Channel, sampler: Sampler, weights: PodWeights) -> None:
     """A sampler follower: replays the leader's sampler operations until 'end'."""
-    k = start
+    k = 0
     while True:
         for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
             if op == "submit":
@@ -357,15 +357,17 @@ def follow_sampler(channel: Channel, sampler: Sampler, weights: PodWeights, star
                 getattr(sampler, op)(arg)
             elif op == "clear":
                 sampler.clear()
+            elif op == "save":
+                run.save_state(arg["version"], arg["meta"], wait=arg["wait"])
             elif op == "end":
-                return k + 1
+                return
         k += 1
 
 
-def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles, start: int = 0) -> int:
+def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles) -> None:
     """A learner process: trains, sends weights and saves as the leader's ticks say."""
     learner = run.learner
-    k = start
+    k = 0
     while True:
         for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
             if op == "swap":
@@ -390,11 +392,9 @@ def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles, sta
                 if roles.is_learner_leader:
                     channel.post("done/sft", {})
             elif op == "save":
-                run.save_learner(arg["version"], arg["meta"], force=arg["force"])
-                if roles.is_learner_leader:
-                    channel.post(f"saved/{arg['version']}", {})
+                run.save_state(arg["version"], arg["meta"], wait=arg["wait"])
             elif op == "end":
-                return k + 1
+                return
         k += 1
 
 

@@ -18,6 +18,9 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from rljax import io
 from rljax.checkpoint import Checkpointer
@@ -27,16 +30,19 @@ from rljax.data.tasks import check_prompts, load_task
 from rljax.engine.engine import Engine
 from rljax.engine.sampler import Sampler
 from rljax.learner.advantages import resolve_scale
+from rljax.learner.learner import Learner
 from rljax.learner.losses import get_loss
 from rljax.mesh import distributed
 from rljax.mesh.control import Channel
 from rljax.mesh.topology import build_topology
+from rljax.mesh.transfer import transfer
 from rljax.mesh.weight_sync import sampler_model
 from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import (
     abstract_params,
     check_tokenizer_fits,
     initial_model_config,
+    load_initial_params,
     load_tokenizer,
 )
 from rljax.rewards.pool import RewardPool
@@ -49,6 +55,37 @@ from rljax.runtime.warm_start import warm_start
 def is_pod(cfg: RunConfig) -> bool:
     """Whether ``cfg`` on this world is a pod run (several processes, split meshes)."""
     return jax.process_count() > 1 and cfg.mesh.mode == "split"
+
+
+def save_shardings(tree, devices):
+    """The checkpoint layout of ``tree``: over every device (one axis), each leaf split along
+    its first dimension that the device count divides, else replicated."""
+    mesh = Mesh(np.array(devices), ("all",))
+    n = len(devices)
+
+    def one(x):
+        dims = [None] * len(x.shape)
+        for i, size in enumerate(x.shape):
+            if size % n == 0:
+                dims[i] = "all"
+                break
+        return NamedSharding(mesh, P(*dims))
+
+    return jax.tree.map(one, tree)
+
+
+def use_orbax_distributed_barriers() -> None:
+    """Orbax's barriers through the coordination service, not device collectives.
+
+    A collective barrier from orbax's background save thread would interleave with the
+    sampler's generate calls in a different order on each host and hang the pod.
+    """
+    from absl import flags
+
+    holder = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    holder.value = True
 
 
 def check_pod(cfg: RunConfig) -> None:
@@ -64,6 +101,14 @@ class PodRun(Run):
 
     def _build(self, cfg, workdir, reward_fn, loss, devices) -> None:
         check_pod(cfg)
+        self.channel = Channel()
+        try:
+            self._build_pod(cfg, workdir, reward_fn, loss, devices)
+        except BaseException as e:
+            self.channel.fail(e)  # the others stop waiting for this process at once
+            raise
+
+    def _build_pod(self, cfg, workdir, reward_fn, loss, devices) -> None:
         distributed.check_same_config(cfg)
         self.cfg = cfg
         self.shard_index, self.shard_count = 0, 1  # the leader reads and scores every prompt
@@ -79,7 +124,6 @@ class PodRun(Run):
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology = build_topology(cfg.mesh, self.devices)
         self.roles = pod.roles(self.topology)
-        self.channel = Channel()
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
@@ -88,29 +132,23 @@ class PodRun(Run):
         graphdef, abstract = abstract_params(self.model_cfg, self.topology.learner)
         self.weights = pod.PodWeights(abstract, self.topology.sampler, cfg.sampling.dtype)
         self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype)
-        self.step_hooks, self.reallocation = [], None
+        self.step_hooks, self.reallocation, self.lending = [], None, None
         self.reward_failures: dict[str, int] = {}
         self._stop_requested = False
         self.last_metrics: dict[str, Any] = {}
         self.driver = None
         self.initial_accuracy = float("nan")
         self._last_saved = -1
+        self._build_state()
         if self.roles.role == "learner":
-            self.resumed_meta = self._build_learner()
             return
-        answer = self.channel.get("resume", waiting_for="the learner processes to start")
-        if "error" in answer:
-            raise ConfigError(answer["error"])
-        self.resumed_meta = answer["meta"]
-        version = 0 if self.resumed_meta is None else int(self.resumed_meta["version"])
-        self._check_shape(self.resumed_meta)
+        version = self.learner_version
         model_cfg, graph = self.sampler_model
         self.engine = Engine(
             model_cfg, cfg.sampling, self.topology.sampler, graph, impl=cfg.kernel_impl
         )
-        sampler = Sampler(
-            self.engine, None, version=version, stop_ids=sorted(self.tokenizer.stop_ids)
-        )
+        stop_ids = sorted(self.tokenizer.stop_ids)
+        sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids)
         if not self.roles.is_leader:
             self.real_sampler = sampler
             return
@@ -137,35 +175,65 @@ class PodRun(Run):
         elif cfg.checkpoint.enabled:
             self.metrics.rewind(0)
 
-    def _build_learner(self) -> dict[str, Any] | None:
-        """The learner processes' parts; the learner leader tells the others what it resumed."""
+    def _build_state(self) -> None:
+        """The learner state: restored by every process from the newest checkpoint, or new.
+
+        A checkpoint holds the state laid out over every device of the pod (the save layout,
+        :func:`save_shardings`), so every process takes part in orbax's save and restore as on
+        any multi-host job; the learner processes then take it onto the learner mesh.
+        """
         cfg = self.cfg
-        ckpt = (
-            Checkpointer(
-                io.join(self.workdir, "checkpoints"), cfg.checkpoint, processes=self.roles.learner
-            )
+        use_orbax_distributed_barriers()
+        self.ckpt = (
+            Checkpointer(io.join(self.workdir, "checkpoints"), cfg.checkpoint)
             if cfg.checkpoint.enabled
             else None
         )
-        self.ckpt = ckpt
-        meta = None
-        try:
-            if resume.can_resume(ckpt):
-                self.model_cfg, self.learner, meta = resume.restored_learner(
-                    cfg, self.topology.learner, self.loss, ckpt
-                )
-                self._check_shape(meta)
-            else:
-                self.model_cfg, self.learner = resume.new_learner(
-                    cfg, self.topology.learner, self.loss
-                )
-        except ConfigError as e:
-            if self.roles.is_learner_leader:
-                self.channel.post("resume", {"error": str(e)})
-            raise
-        if self.roles.is_learner_leader:
-            self.channel.post("resume", {"meta": meta})
-        return meta
+        learner_mesh = self.topology.learner
+        graphdef, abstract = abstract_params(self.model_cfg, learner_mesh)
+        self.abstract = Learner.abstract(
+            cfg.learner,
+            graphdef,
+            abstract,
+            learner_mesh,
+            loss=self.loss,
+            kernel_impl=cfg.kernel_impl,
+        )
+        learner_state = (self.abstract.params, self.abstract.opt_state)
+        self.save_layout = save_shardings(learner_state, self.devices)
+        self.resumed_meta, restored = None, None
+        if resume.can_resume(self.ckpt):
+            where = str(self.ckpt.directory)
+            resume.check_resume_config(self.ckpt.read_meta(), cfg, where=where)
+            saved = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                learner_state,
+                self.save_layout,
+            )
+            params, opt_state, self.resumed_meta = self.ckpt.restore(
+                abstract_params=saved[0], abstract_opt_state=saved[1], fallback=True
+            )
+            self._check_shape(self.resumed_meta)
+            targets = jax.tree.map(lambda x: x.sharding, learner_state)
+            restored = transfer((params, opt_state), targets)
+        meta = self.resumed_meta
+        self.learner_version = 0 if meta is None else int(meta["version"])
+        if self.roles.role != "learner":
+            return
+        if restored is None:
+            self.model_cfg, self.learner = resume.new_learner(cfg, learner_mesh, self.loss)
+            return
+        ref = load_initial_params(cfg, learner_mesh)[2] if cfg.learner.beta > 0 else None
+        self.learner = resume.make_learner(
+            cfg,
+            graphdef,
+            restored[0],
+            learner_mesh,
+            self.loss,
+            ref_params=ref,
+            opt_state=restored[1],
+            version=self.learner_version,
+        )
 
     def _check_shape(self, meta: dict[str, Any] | None) -> None:
         saved = (meta or {}).get("pod")
@@ -240,20 +308,25 @@ class PodRun(Run):
                 config=self.cfg,
                 gather=False,
             )
-            self.sampler.ticks.flush("save", {"version": version, "meta": meta, "force": force})
-            self.channel.get(f"saved/{version}", waiting_for="the checkpoint write")
+            with self.sampler.ticks.lock:  # every process saves at this tick
+                self.sampler.ticks.flush("save", {"version": version, "meta": meta, "wait": force})
+                self.save_state(version, meta, wait=force)
         self._last_saved = version
 
-    def save_learner(self, version: int, meta: dict[str, Any], *, force: bool) -> None:
-        if self.ckpt is not None:
-            self.ckpt.save(
-                version,
-                params=self.learner.params,
-                opt_state=self.learner.opt_state,
-                meta=meta,
-                force=True,
-            )
+    def save_state(self, version: int, meta: dict[str, Any], *, wait: bool = False) -> None:
+        """Every process: the learner state onto the save layout, then one orbax save."""
+        if self.learner_role:
+            state = (self.learner.params, self.learner.opt_state)
+        else:
+            state = (self.abstract.params, self.abstract.opt_state)
+        params, opt_state = transfer(state, self.save_layout)
+        self.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=True)
+        if wait:
             self.ckpt.wait()
+
+    @property
+    def learner_role(self) -> bool:
+        return self.roles.role == "learner"
 
     def request_stop(self, *_: Any) -> None:
         """SIGTERM: the leader stops at the next step boundary; others tell the leader."""
@@ -271,11 +344,18 @@ class PodRun(Run):
     # -- phases ---------------------------------------------------------------------------------
 
     def _train(self) -> dict[str, Any]:
+        try:
+            return self._train_role()
+        except BaseException as e:
+            self.channel.fail(e)
+            raise
+
+    def _train_role(self) -> dict[str, Any]:
         if self.roles.role == "learner":
             pod.follow_learner(self, self.channel, self.weights, self.roles)
             return {"role": "learner", "steps": self.learner.version}
         if not self.roles.is_leader:
-            pod.follow_sampler(self.channel, self.real_sampler, self.weights)
+            pod.follow_sampler(self, self.channel, self.real_sampler, self.weights)
             return {"role": "sampler"}
         self.sampler.on_tick = self._poll_stop
         start = time.perf_counter()

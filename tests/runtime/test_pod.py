@@ -1,0 +1,115 @@
+"""A pod on this CPU: 4 processes x 2 devices on localhost (jax.distributed, gloo), the sampler
+on hosts 0-1 and the learner on hosts 2-3, running configs/arith_async.py with eta = 2.
+
+One sequence of launches covers the pod's life: SIGTERM to all four (each exits 0 after a
+checkpoint), a relaunch that resumes, ``kill -9`` of a learner host (the others exit non-zero
+naming it), and a last relaunch that finishes. The audits read the metrics it left: every
+train step once, no consumed group staler than eta, weights moved across hosts every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rljax.testing import audit, pod
+
+ETA, STEPS = 2, 5
+ARGV = [
+    "-m",
+    "rljax.launch",
+    "--config=configs/arith_async.py:small",
+    "--config.mesh.sampler_devices=4",
+    "--config.mesh.learner_devices=4",
+    f"--config.buffer.max_staleness={ETA}",
+    "--config.sft.steps=0",
+    f"--config.num_steps={STEPS}",
+    "--config.eval_examples=4",
+    "--config.checkpoint.enabled=True",
+    "--config.checkpoint.every_steps=1",
+    "--config.metrics.progress_bar=False",
+]
+
+
+def _train_steps(workdir: Path) -> list[int]:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r["step"] for r in rows if r.get("phase") == "train"]
+
+
+def _wait(procs, until, what: str, limit_s: float = 600) -> None:
+    """Polls ``until()`` while the pod runs; fails if the pod exits first (no fixed sleeps)."""
+    deadline = time.monotonic() + limit_s
+    while not until():
+        if any(p.poll() is not None for p in procs):
+            pytest.fail(f"the pod exited before {what}: {[p.returncode for p in procs]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"the pod did not reach {what} in {limit_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _finish(procs, limit_s: float) -> list[int]:
+    start = time.monotonic()
+    for p in procs:
+        p.wait(timeout=max(1.0, limit_s - (time.monotonic() - start)))
+    return [p.returncode for p in procs]
+
+
+def test_pod_survives_preemption_and_a_lost_host(tmp_path):
+    workdir = tmp_path / "w"
+    argv = [*ARGV, f"--workdir={workdir}"]
+    logs = tmp_path
+
+    # 1. SIGTERM to every process once a step is logged: each checkpoints and exits 0.
+    procs = pod.start(argv, processes=4, devices=2, logdir=logs, name="a")
+    try:
+        _wait(procs, lambda: len(_train_steps(workdir)) >= 1, "its first train step")
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        codes = _finish(procs, 300)
+    finally:
+        for p in procs:
+            p.kill()
+    text = [(logs / f"a{i}.txt").read_text() for i in range(4)]
+    assert codes == [0, 0, 0, 0], text[0][-3000:]
+    assert "checkpoint saved" in text[0]
+    stopped_at = len(_train_steps(workdir))
+    assert stopped_at < STEPS
+
+    # 2. Relaunch: it resumes; kill -9 a learner host once it trained a step more.
+    procs = pod.start(argv, processes=4, devices=2, logdir=logs, name="b")
+    try:
+        _wait(procs, lambda: len(_train_steps(workdir)) > stopped_at, "a step after resuming")
+        os.kill(procs[3].pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        codes = _finish(procs[:3], 60)
+        waited = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            p.kill()
+    text = [(logs / f"b{i}.txt").read_text() for i in range(4)]
+    assert "resumed from checkpoint" in text[0]
+    assert all(c != 0 for c in codes), codes
+    assert waited < 60
+    for t in text[:3]:  # each survivor names the lost process (rljax's message or JAX's)
+        assert "process 3 of 4 stopped" in t or "unhealthy (stopped sending heartbeats):\n3" in t, (
+            t[-2000:]
+        )
+
+    # 3. Relaunch again: it finishes.
+    codes, text = pod.run(argv, processes=4, devices=2, logdir=logs, name="c", timeout=600)
+    assert codes == [0, 0, 0, 0], text[0][-3000:]
+    assert "resumed from checkpoint" in text[0]
+    records = audit.read_metrics(workdir)
+    assert audit.audit_steps(records, STEPS) == []
+    assert audit.audit_staleness(records, ETA) == []
+    train = [r for r in records if r["phase"] == "train"]
+    # Weights crossed from the learner hosts to the sampler hosts (bytes counted per swap).
+    assert all(r["sync_bytes"] > 0 for r in train[1:]), [r.get("sync_bytes") for r in train]
