@@ -10,7 +10,7 @@ Every host runs the same command; ``rljax.mesh.distributed.maybe_initialize`` jo
 hosts (TPU_WORKER_HOSTNAMES) into one program. ``init`` is a Hugging Face directory; the
 architecture is ``model_config('qwen3-8b')``.
 
-Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=sync``):
+Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=async``, eta = 1):
   * sampler: chips 0-7 (hosts 0-1), axes data=2 x tensor=4: bf16 weights (``sampling.dtype``,
     cast from the learner's f32 master copy at each publish) split 4 ways, each
     data shard owns 128 of the 256 slots and half of the KV page pool, whose 8 kv heads
@@ -18,10 +18,10 @@ Mesh split (16 chips, disjoint meshes along host boundaries, ``mode=sync``):
   * learner: chips 8-15 (hosts 2-3), axes fsdp=8 x tensor=1 (f32 weights, grads and Adam
     moments sharded 8 ways).
 Batch: B=32 prompts x G=8 = 256 sequences per step, in 8 micro-batches of 32 rows x 1280
-tokens, ``learner.remat='full'``; eta = 0: a multi-host run is synchronous for now (async
-decisions are not yet agreed across hosts, so ``mode='async'`` with several processes is
-refused; docs/multihost.md). The split still pays: the sampler keeps its KV pool and compiled
-programs while the learner steps, and weights move over ICI.
+tokens, ``learner.remat='full'``. Asynchronous with eta = 1 and the decoupled PPO loss: hosts 0-1
+generate while hosts 2-3 train, as one program (a pod run: process 0 takes every decision and
+the others replay it, weights move over ICI in one computation over both meshes;
+docs/multihost.md).
 Expected memory per chip (``scripts/plan_memory.py``, XLA's memory analysis on a fake 16-device
 CPU mesh; table in docs/benchmarks.md, planned with an f32 sampler: in bf16 its weights, KV pool
 and staged update are half), GiB of v5p's 95: learner params 3.81 + Adam 7.63 +
@@ -72,7 +72,7 @@ def recipe(variant: str = "") -> RunConfig:
             dtype="bfloat16",  # weights cast at each publish; the learner keeps f32
         ),
         learner=LearnerConfig(
-            loss="grpo",
+            loss="decoupled_ppo",  # corrects for the sampler's one version of lead
             group_size=8,
             batch_groups=32,
             micro_batches=8,
@@ -80,7 +80,7 @@ def recipe(variant: str = "") -> RunConfig:
             learning_rate=1e-6,
             grad_clip=1.0,
         ),
-        buffer=BufferConfig(max_staleness=0),
+        buffer=BufferConfig(max_staleness=1),
         mesh=MeshConfig(
             mode="split",
             sampler_devices=8,
@@ -101,7 +101,7 @@ def recipe(variant: str = "") -> RunConfig:
         ),
         reward=RewardConfig(name="math_answer", num_workers=16),
         metrics=MetricsConfig(progress_bar=True, trace=True),
-        mode="sync",
+        mode="async",
         num_steps=300,
         eval_every=50,
         eval_examples=256,

@@ -158,7 +158,7 @@ def test_checkpoint_data_state_per_process():
         ),
         (
             lambda c: dataclasses.replace(c, mode="async"),
-            "config key 'mode' = 'async' is single-process for now",
+            "config key 'mode' = 'async' on 2 processes needs split meshes",
         ),
     ],
 )

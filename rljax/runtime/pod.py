@@ -72,19 +72,13 @@ class Roles:
         return self.me == self.learner[0]
 
 
-def roles(topology: Topology) -> Roles | None:
-    """The pod's roles, or None when one process runs both meshes (not a pod run)."""
-    if jax.process_count() == 1:
-        return None
-    if topology.colocated:
-        raise ConfigError(
-            f"config key 'mesh.mode' = 'colocated' on {jax.process_count()} processes: both "
-            "roles would share every host; use mesh.mode='split' with mesh.sampler_devices and "
-            "mesh.learner_devices in whole hosts"
-        )
+def roles(topology: Topology, process_count: int | None = None, me: int | None = None) -> Roles:
+    """The pod's roles on a split ``topology``; one-line errors for splits a pod cannot run."""
+    process_count = jax.process_count() if process_count is None else process_count
+    me = jax.process_index() if me is None else me
     sampler = sorted({d.process_index for d in topology.sampler.devices.flat})
     learner = sorted({d.process_index for d in topology.learner.devices.flat})
-    idle = sorted(set(range(jax.process_count())) - set(sampler) - set(learner))
+    idle = sorted(set(range(process_count)) - set(sampler) - set(learner))
     if idle:
         raise ConfigError(
             f"process {idle[0]} owns no device of either mesh; make mesh.sampler_devices + "
@@ -95,7 +89,7 @@ def roles(topology: Topology) -> Roles | None:
             "process 0 must own sampler devices (it leads the pod and writes the metrics); the "
             "sampler mesh takes the first devices, so launch the sampler hosts first"
         )
-    return Roles(tuple(sampler), tuple(learner), jax.process_index())
+    return Roles(tuple(sampler), tuple(learner), me)
 
 
 # -- requests and weights on the wire ----------------------------------------------------------

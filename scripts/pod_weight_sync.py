@@ -1,0 +1,165 @@
+"""Weight sync across hosts: the learner mesh on some processes, the sampler mesh on others.
+
+    python scripts/pod_weight_sync.py                      # 4 processes x 2 CPU devices, SmolLM2
+    python scripts/pod_weight_sync.py --model tiny --runs 3
+
+Starts a localhost pod (``rljax.testing.pod``): hosts 0-1 hold the sampler mesh, hosts 2-3 the
+learner mesh with the model's params (the config's shapes; values do not matter to a copy).
+Every process enters ``PodWeights.move`` (``rljax.mesh.transfer``: one computation over the
+union of both meshes, the pod's weight sync) ``--runs`` times in f32 and in bf16 (the learner
+casts first), and process 0 times it. In the same run, process 0 times ``jax.device_put`` of
+the same bytes between two of its own devices: the copy bandwidth a transfer could reach here.
+
+The union transfer is an all-reduce: every device of the union receives and sends about twice
+the model's bytes, so on this CPU (gloo over localhost TCP) it is far below a device-to-device
+copy; what it buys is that it runs at all across processes. Last, the ICI model for Qwen3-8B on
+a v5p-32 (8 + 8 chips, bf16 sampler): datasheet arithmetic, not a measurement. Ends with one
+JSON line of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODELS = {"smollm2": "smollm2_arith", "tiny": "arith_tiny"}  # modules of rljax.configs
+
+
+def _worker(model: str, runs: int) -> None:
+    from rljax.mesh import distributed
+
+    distributed.maybe_initialize()
+    import importlib
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from rljax.models.loading import abstract_params, initial_model_config
+    from rljax.runtime.pod import PodWeights
+
+    cfg = importlib.import_module(f"rljax.configs.{MODELS[model]}").recipe()
+    devices = jax.devices()
+    half = len(devices) // 2
+    sampler = Mesh(np.array(devices[:half]).reshape(1, half), ("data", "tensor"))
+    learner = Mesh(np.array(devices[half:]).reshape(half, 1), ("fsdp", "tensor"))
+    _, abstract = abstract_params(initial_model_config(cfg), learner)
+    owns_learner = jax.process_index() >= jax.process_count() // 2
+    params = None
+    if owns_learner:
+        params = jax.tree.map(
+            lambda a: jax.jit(lambda: jnp.full(a.shape, 0.01, a.dtype), out_shardings=a.sharding)(),
+            abstract,
+        )
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        weights = PodWeights(abstract, sampler, dtype)
+        times = []
+        for i in range(runs + 1):  # the first compiles
+            client.wait_at_barrier(f"sync_{dtype}_{i}", 600_000)
+            start = time.perf_counter()
+            weights.move(params if owns_learner else None)
+            times.append(time.perf_counter() - start)
+        out[dtype] = {"bytes": weights.bytes, "seconds": times[1:]}
+    if jax.process_index() == 0:
+        nbytes = out["float32"]["bytes"]
+        x = jax.device_put(np.zeros(nbytes // 4, np.float32), devices[0])
+        copies = []
+        for _ in range(runs + 1):
+            start = time.perf_counter()
+            jax.block_until_ready(jax.device_put(x, devices[1]))
+            copies.append(time.perf_counter() - start)
+        out["device_put_s"] = copies[1:]
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="smollm2")
+    p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--devices", type=int, default=2, help="CPU devices per process")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        _worker(args.model, args.runs)
+        return
+    from rljax.sim.chips import CHIPS
+    from rljax.testing import pod
+
+    with tempfile.TemporaryDirectory() as logdir:
+        argv = [
+            str(Path(__file__).resolve()),
+            "--worker",
+            f"--model={args.model}",
+            f"--runs={args.runs}",
+        ]
+        codes, logs = pod.run(
+            argv, processes=args.processes, devices=args.devices, logdir=Path(logdir), timeout=1800
+        )
+    if codes != [0] * args.processes:
+        sys.exit(f"the pod failed (exit codes {codes}):\n{logs[0][-3000:]}")
+    raw = json.loads(logs[0].split("RESULT ", 1)[1].splitlines()[0])
+    copy = _summary(raw["device_put_s"])
+    copy_bw = raw["float32"]["bytes"] / copy["median"]
+    figures = {
+        "model": args.model,
+        "processes": args.processes,
+        "devices": args.devices,
+        "device_put_s": copy,
+        "device_put_gb_s": copy_bw / 1e9,
+    }
+    print(
+        f"{args.model}: {args.processes} processes x {args.devices} CPU devices; sampler on "
+        f"hosts 0-{args.processes // 2 - 1}, learner on the rest"
+    )
+    print(
+        f"  device_put of {raw['float32']['bytes'] / 1e6:.1f} MB between two devices of "
+        f"process 0: {copy['median'] * 1e3:.1f} ms ({copy_bw / 1e9:.2f} GB/s)"
+    )
+    for dtype in ("float32", "bfloat16"):
+        s = _summary(raw[dtype]["seconds"])
+        bw = raw[dtype]["bytes"] / s["median"]
+        figures[dtype] = {
+            "bytes": raw[dtype]["bytes"],
+            "seconds": s,
+            "gb_s": bw / 1e9,
+            "of_device_put": bw / copy_bw,
+        }
+        print(
+            f"  transfer {dtype}: {raw[dtype]['bytes'] / 1e6:.1f} MB in {s['median']:.3f} s "
+            f"[{s['min']:.3f}, {s['max']:.3f}] = {bw / 1e9:.3f} GB/s, "
+            f"{bw / copy_bw:.3f} of device_put"
+        )
+    # ICI model: Qwen3-8B in bf16 on a v5p-32 split 8 sampler + 8 learner chips.
+    ici = CHIPS["tpu-v5p"].network_bytes_per_s  # per chip, datasheet
+    model_bytes = 8.19e9 * 2
+    ideal = model_bytes / 4 / ici  # each sampler chip receives its tensor=4 shard
+    allreduce = 2 * model_bytes * 15 / 16 / ici  # ring all-reduce over the 16-chip union
+    figures["v5p32_qwen3_8b_model"] = {
+        "ici_gb_s": ici / 1e9,
+        "ideal_s": ideal,
+        "allreduce_s": allreduce,
+    }
+    print(
+        f"  model, Qwen3-8B bf16 on v5p-32 (ICI {ici / 1e9:.0f} GB/s per chip): point-to-point "
+        f"bound {ideal * 1e3:.1f} ms; this all-reduce {allreduce * 1e3:.1f} ms"
+    )
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
