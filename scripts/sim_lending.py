@@ -74,7 +74,9 @@ def compare(c) -> dict:
     static, wall = {}, {}
     for n in splits:
         static[n], wall[f"static {n}"] = timed(sim_config(c, "async", n), cost, lengths)
-        print(f"static {n}:{c.total_chips - n}: {static[n].samples_per_s:.3f} samples/s", flush=True)
+        print(
+            f"static {n}:{c.total_chips - n}: {static[n].samples_per_s:.3f} samples/s", flush=True
+        )
     best_n = max(splits, key=lambda n: static[n].samples_per_s)
     best = static[best_n].samples_per_s
     realloc = {}

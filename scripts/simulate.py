@@ -248,6 +248,8 @@ def predict(c, cost: CostModel, lengths: LengthModel, eta: int) -> dict:
         sync = sync_cache[h["chips"]]
         if h["kind"] == "sync_step_s":
             out[h["name"]] = round(sync["step_s"], 1)
+            out[h["name"].replace("step_s", "gen_s")] = round(sync["gen_s"], 1)
+            out[h["name"].replace("step_s", "train_s")] = round(sync["train_s"], 1)
             continue
         cfg = dataclasses.replace(
             _sim_config(c, "async", eta, h["sampler_chips"], steps),
@@ -256,6 +258,9 @@ def predict(c, cost: CostModel, lengths: LengthModel, eta: int) -> dict:
         )
         fast = _run(cfg, cost, lengths)
         out[h["name"]] = round(sync["step_s"] / fast.step_s, 3)
+        # The async step and its learner share: which side set it.
+        out[h["name"].replace("ratio", "step_s")] = round(fast.step_s, 1)
+        out[h["name"].replace("ratio", "train_s")] = round(fast.learner_util * fast.step_s, 1)
     return out
 
 

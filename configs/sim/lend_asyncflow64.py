@@ -57,7 +57,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.lend = ml_collections.ConfigDict(
         dict(
             eta=1,
-            splits=[24, 32, 40] if small else [16, 24, 32, 40, 48, 56],
+            splits=[24, 32, 40] if small else list(range(8, 57, 8)),
             # LendingConfig overrides (none: the documented defaults, not tuned here).
             lending=dict(),
             perf_steps=0,

@@ -54,7 +54,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.lend = ml_collections.ConfigDict(
         dict(
             eta=1,
-            splits=[16, 24, 32] if small else [8, 16, 24, 32, 40, 48, 56],
+            splits=[16, 24, 32] if small else list(range(4, 57, 4)),
             # LendingConfig overrides (none: the documented defaults, not tuned here).
             lending=dict(),
             perf_steps=0,
