@@ -58,6 +58,16 @@ def test_learner_waiting_on_a_throughput_bound_sampler_lends_learner_chips():
     assert 0 < d.share < 1
 
 
+def test_window_capped_sampler_gains_only_the_per_sequence_part_of_a_decode_step():
+    # The window held 30% of the slots back: more replicas spread the same sequences thinner;
+    # a step is 10 ms, 8 of them the weight read, so doubling the chips saves 1 ms of 10.
+    s = dataclasses.replace(stats(70, 30, 60, 40), decode_step_s=0.010, decode_fixed_s=0.008)
+    d = decide(s)
+    assert d.direction is LendDirection.ROLLOUT_ON_TRAIN
+    speedup = 0.010 / (0.008 + 0.002 / 2)
+    assert d.expected_gain_s == pytest.approx(38 * (1 - 1 / speedup) - 0.5)
+
+
 def test_learner_waiting_on_stragglers_does_not_lend():
     # The learner waits, but the sampler decoded in 5% of its slots: a few long stragglers pace
     # the step and more replicas would not finish them sooner.
