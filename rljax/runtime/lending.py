@@ -339,8 +339,15 @@ class Lending:
 
     # -- the policy -------------------------------------------------------------------------
 
+    def _rewire(self) -> None:
+        """A resize hands the driver the bare learner; lending wraps it again."""
+        driver = self.run.driver
+        if driver is not None and not isinstance(driver.learner, LendingLearner):
+            driver.learner = LendingLearner(self)
+
     def at_boundary(self, run, step: int) -> None:
         """Close the step's phase and decide what to lend in the next one."""
+        self._rewire()
         split = run.topology.split
         stats = self.meter.stats(
             split=split,
@@ -367,6 +374,7 @@ class Lending:
 
     def waiting(self, learner) -> None:
         """The learner starts waiting for a batch: lend its chips to rollout if so decided."""
+        self._rewire()
         d = self._current
         if d.direction is not LendDirection.ROLLOUT_ON_TRAIN or self.replicas.lent is not None:
             return
