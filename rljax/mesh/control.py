@@ -50,9 +50,9 @@ class Channel:
         self.count = jax.process_count() if process_count is None else process_count
         self._client = _client()
 
-    def post(self, key: str, value: Any) -> None:
+    def post(self, key: str, value: Any, *, overwrite: bool = False) -> None:
         data = json.dumps(value, separators=(",", ":"), allow_nan=True).encode()
-        self._client.key_value_set_bytes(self.prefix + key, data)
+        self._client.key_value_set_bytes(self.prefix + key, data, allow_overwrite=overwrite)
 
     def try_get(self, key: str) -> Any | None:
         """The value under ``key``, or None if nobody posted it yet."""
@@ -91,6 +91,18 @@ class Channel:
         # The coordinator may be gone too; the error itself still propagates.
         with contextlib.suppress(Exception):
             self.post(f"failed/{jax.process_index()}", line[:500])
+
+    def barrier(self, name: str) -> None:
+        """Wait until every process got here (or one failed: :class:`ProcessLost`).
+
+        Before a pod's first collective: a collective's first use sets up its context with a
+        30 s deadline, and processes finish building at different times.
+        """
+        import jax
+
+        self.post(f"{name}/{jax.process_index()}", True)
+        for p in range(self.count):
+            self.get(f"{name}/{p}", waiting_for=f"process {p} to reach '{name}'")
 
     def check_alive(self, waiting_for: str = "the pod") -> None:
         """Raises :class:`ProcessLost` if a process posted a failure."""

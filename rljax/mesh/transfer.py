@@ -38,13 +38,14 @@ from jax.sharding import PartitionSpec as P
 
 
 def union_devices(*shardings: Sequence[jax.sharding.Sharding]) -> list[jax.Device]:
-    """The devices of every sharding, each once, in first-seen order (equal on every process)."""
+    """The devices of every sharding, each once, by process then id: one order for every
+    transfer over the same devices, so they share one set of collective contexts."""
     seen: dict[int, jax.Device] = {}
     for tree in shardings:
         for s in tree:
-            for d in s._device_assignment:  # noqa: SLF001 - the mesh order, not a set's
+            for d in s.device_set:
                 seen.setdefault(d.id, d)
-    return list(seen.values())
+    return sorted(seen.values(), key=lambda d: (d.process_index, d.id))
 
 
 def needs_union(src: Sequence[jax.sharding.Sharding], dst: Sequence[jax.sharding.Sharding]) -> bool:

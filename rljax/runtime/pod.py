@@ -152,6 +152,17 @@ class PodWeights:
         return out
 
 
+# Every process reports how far it read every PROGRESS_EVERY ticks; the leader then deletes
+# the ticks everyone has read (a learn tick carries a batch of trajectories: the store must
+# not grow with the run).
+PROGRESS_EVERY = 64
+
+
+def report_progress(channel: Channel, k: int) -> None:
+    if k % PROGRESS_EVERY == 0:
+        channel.post(f"read/{jax.process_index()}", k, overwrite=True)
+
+
 class Ticks:
     """The leader's side of the tick stream: operations are queued, then posted in order."""
 
@@ -159,6 +170,7 @@ class Ticks:
         self.channel = channel
         self.lock = threading.RLock()  # one tick (and the device work it orders) at a time
         self.count = 0
+        self.deleted = 0  # ticks below this are gone from the store
         self._ops: list[list] = []
 
     def queue(self, op: str, arg: Any = None) -> None:
@@ -175,6 +187,19 @@ class Ticks:
             self.channel.post(f"tick/{self.count}", self._ops)
             self.count += 1
             self._ops = []
+            if self.count % PROGRESS_EVERY == 0:
+                self._delete_read()
+
+    def _delete_read(self) -> None:
+        """Delete the ticks every other process has read."""
+        others = [p for p in range(self.channel.count) if p != jax.process_index()]
+        read = [self.channel.try_get(f"read/{p}") for p in others]
+        if any(r is None for r in read):
+            return
+        upto = min(read)
+        for k in range(self.deleted, upto):
+            self.channel.delete(f"tick/{k}")
+        self.deleted = max(self.deleted, upto)
 
 
 class PodSampler:
@@ -340,6 +365,7 @@ def follow_sampler(run, channel: Channel, sampler: Sampler, weights: PodWeights)
     """A sampler follower: replays the leader's sampler operations until 'end'."""
     k = 0
     while True:
+        report_progress(channel, k)
         for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
             if op == "submit":
                 sampler.submit([decode_request(r) for r in arg])
@@ -363,6 +389,7 @@ def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles) -> 
     learner = run.learner
     k = 0
     while True:
+        report_progress(channel, k)
         for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
             if op == "swap":
                 if arg != learner.version:

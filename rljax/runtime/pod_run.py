@@ -52,11 +52,6 @@ from rljax.runtime.run import Run
 from rljax.runtime.warm_start import warm_start
 
 
-def is_pod(cfg: RunConfig) -> bool:
-    """Whether ``cfg`` on this world is a pod run (several processes, split meshes)."""
-    return jax.process_count() > 1 and cfg.mesh.mode == "split"
-
-
 def save_shardings(tree, devices):
     """The checkpoint layout of ``tree``: over every device (one axis), each leaf split along
     its first dimension that the device count divides, else replicated."""
@@ -89,6 +84,11 @@ def use_orbax_distributed_barriers() -> None:
 
 
 def check_pod(cfg: RunConfig) -> None:
+    if cfg.lending.enabled:
+        raise ConfigError(
+            "config key 'lending.enabled' = True is single-process for now (a pod's lent chips "
+            "would need their own tick stream); turn it off for a pod run"
+        )
     if cfg.mesh.reallocate:
         raise ConfigError(
             "config key 'mesh.reallocate' = True is single-host for now (a pod resizes only "
@@ -140,6 +140,11 @@ class PodRun(Run):
         self.initial_accuracy = float("nan")
         self._last_saved = -1
         self._build_state()
+        self._build_role(reward)
+        self.channel.barrier("built")
+
+    def _build_role(self, reward) -> None:
+        cfg = self.cfg
         if self.roles.role == "learner":
             return
         version = self.learner_version
@@ -367,3 +372,6 @@ class PodRun(Run):
             self.sampler.ticks.flush("end")
         summary["pod"] = {**self._shape(), "wall_s": time.perf_counter() - start}
         return summary
+
+
+Run.pod_class = PodRun  # Run(cfg, ...) on a pod is a PodRun

@@ -36,6 +36,7 @@ RESUMABLE_KEYS = (
     "metrics.*",
     "mesh.*",
     "reallocator.*",
+    "lending.*",
     "reward.timeout_s",
     "reward.num_workers",
     "reward.mode",

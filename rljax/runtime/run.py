@@ -86,13 +86,11 @@ class Run:
 
     On a pod (several processes, ``mesh.mode='split'``) it is a ``runtime.pod_run.PodRun``."""
 
-    def __new__(cls, cfg: RunConfig, *args: Any, **kwargs: Any):
-        if cls is Run:
-            from rljax.runtime.pod_run import PodRun, is_pod
+    pod_class: type | None = None  # runtime.pod_run.PodRun registers itself here
 
-            if is_pod(cfg):
-                cls = PodRun
-        return super().__new__(cls)
+    def __new__(cls, cfg: RunConfig, *args: Any, **kwargs: Any):
+        pod = jax.process_count() > 1 and cfg.mesh.mode == "split"
+        return super().__new__(Run.pod_class if cls is Run and pod else cls)
 
     def __init__(
         self,

@@ -84,7 +84,10 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     assert stopped_at < STEPS
 
     # 2. Relaunch: it resumes; kill -9 a learner host once it trained a step more.
-    procs = pod.start(argv, processes=4, devices=2, logdir=logs, name="b")
+    # A short heartbeat timeout: JAX stops the survivors 10 s after the kill.
+    procs = pod.start(
+        argv, processes=4, devices=2, logdir=logs, name="b", RLJAX_HEARTBEAT_TIMEOUT_S="10"
+    )
     try:
         _wait(procs, lambda: len(_train_steps(workdir)) > stopped_at, "a step after resuming")
         os.kill(procs[3].pid, signal.SIGKILL)
