@@ -60,8 +60,10 @@ def _assert_same_params(got, want, *, max_move: float) -> None:
 @pytest.mark.parametrize(
     "lent, cfg",
     [
-        (2, dict(loss="grpo")),  # half the micro-batches on the sampler's chips
-        (4, dict(loss="grpo")),  # all of them: the learner only applies the update
+        # Half the micro-batches on the sampler's chips is the run-level test
+        # (tests/runtime/test_lending.py); here all of them (the learner only applies the
+        # update), and one with epochs, the proximal policy and a reference model.
+        (4, dict(loss="grpo")),
         (1, dict(loss="decoupled_ppo", ppo_epochs=2, beta=0.01)),  # epochs, proximal, reference
     ],
 )

@@ -19,7 +19,7 @@ import pytest
 
 from rljax.testing import audit, pod
 
-ETA, STEPS = 2, 5
+ETA, STEPS = 2, 4
 ARGV = [
     "-m",
     "rljax.launch",
