@@ -3,15 +3,9 @@ real two-process runs (the gather helpers alone, and the launcher)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from rljax.configs import arith_tiny
@@ -28,8 +22,8 @@ from rljax.mesh.distributed import (
     group_owners,
     process_data_state,
 )
+from rljax.testing import pod
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_single_host_without_environment():
@@ -170,34 +164,12 @@ def test_multi_process_run_config_is_checked_first(monkeypatch, tmp_path, change
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path, argv: list[str], name: str, devices: int) -> list[str]:
     """Runs ``python argv`` as process 0 and 1 of a localhost world; returns their logs."""
-    port = _free_port()
-    procs = []
-    with contextlib.ExitStack() as stack:
-        for pid in range(2):
-            env = dict(os.environ)
-            env.update(
-                JAX_PLATFORMS="cpu",
-                JAX_NUM_CPU_DEVICES=str(devices),
-                XLA_FLAGS="",
-                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                JAX_NUM_PROCESSES="2",
-                JAX_PROCESS_ID=str(pid),
-            )
-            cmd = [sys.executable, *[a.replace("{pid}", str(pid)) for a in argv]]
-            log = stack.enter_context(open(tmp_path / f"{name}{pid}.txt", "w"))
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log))
-        for p in procs:
-            p.wait(timeout=400)
-    logs = [(tmp_path / f"{name}{i}.txt").read_text() for i in range(2)]
-    assert [p.returncode for p in procs] == [0, 0], logs
+    codes, logs = pod.run(
+        argv, processes=2, devices=devices, logdir=tmp_path, name=name, timeout=400
+    )
+    assert codes == [0, 0], logs
     return logs
 
 

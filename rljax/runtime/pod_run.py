@@ -49,7 +49,6 @@ from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import check_reward_fn, get_reward
 from rljax.runtime import pod, resume
 from rljax.runtime.run import Run
-from rljax.runtime.warm_start import warm_start
 
 
 def save_shardings(tree, devices):
@@ -277,19 +276,6 @@ class PodRun(Run):
             self.sampler.ticks.flush("sft")
             self.channel.get("done/sft", waiting_for="the warm start")
         self.publish()
-
-    def warm_start_learner(self) -> None:
-        eos = self.tokenizer.eos_id
-        warm_start(
-            self.cfg,
-            self.learner,
-            self.train_examples,
-            encode_prompt=self.encode_prompt,
-            encode_answer=lambda text: self.tokenizer.encode(text, add_bos=False) + [eos],
-            pack=self._pack,
-            metrics=self.metrics,
-            timeline=self.timeline,
-        )
 
     def save(self, *, force: bool = False) -> None:
         """The leader decides and sends the meta; the learner processes write the arrays."""

@@ -84,9 +84,9 @@ def check_supported(cfg: RunConfig, process_count: int) -> None:
 class Run:
     """One experiment, built from a :class:`RunConfig`. ``Run(cfg, workdir).train()``.
 
-    On a pod (several processes, ``mesh.mode='split'``) it is a ``runtime.pod_run.PodRun``."""
+    On a pod (several processes, split meshes) it is ``pod_class``: runtime.pod_run.PodRun."""
 
-    pod_class: type | None = None  # runtime.pod_run.PodRun registers itself here
+    pod_class: type | None = None
 
     def __new__(cls, cfg: RunConfig, *args: Any, **kwargs: Any):
         pod = jax.process_count() > 1 and cfg.mesh.mode == "split"
@@ -350,6 +350,10 @@ class Run:
     # -- phases -----------------------------------------------------------------------------
 
     def _warm_start(self) -> None:
+        self.warm_start_learner()
+        self.publish()
+
+    def warm_start_learner(self) -> None:  # the sft.* warm start, not yet published
         eos = self.tokenizer.eos_id
         warm_start(
             self.cfg,
@@ -361,7 +365,6 @@ class Run:
             metrics=self.metrics,
             timeline=self.timeline,
         )
-        self.publish()
 
     def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
         metrics.update(failure_metrics(self.reward_failures))
