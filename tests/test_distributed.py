@@ -25,7 +25,6 @@ from rljax.mesh.distributed import (
 from rljax.testing import pod
 
 
-
 def test_single_host_without_environment():
     assert detect({}) == DistributedPlan("single")
     # A one-host TPU VM lists only itself.
