@@ -45,7 +45,12 @@ def test_requests_cross_the_wire_unchanged():
     r = Request([5, 6, 7], 4, seed=11, sampling=SlotSampling(temperature=0.0), request_id=9)
     r.max_new_tokens = 12
     back = pod.decode_request(pod.encode_request(r))
-    assert (back.prompt_tokens, back.num_samples, back.seed, back.request_id) == ([5, 6, 7], 4, 11, 9)
+    assert (back.prompt_tokens, back.num_samples, back.seed, back.request_id) == (
+        [5, 6, 7],
+        4,
+        11,
+        9,
+    )
     assert back.sampling == r.sampling and back.max_new_tokens == 12
     plain = pod.decode_request(pod.encode_request(Request([1], 2, seed=3)))
     assert plain.sampling is None
