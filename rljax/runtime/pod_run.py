@@ -278,7 +278,7 @@ class PodRun(Run):
         self.publish()
 
     def save(self, *, force: bool = False) -> None:
-        """The leader decides and sends the meta; the learner processes write the arrays."""
+        """The leader decides and sends the meta; every process then saves (:meth:`save_state`)."""
         version = self.learner.version
         ck = self.cfg.checkpoint
         if not ck.enabled or version == self._last_saved:
@@ -293,9 +293,7 @@ class PodRun(Run):
                 data_state=data,
                 initial_accuracy=self.initial_accuracy,
                 metrics_offset=self.metrics.offset(),
-                extra={"driver": driver, "pod": self._shape()}
-                if driver
-                else {"pod": self._shape()},
+                extra={"pod": self._shape(), **({"driver": driver} if driver else {})},
                 config=self.cfg,
                 gather=False,
             )
@@ -326,7 +324,7 @@ class PodRun(Run):
             if self.driver is not None:
                 self.driver.stop()
         else:
-            self.channel.post(f"stop/{self.roles.me}", {})
+            self.channel.post(f"stop/{self.roles.me}", {}, overwrite=True)  # a second SIGTERM too
 
     def _poll_stop(self) -> None:
         if not self._stop_requested and self.channel.keys("stop"):
@@ -350,12 +348,12 @@ class PodRun(Run):
             return {"role": "sampler"}
         self.sampler.on_tick = self._poll_stop
         start = time.perf_counter()
-        try:
-            if self.resumed_meta is not None:
-                self.publish()  # the restored version, before anything samples
-            summary = super()._train()
-        finally:
-            self.sampler.ticks.flush("end")
+        if self.resumed_meta is not None:
+            self.publish()  # the restored version, before anything samples
+        summary = super()._train()
+        # Only on success: after an error the others learn of it from Channel.fail and exit
+        # non-zero instead of ending cleanly.
+        self.sampler.ticks.flush("end")
         summary["pod"] = {**self._shape(), "wall_s": time.perf_counter() - start}
         return summary
 
