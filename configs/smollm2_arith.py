@@ -12,15 +12,19 @@ reply. No warm start: the instruct model already answers.
 "What is a+b? Answer with just the number." with operands below 100, where the model starts
 weak (greedy, 48 problems before choosing: 13 % on this task, 0 % with 3- or 4-digit operands
 or subtraction, 15 % on 2-digit products). Sync GRPO, 15 steps of 4 prompts x 8 samples at
-temperature 0.7, up to 16 new tokens, Adam at 3e-5, greedy held-out accuracy on 96 problems
-(binomial SE about 0.04-0.05) every 5 steps. Measured under load 4-9, untuned (the first two
-runs of this recipe), held-out accuracy at steps 0/5/10/15:
+temperature 0.7, up to 16 new tokens, Adam at 1e-5, greedy held-out accuracy on 96 problems
+(binomial SE 0.04-0.05) every 5 steps; 16-21 minutes wall under load 4-9. ``--config.seed``
+changes the held-out set, the prompt order and the sampling. Held-out accuracy at steps
+0/5/10/15, in the order measured:
 
-- seed 0: 0.208 -> 0.396 -> 0.542 -> 0.458; 21 min wall (1224 s after the model load); phases
-  learn 749 s, generate 283 s, eval 177 s, weight_sync 13 s.
-- ``--config.seed=1`` (another held-out set and prompt order): 0.177 -> 0.302 -> 0.104 ->
-  0.094; 18 min wall. The policy's entropy fell from 1.0 to about 0.1 by step 4 and the
-  training reward to 0 at steps 7-8, 10-12: at 3e-5 the gain does not survive every seed.
+- 3e-5 (the first recipe, untuned), seed 0: 0.208 0.396 0.542 0.458 (21 min wall;
+  1224 s after the model load: learn 749 s, generate 283 s, eval 177 s, weight_sync 13 s).
+- 3e-5, seed 1: 0.177 0.302 0.104 0.094 (18 min). Entropy fell from 1.0 to 0.1 by step 4
+  and the training reward to 0 at steps 7-8 and 10-12: a collapse.
+- 1e-5 (tuned: the one change made after seeing seed 1 collapse), seed 1: 0.177 0.344 0.479
+  0.521 (16.5 min; 960 s after the model load: learn 594 s, generate 213 s, eval 139 s,
+  weight_sync 14 s); entropy stayed 0.23-0.54.
+- 1e-5, seed 2 (never run before): 0.219 0.615 0.542, step 15 still running at commit.
 """
 
 import ml_collections
@@ -91,7 +95,8 @@ def recipe(variant: str = "") -> RunConfig:
                 "sampling.max_concurrent_decodes": 96,
                 "learner.group_size": 8,
                 "learner.batch_groups": 4,
-                "learner.learning_rate": 3e-5,
+                # 3e-5 collapsed on seed 1 (the docstring); 1e-5 still moves it in 15 steps.
+                "learner.learning_rate": 1e-5,
                 "data.heldout_size": 96,
                 "num_steps": 15,
                 "eval_every": 5,
