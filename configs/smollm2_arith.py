@@ -24,7 +24,9 @@ changes the held-out set, the prompt order and the sampling. Held-out accuracy a
 - 1e-5 (tuned: the one change made after seeing seed 1 collapse), seed 1: 0.177 0.344 0.479
   0.521 (16.5 min; 960 s after the model load: learn 594 s, generate 213 s, eval 139 s,
   weight_sync 14 s); entropy stayed 0.23-0.54.
-- 1e-5, seed 2 (never run before): 0.219 0.615 0.542, step 15 still running at commit.
+- 1e-5, seed 2 (never run before): 0.219 0.615 0.542 0.469 (19.5 min; 1135 s: learn 730 s,
+  generate 259 s, eval 132 s, weight_sync 13 s). It peaks at step 5 and then slips back, as
+  seed 0 did at 3e-5 after step 10: the gain holds but is not monotone.
 """
 
 import ml_collections
