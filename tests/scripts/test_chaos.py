@@ -179,14 +179,18 @@ def test_too_few_steps_for_the_interruptions(chaos, tmp_path):
 
 
 def test_quick_chaos_run(chaos, tmp_path):
-    """Two SIGKILLs each of the small sync and async runs; every audit passes."""
+    """Two SIGKILLs of the small sync run; every audit passes. (``--quick`` adds the async
+    scenario; CI leaves it to tests/runtime/test_run_async.py and the pod's kill and resume in
+    tests/runtime/test_pod.py, for time.)"""
     out = io.StringIO()
+    argv = ["--scenarios=sync", "--kills=2", "--terms=0", "--no_baseline", "--num_steps=5"]
     with contextlib.redirect_stdout(out):
-        figures = chaos.main(["--quick", f"--workdir={tmp_path}", "--seed=1"])
+        figures = chaos.main([*argv, f"--workdir={tmp_path}", "--seed=1"])
     assert json.loads(out.getvalue().strip().splitlines()[-1]) == json.loads(
         json.dumps(figures, default=str)
     )
-    for name in ("sync", "async"):
+    assert list(figures["scenarios"]) == ["sync"]
+    for name in ("sync",):
         r = figures["scenarios"][name]
         assert r["failures"] == [], r
         assert r["sigkills"] + r["not_sent"] == 2 and r["sigkills"] >= 1
