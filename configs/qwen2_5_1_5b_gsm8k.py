@@ -1,9 +1,11 @@
-"""GRPO on GSM8K from Qwen2.5-1.5B-Instruct, one TPU host: ``:v5e8`` (default) or ``:v6e8``.
+"""GRPO on GSM8K from Qwen2.5-1.5B-Instruct, one TPU host: ``:v5e8`` (default) or ``:v6e8``;
+two v5e-8 slices (multislice): ``:v5e8x2``.
 
     rljax --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8 --workdir=gs://BUCKET/runs/q15_gsm8k \
       --config.init=gs://BUCKET/models/Qwen2.5-1.5B-Instruct \
       --config.data.path=gs://BUCKET/data/gsm8k/train.jsonl
     python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8   # fits?
+    python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8x2
 
 ``init`` must be a Hugging Face directory (config.json, safetensors, tokenizer.json); the
 architecture below is ``model_config('qwen2.5-1.5b')`` and the checkpoint's config.json must
@@ -30,6 +32,15 @@ pool and staged weights are half of these in bf16:
   * ``:v6e8`` (32 GiB): learner params 1.44 + Adam 2.88 + temp 17.24 = 21.56; sampler
     weights 5.75 + KV pool 4.38 (56 KiB/token x 256 slots x 1280 tokens / 4) + temp 0.32 +
     staged weights 5.75 = 16.20.
+``:v5e8x2`` (two v5e-8 slices joined over DCN, ``mesh.num_slices=2``, ``slice_layout=
+'by_role'``; launch in docs/tpu.md, "Multislice"): ``:v5e8`` doubled at the same load per
+chip. Slice 0 samples (data=4 x tensor=2, 512 slots, 128 per replica), slice 1 learns
+(fsdp=8; B=64 x G=8 = 512 sequences in 16 micro-batches of 32 rows x 768 tokens), eta = 1.
+Each publish sends one bf16 copy across DCN to one sampler replica and fans it out over ICI
+(``rljax.mesh.fan_out``) in a one-process run; a two-process pod run moves it with the pod's
+union transfer instead (docs/multihost.md). Planned GiB per chip (bf16 sampler): learner
+0.72 + Adam 1.44 + temp 8.92 = 11.08; sampler weights 1.44 + KV pool 1.31 + temp 6.19 +
+staged weights 1.44 = 10.38, of 16.
 The plan is a CPU proxy, not a TPU measurement: the same shardings and buffers, but another
 fusion, and the XLA attention (with [T, T] scores) where the TPU runs the Pallas kernel.
 """
@@ -51,7 +62,7 @@ from rljax.config import (
 from rljax.models.families import model_config
 
 # Variant -> (chip in rljax.sim.chips, chips); scripts/plan_memory.py plans against these.
-TARGETS = {"v5e8": ("tpu-v5e", 8), "v6e8": ("tpu-v6e", 8)}
+TARGETS = {"v5e8": ("tpu-v5e", 8), "v6e8": ("tpu-v6e", 8), "v5e8x2": ("tpu-v5e", 16)}
 VARIANTS = tuple(TARGETS)  # the first is the default
 PRESET = "qwen2.5-1.5b"
 
@@ -111,6 +122,22 @@ def recipe(variant: str = "") -> RunConfig:
         eval_every=50,
         eval_examples=256,
     )
+    if variant == "v5e8x2":
+        # Two v5e-8 slices: v5e8 doubled at the same load per chip, one role per slice.
+        cfg = replace(
+            cfg,
+            **{
+                "learner.batch_groups": 64,
+                "sampling.max_concurrent_decodes": 512,
+                "mesh.num_slices": 2,
+                "mesh.slice_layout": "by_role",
+                "mesh.sampler_devices": 8,
+                "mesh.learner_devices": 8,
+                "mesh.sampler_data": 4,
+                "mesh.learner_fsdp": 8,
+                "reward.num_workers": 16,
+            },
+        )
     if variant == "v6e8":
         cfg = replace(
             cfg,

@@ -23,11 +23,13 @@ generate while hosts 2-3 train, as one program (a pod run: process 0 takes every
 the others replay it, weights move over ICI in one computation over both meshes;
 docs/multihost.md).
 Expected memory per chip (``scripts/plan_memory.py``, XLA's memory analysis on a fake 16-device
-CPU mesh; table in docs/benchmarks.md, planned with an f32 sampler: in bf16 its weights, KV pool
-and staged update are half), GiB of v5p's 95: learner params 3.81 + Adam 7.63 +
-temp (grads, accumulator, activations) 28.07 = 39.51; sampler weights 7.63 + KV pool 11.25
-(f32, 288 KiB/token x 256 slots x 1280 tokens / 8) + temp 0.48 + a staged weight update 7.63
-= 26.99. Both leave over half the HBM free, room for longer answers or more slots.
+CPU mesh, re-run for this async recipe with its bf16 sampler; table in docs/benchmarks.md),
+GiB of v5p's 95: learner params 3.81 + Adam 7.63 + temp (grads, accumulator, activations)
+28.07 = 39.51; sampler weights 3.81 + KV pool 5.63 (bf16, 144 KiB/token x 256 slots x 1280
+tokens / 8) + temp 18.50 + a staged weight update 3.81 = 31.76. The sampler's temp is mostly
+a CPU artefact (XLA's CPU backend plans f32 copies of the bf16 weights and pool, 7.63 + 11.25;
+a TPU computes bf16 natively). Both leave over half the HBM free, room for longer answers or
+more slots.
 """
 
 import ml_collections

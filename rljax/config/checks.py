@@ -11,6 +11,7 @@ LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
 SWAP_MODES = ("inflight", "recompute", "drain")
 TASKS = ("arithmetic", "gsm8k", "math")
 MESH_MODES = ("colocated", "split")
+SLICE_LAYOUTS = ("by_role", "spread")  # multislice: whole slices per role, or both on every one
 # Activation rematerialisation of the training decoder block: 'none' keeps every activation,
 # 'full' recomputes the block in the backward pass, the rest name jax.checkpoint_policies.
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")

@@ -17,6 +17,7 @@ from rljax.config.checks import (
     MESH_MODES,
     REMAT,
     SFT_TEACHERS,
+    SLICE_LAYOUTS,
     SWAP_MODES,
     TASKS,
     _fail,
@@ -330,6 +331,9 @@ class MeshConfig:
     with a new split (``Run.resize``); chips move ``reallocate_granularity`` at a time. The
     policy's own settings (the least chips per side, thresholds, hysteresis) are the
     ``reallocator`` section, shared with the simulator.
+
+    ``num_slices`` > 1: a multislice job (``rljax.mesh.slices``); ``slice_layout='by_role'``
+    gives each role whole slices, ``'spread'`` spreads both meshes over every slice.
     """
 
     mode: str = "colocated"
@@ -342,9 +346,15 @@ class MeshConfig:
     reallocate: bool = False
     reallocate_every: int = 5  # learner steps per reallocation phase
     reallocate_granularity: int = 1  # chips per move (a host's chips on a pod slice)
+    num_slices: int = 1  # slices joined over DCN (1: one slice, or the CPU)
+    slice_layout: str = "by_role"  # by_role | spread (see above)
 
     def __post_init__(self):
         _one_of("mesh.mode", self.mode, MESH_MODES)
+        _positive("mesh.num_slices", self.num_slices)
+        _one_of("mesh.slice_layout", self.slice_layout, SLICE_LAYOUTS)
+        if self.num_slices > 1 and self.reallocate:
+            _fail("mesh.reallocate", True, "False with mesh.num_slices > 1 (chips move in slices)")
         if self.mode == "split":
             for k in ("sampler_devices", "learner_devices"):
                 v = getattr(self, k)

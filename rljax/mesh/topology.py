@@ -5,6 +5,12 @@ its role's axes); the runtime time-shares them, which is the synchronous baselin
 ``split``: the first ``sampler_devices`` devices form the sampler mesh and the next
 ``learner_devices`` the learner mesh; the two are disjoint, so weights cross between them with
 ``jax.device_put`` (a jit cannot write outputs onto a disjoint mesh).
+
+With ``num_slices`` > 1 (multislice, :mod:`rljax.mesh.slices`) each mesh is a hybrid mesh
+whose DCN axis (sampler ``data``, learner ``fsdp``) alone crosses slices. ``slice_layout``
+``'by_role'`` gives each role whole slices, the sampler the first; ``'spread'`` cuts every
+slice the same way, its first ``sampler_devices / num_slices`` devices to the sampler and the
+next ``learner_devices / num_slices`` to the learner, so both meshes span every slice.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ import jax
 from jax.sharding import Mesh
 
 from rljax.config import ConfigError, MeshConfig
+from rljax.mesh.slices import (
+    SliceMap,
+    check_whole_slices,
+    hybrid_mesh,
+    slice_groups,
+    slice_map,
+)
 from rljax.models.sharding import make_mesh
 from rljax.policy.reallocation import Split
 
@@ -28,6 +41,12 @@ class Topology:
     sampler: Mesh
     learner: Mesh
     colocated: bool
+    # (device id, slice) of every device when the job has several slices; () for one slice.
+    slices: SliceMap = ()
+
+    @property
+    def num_slices(self) -> int:
+        return len({s for _, s in self.slices}) or 1
 
     @property
     def sampler_devices(self) -> int:
@@ -60,6 +79,8 @@ def build_topology(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     devices = list(jax.devices() if devices is None else devices)
     learner_axes = {"fsdp": cfg.learner_fsdp, "tensor": cfg.learner_tensor}
     sampler_axes = {"data": cfg.sampler_data, "tensor": cfg.sampler_tensor}
+    if cfg.num_slices > 1:
+        return _multislice(cfg, devices, sampler_axes, learner_axes)
     if cfg.mode == "colocated":
         return Topology(
             sampler=_axes_mesh(devices, sampler_axes, "mesh.sampler_*"),
@@ -79,6 +100,49 @@ def build_topology(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
         learner=_axes_mesh(devices[cfg.sampler_devices : need], learner_axes, "mesh.learner_*"),
         colocated=False,
     )
+
+
+def _multislice(cfg: MeshConfig, devices, sampler_axes, learner_axes) -> Topology:
+    """Hybrid meshes over ``cfg.num_slices`` slices (see the module docstring)."""
+    groups = slice_groups(devices, cfg.num_slices)
+    smap = slice_map(groups)
+
+    def meshes(sampler_groups, learner_groups) -> tuple:
+        return (
+            hybrid_mesh(sampler_groups, sampler_axes, "data", "mesh.sampler_*"),
+            hybrid_mesh(learner_groups, learner_axes, "fsdp", "mesh.learner_*"),
+        )
+
+    if cfg.mode == "colocated":
+        sampler, learner = meshes(groups, groups)
+        return Topology(sampler, learner, colocated=True, slices=smap)
+    if cfg.slice_layout == "by_role":
+        check_whole_slices(groups, cfg.sampler_devices, cfg.learner_devices)
+        per = len(groups[0])
+        s, n = cfg.sampler_devices // per, (cfg.sampler_devices + cfg.learner_devices) // per
+        sampler, learner = meshes(groups[:s], groups[s:n])
+        return Topology(sampler, learner, colocated=False, slices=smap)
+    k = len(groups)  # spread: every slice is cut the same way
+    for key, v in (
+        ("mesh.sampler_devices", cfg.sampler_devices),
+        ("mesh.learner_devices", cfg.learner_devices),
+    ):
+        if v % k:
+            raise ConfigError(
+                f"config key '{key}' = {v} is invalid: expected a multiple of mesh.num_slices = "
+                f"{k} (slice_layout='spread' cuts every slice alike)"
+            )
+    s, n = cfg.sampler_devices // k, (cfg.sampler_devices + cfg.learner_devices) // k
+    if n > len(groups[0]):
+        raise ConfigError(
+            f"config key 'mesh.sampler_devices' + 'mesh.learner_devices' = {n * k} is invalid: "
+            f"spread over {k} slices that needs {n} devices per slice and a slice has "
+            f"{len(groups[0])}; shrink the split"
+        )
+    for g in groups:
+        check_host_boundary(g[:n], s)
+    sampler, learner = meshes([g[:s] for g in groups], [g[s:n] for g in groups])
+    return Topology(sampler, learner, colocated=False, slices=smap)
 
 
 def check_host_boundary(devices: Sequence, sampler_devices: int) -> None:

@@ -8,6 +8,10 @@ returns the newest published ``(params, version)``; the sampler takes it at its 
 boundary, per its swap mode. Every publish is timed and its bytes counted. ``copy(params)`` is
 the same cast and copy without publishing (the sampler's first params).
 
+Given the topology's ``slices`` (a multislice job), the copy is the two-stage plan of
+:mod:`rljax.mesh.fan_out`: one copy crosses into each sampler slice over DCN, then it is
+replicated over ICI; ``SyncStats.stage_bytes`` counts the first stage's bytes.
+
 :func:`sampler_model` gives the engine the model in the sampler's dtype, so a bfloat16 sampler
 also computes its activations and holds its KV pages in bfloat16 (logits stay float32).
 """
@@ -25,6 +29,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.config import ModelConfig
+from rljax.mesh.fan_out import fan_out, stage_bytes
+from rljax.mesh.slices import SliceMap
 from rljax.models.transformer import Decoder
 
 # Publishes kept in WeightSync.history (the newest; the driver and reallocator read the last).
@@ -36,6 +42,7 @@ class SyncStats:
     version: int
     bytes: int
     seconds: float
+    stage_bytes: int = 0  # multislice: bytes of stage 1, the copy that crosses slices
 
 
 class WeightSync:
@@ -47,6 +54,7 @@ class WeightSync:
         *,
         dtype: str | None = None,
         every: int = 1,
+        slices: SliceMap = (),
     ):
         if every < 1:
             raise ValueError(f"every={every}: publish at least every step (>= 1)")
@@ -54,6 +62,9 @@ class WeightSync:
         # Floating leaves are cast to ``dtype`` on the learner side; None keeps theirs.
         self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.every = every
+        # Two stages (DCN once, then ICI) only when the job has several slices.
+        self.slices = slices if len({s for _, s in slices}) > 1 else ()
+        self._stage_bytes = 0
         self._lock = threading.Lock()
         self._latest: tuple[object, int] | None = None
         # The newest publishes only (one a step; a long run must not grow host memory).
@@ -75,7 +86,11 @@ class WeightSync:
             for x in jax.tree.leaves(params)
         )
         src = self._cast(params) if needs_cast else params
-        return jax.device_put(src, self._target_shardings(src), may_alias=False)
+        if not self.slices:
+            return jax.device_put(src, self._target_shardings(src), may_alias=False)
+        out, staged = fan_out(src, self._target_shardings(src), self.slices)
+        self._stage_bytes = stage_bytes(staged)
+        return out
 
     def retarget(self, target_shardings: Callable) -> None:
         """Publish onto new sampler shardings from now on (a resize rebuilt the sampler mesh).
@@ -98,7 +113,7 @@ class WeightSync:
         if block:
             jax.block_until_ready(copy)
         nbytes = sum(x.nbytes for x in jax.tree.leaves(copy))
-        stats = SyncStats(version, nbytes, time.perf_counter() - start)
+        stats = SyncStats(version, nbytes, time.perf_counter() - start, self._stage_bytes)
         with self._lock:
             if self._latest is None or version > self._latest[1]:
                 self._latest = (copy, version)

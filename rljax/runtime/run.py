@@ -138,9 +138,7 @@ class Run:
                 cfg, self.topology.learner, self.loss, self.ckpt
             )
         else:
-            self.model_cfg, self.learner = resume.new_learner(
-                cfg, self.topology.learner, self.loss
-            )
+            self.model_cfg, self.learner = resume.new_learner(cfg, self.topology.learner, self.loss)
         self.graphdef = self.learner.graphdef  # the engine's is in sampling.dtype:
         self.sampler_model = sampler_model(self.model_cfg, self.graphdef, cfg.sampling.dtype)
         self.timeline = Timeline()
@@ -161,16 +159,16 @@ class Run:
         )
         if cfg.sft.steps:
             check_divisible("sft.batch_size", cfg.sft.batch_size, self.learner.dp)
-        self.weight_sync = WeightSync(self.engine.param_shardings, dtype=cfg.sampling.dtype)
+        self.weight_sync = WeightSync(
+            self.engine.param_shardings, dtype=cfg.sampling.dtype, slices=self.topology.slices
+        )
         # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
         self.engines, self.learners = MeshCache(), MeshCache()
         self.engines.put(self.topology.sampler, self.engine)
         self.learners.put(self.topology.learner, self.learner)
         # Called as hook(run, step) on the learner thread at each step boundary (see resize).
         self.step_hooks: list[Callable[[Run, int], None]] = []
-        self.reallocation = (
-            Reallocation(cfg.mesh, cfg.reallocator) if cfg.mesh.reallocate else None
-        )
+        self.reallocation = Reallocation(cfg.mesh, cfg.reallocator) if cfg.mesh.reallocate else None
         self.sampler = Sampler(
             self.engine,
             self.weight_sync.copy(self.learner.params),
@@ -436,9 +434,7 @@ class Run:
         if self.resumed_meta is None:
             self._warm_start()
             self.initial_accuracy = self.evaluate(0, "eval_initial")
-            self.metrics.print(
-                f"held-out accuracy after warm start: {self.initial_accuracy:.3f}"
-            )
+            self.metrics.print(f"held-out accuracy after warm start: {self.initial_accuracy:.3f}")
         else:
             self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
         self.driver = self._make_driver()
@@ -497,4 +493,3 @@ def _debug(event: str, **fields: Any) -> None:
     """One JSON line per data event, for --logger_levels=rljax.runtime.run:DEBUG."""
     if log.isEnabledFor(logging.DEBUG):
         log.debug("data %s %s", event, json.dumps(fields))
-
