@@ -20,8 +20,10 @@ the orchestrator's ``isinstance`` checks hold.
   is a moment away: insert waits up to ``BUSY_SLOT_GRACE_S`` for it, then refuses the busy
   slot.
 - A slot that holds ``max_seq_len`` tokens stops: ``generate`` reports it ``valid = False``
-  and takes no page for it, until ``free_resource``. JetStream's orchestrator steps a finished
-  slot until its detokenize thread frees it, so this must not raise.
+  and takes no page for it, until ``free_resource`` (JetStream's orchestrator steps a finished
+  slot until its detokenize thread frees it).
+- The params are in the engine's ``layer_layout`` (``sampling.layer_layout``): ``load_params``
+  and the Sampler convert a learner-layout state (:meth:`Engine.serving_params`).
 
 Decode state lives on the sampler mesh. Keys and values sit in a page pool [L, K, P, Z, H];
 each slot owns a row of the page table. A host-side :class:`SlotPages` hands out pages as
@@ -58,14 +60,16 @@ from rljax.engine.state import (
 )
 from rljax.engine.steps import build_steps
 from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
-from rljax.engine.weights import load_checkpoint
+from rljax.engine.weights import load_checkpoint, resolve_layer_layout
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
     axis_size,
+    divisible_or_replicated,
     state_shardings,
     with_shardings,
 )
+from rljax.models.transformer import unstack_layers
 
 __all__ = ["Engine", "DecodeState", "Prefix", "ResultTokens", "SlotData", "SlotSampling"]
 
@@ -133,6 +137,7 @@ class Engine:
         self._parked = False  # host slots freed since the device state last saw the table
         self._base_key = jax.random.key(seed)
         self._prefills = itertools.count()
+        self.layer_layout = resolve_layer_layout(sampling_cfg.layer_layout, mesh)
         self._steps = build_steps(self)
 
     # -- JetStream properties ---------------------------------------------------------------
@@ -176,13 +181,17 @@ class Engine:
         return NamedSharding(self._mesh, PartitionSpec())
 
     def param_shardings(self, params: nnx.State):
-        """The sampler's shardings for a params state of this model."""
+        """The sampler's shardings for a params state of this model (either layer layout)."""
         return state_shardings(params, self._mesh, self._rules)
+
+    def serving_params(self, params: nnx.State) -> nnx.State:
+        """``params`` (on the sampler mesh) in ``layer_layout``: sliced per layer once, here."""
+        return unstack_layers(params) if self.layer_layout == "per_layer" else params
 
     def get_prefix_destination_sharding(self) -> Prefix:
         """Where a Prefix must live before ``insert``: a Prefix of shardings."""
         kv = self._sharding(None, None, "kv_heads", None)
-        kv = _divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
+        kv = divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
         rep = self._replicated()
         return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)
 
@@ -196,7 +205,7 @@ class Engine:
         else:
             pages = self._sharding(None, "kv_heads", None, None, None)
             slot = table = self._replicated()
-        pages = _divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
+        pages = divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
         s = slot
         return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)
 
@@ -210,14 +219,16 @@ class Engine:
         never alias them, even when both roles share devices.
         """
         del args, kwargs  # JetStream passes loader-specific options; none apply here
-        if params is None and self.checkpoint is not None:
-            return load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
-        if params is None:
+        if params is not None:
+            params = jax.device_put(params, self.param_shardings(params), may_alias=False)
+        elif self.checkpoint is not None:
+            params = load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
+        else:
             raise ValueError(
                 "load_params() needs the params to serve: pass a params state, e.g. "
                 "load_params(learner.params), or build the Engine with checkpoint=PATH"
             )
-        return jax.device_put(params, self.param_shardings(params), may_alias=False)
+        return self.serving_params(params)
 
     def get_tokenizer(self) -> TokenizerParameters:
         """Where the tokenizer lives (JetStream's ``TokenizerParameters``)."""
@@ -487,12 +498,3 @@ class Engine:
         abstract = jax.eval_shape(self._steps.make_state)
         state = with_shardings(abstract, self.decode_state_shardings())
         return self._steps.lower_generate(params, state)
-
-
-def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
-    """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
-    if size % axis_size(sharding.mesh, sharding.spec[dim]) == 0:
-        return sharding
-    spec = list(sharding.spec)
-    spec[dim] = None
-    return NamedSharding(sharding.mesh, PartitionSpec(*spec))

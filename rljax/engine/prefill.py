@@ -144,9 +144,7 @@ def warm_up(engine, params, *, num_samples: int = 1) -> int:
                 inserts.append(([0], list(range(min(width, slots)))))
                 width *= 2
             for samples, used in inserts:
-                state = engine.bulk_insert(
-                    prefix.select(samples), engine.init_decode_state(), used
-                )
+                state = engine.bulk_insert(prefix.select(samples), engine.init_decode_state(), used)
                 engine.generate(params, state)
                 for slot in used:
                     engine.free_resource(slot)
