@@ -445,6 +445,15 @@ def unstack_layers(state: nnx.State) -> nnx.State:
     return out
 
 
+def stack_layers(state: nnx.State) -> nnx.State:
+    """The inverse of :func:`unstack_layers`: per-layer tuples stacked back into [L, ...]."""
+    out = jax.tree.map(lambda v: v, state)
+    for name in LAYER_PARAMS:
+        if name in out and isinstance(out[name].get_value(), tuple):
+            out[name] = out[name].replace(jnp.stack(out[name].get_value()))
+    return out
+
+
 def abstract_decoder(cfg: ModelConfig) -> Decoder:
     """The model with ShapeDtypeStructs for weights: a restore target, never materialised."""
     return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
