@@ -70,8 +70,13 @@ def sample(
             scaled,
         )
     logp = jax.nn.log_softmax(scaled, axis=-1)
-    drawn = jax.vmap(jax.random.categorical)(keys_b, scaled)
     argmax = jnp.argmax(logits_bv, axis=-1)
+    # A batch of greedy rows (evaluation) skips the Gumbel noise: [rows, V] random bits a step.
+    drawn = jax.lax.cond(
+        jnp.all(greedy_b),
+        lambda: argmax,
+        lambda: jax.vmap(jax.random.categorical)(keys_b, scaled),
+    )
     tokens = jnp.where(greedy_b, argmax, drawn).astype(jnp.int32)
     greedy_logp = jnp.take_along_axis(jax.nn.log_softmax(logits_bv, -1), argmax[:, None], -1)
     token_logp = jnp.take_along_axis(logp, tokens[:, None], axis=-1)
