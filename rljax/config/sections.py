@@ -338,6 +338,11 @@ class MeshConfig:
     policy's own settings (the least chips per side, thresholds, hysteresis) are the
     ``reallocator`` section, shared with the simulator.
 
+    ``resize_schedule`` resizes at fixed versions instead: ``'3:2/6,5:4/4'`` moves to 2 sampler
+    and 6 learner devices at the step boundary where the learner reaches version 3, and back to
+    4/4 at version 5. A relaunch starts from ``sampler_devices``/``learner_devices`` again. On a
+    pod each side must stay whole hosts.
+
     ``num_slices`` > 1: a multislice job (``rljax.mesh.slices``); ``slice_layout='by_role'``
     gives each role whole slices, ``'spread'`` spreads both meshes over every slice.
     """
@@ -352,6 +357,7 @@ class MeshConfig:
     reallocate: bool = False
     reallocate_every: int = 5  # learner steps per reallocation phase
     reallocate_granularity: int = 1  # chips per move (a host's chips on a pod slice)
+    resize_schedule: str = ""  # 'version:sampler/learner,...' devices, e.g. '3:2/6,5:4/4'
     num_slices: int = 1  # slices joined over DCN (1: one slice, or the CPU)
     slice_layout: str = "by_role"  # by_role | spread (see above)
 
@@ -381,6 +387,30 @@ class MeshConfig:
             )
         for k in ("reallocate_every", "reallocate_granularity"):
             _positive(f"mesh.{k}", getattr(self, k))
+        if self.resize_schedule and (self.mode != "split" or self.reallocate):
+            _fail(
+                "mesh.resize_schedule",
+                self.resize_schedule,
+                "'' unless mesh.mode='split' and mesh.reallocate is off (one of the two decides)",
+            )
+        self.scheduled_splits()  # refuses a schedule that does not parse
+
+    def scheduled_splits(self) -> dict[int, tuple[int, int]]:
+        """``resize_schedule`` as {version: (sampler devices, learner devices)}."""
+        out: dict[int, tuple[int, int]] = {}
+        want = "'version:sampler/learner,...' with integers > 0 and rising versions, e.g. '3:2/6'"
+        if not isinstance(self.resize_schedule, str):
+            _fail("mesh.resize_schedule", self.resize_schedule, want)
+        for entry in filter(None, self.resize_schedule.replace(" ", "").split(",")):
+            try:
+                version, sides = entry.split(":")
+                numbers = (int(version), *map(int, sides.split("/")))
+            except ValueError:
+                numbers = ()
+            if len(numbers) != 3 or min(numbers) < 1 or numbers[0] <= max(out, default=0):
+                _fail("mesh.resize_schedule", self.resize_schedule, want)
+            out[numbers[0]] = numbers[1:]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,3 +145,30 @@ def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, syn
 
 def _example_id(example: Any) -> Any:
     return example.get("id") if isinstance(example, dict) else None
+
+
+# jax.monitoring events whose seconds count as compiling (tracing, lowering, XLA).
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_compile = {"seconds": 0.0, "listening": False}
+_compile_lock = threading.Lock()
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent compiling since the first call (a jax.monitoring listener)."""
+    with _compile_lock:
+        if not _compile["listening"]:
+            import jax
+
+            _compile["listening"] = True
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        return _compile["seconds"]
+
+
+def _on_duration(event: str, seconds: float, **_: Any) -> None:
+    if event in COMPILE_EVENTS:
+        with _compile_lock:
+            _compile["seconds"] += seconds

@@ -46,6 +46,7 @@ from rljax.mesh.topology import Topology
 from rljax.mesh.transfer import transfer
 from rljax.mesh.weight_sync import HISTORY, SyncStats
 from rljax.models.sharding import SAMPLER_RULES, state_shardings
+from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.rollout import decode_group, encode_group
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,28 @@ class Roles:
         return self.me == self.learner[0]
 
 
-def roles(topology: Topology, process_count: int | None = None, me: int | None = None) -> Roles:
-    """The pod's roles on a split ``topology``; one-line errors for splits a pod cannot run."""
+def roles(
+    topology: Topology,
+    process_count: int | None = None,
+    me: int | None = None,
+    per_host: int | None = None,
+) -> Roles:
+    """The pod's roles on a split ``topology``; one-line errors for splits a pod cannot run.
+
+    ``per_host``: devices per process (default: this process's). A split that cuts a host in
+    two is refused before, by ``build_topology``.
+    """
     process_count = jax.process_count() if process_count is None else process_count
     me = jax.process_index() if me is None else me
+    per_host = jax.local_device_count() if per_host is None else per_host
+    for side in ("sampler", "learner"):
+        n = getattr(topology, side).devices.size
+        if n % per_host:
+            raise ConfigError(
+                f"config key 'mesh.{side}_devices' = {n} is not whole hosts on a pod of "
+                f"{process_count} processes x {per_host} devices; use a multiple of {per_host} "
+                f"(sampler + learner = {process_count * per_host}, every device of the pod)"
+            )
     sampler = sorted({d.process_index for d in topology.sampler.devices.flat})
     learner = sorted({d.process_index for d in topology.learner.devices.flat})
     idle = sorted(set(range(process_count)) - set(sampler) - set(learner))
@@ -361,9 +380,11 @@ def make_pod_batch(groups) -> PodBatch:
 # -- the other processes ------------------------------------------------------------------------
 
 
-def follow_sampler(run, channel: Channel, sampler: Sampler, weights: PodWeights) -> None:
-    """A sampler follower: replays the leader's sampler operations until 'end'."""
-    k = 0
+def follow_sampler(
+    run, channel: Channel, sampler: Sampler, weights: PodWeights, k: int = 0
+) -> tuple[int, str, Any]:
+    """A sampler follower: replays the leader's sampler operations from tick ``k`` until 'end'
+    or 'resize'; returns (the next tick, that op, its argument)."""
     while True:
         report_progress(channel, k)
         for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
@@ -379,15 +400,17 @@ def follow_sampler(run, channel: Channel, sampler: Sampler, weights: PodWeights)
                 sampler.clear()
             elif op == "save":
                 run.save_state(arg["version"], arg["meta"], wait=arg["wait"])
-            elif op == "end":
-                return
+            elif op in ("end", "resize"):
+                return k + 1, op, arg
         k += 1
 
 
-def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles) -> None:
-    """A learner process: trains, sends weights and saves as the leader's ticks say."""
+def follow_learner(
+    run, channel: Channel, weights: PodWeights, roles: Roles, k: int = 0
+) -> tuple[int, str, Any]:
+    """A learner process: trains, sends weights and saves as the leader's ticks say, from tick
+    ``k`` until 'end' or 'resize'; returns (the next tick, that op, its argument)."""
     learner = run.learner
-    k = 0
     while True:
         report_progress(channel, k)
         for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
@@ -405,8 +428,10 @@ def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles) -> 
                         f"version {learner.version} (a bug in the tick stream)"
                     )
                 groups = [decode_group(g) for g in arg["groups"]]
+                compiled = compile_seconds()
                 metrics = learner.step(run.make_batch(groups))
                 if roles.is_learner_leader:
+                    metrics["compile_s"] = compile_seconds() - compiled
                     channel.post(f"done/{arg['version']}", _plain(metrics))
             elif op == "sft":
                 run.warm_start_learner()
@@ -414,8 +439,8 @@ def follow_learner(run, channel: Channel, weights: PodWeights, roles: Roles) -> 
                     channel.post("done/sft", {})
             elif op == "save":
                 run.save_state(arg["version"], arg["meta"], wait=arg["wait"])
-            elif op == "end":
-                return
+            elif op in ("end", "resize"):
+                return k + 1, op, arg
         k += 1
 
 

@@ -9,7 +9,8 @@ sampler followers and the learner processes replay them.
 Checkpoints hold what one host would hold: the learner's params and optimiser state (written
 by the learner processes, orbax restricted to them), and the leader's meta (buffer, pending
 prompts, prompt-stream state, metrics cursor) plus the pod's shape, so a resume with another
-process count or split is refused.
+process count is refused (another split of whole hosts is fine). A resize mid-run goes through
+such a checkpoint, in-process (:mod:`rljax.runtime.pod_resize`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -34,6 +36,7 @@ from rljax.learner.learner import Learner
 from rljax.learner.losses import get_loss
 from rljax.mesh import distributed
 from rljax.mesh.control import Channel
+from rljax.mesh.resize import MeshCache, Reallocation
 from rljax.mesh.topology import build_topology
 from rljax.mesh.transfer import transfer
 from rljax.mesh.weight_sync import sampler_model
@@ -45,9 +48,11 @@ from rljax.models.loading import (
     load_initial_params,
     load_tokenizer,
 )
+from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import pod, resume
+from rljax.runtime import pod, pod_resize, resizing, resume
+from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.run import Run
 
 
@@ -88,11 +93,20 @@ def check_pod(cfg: RunConfig) -> None:
             "config key 'lending.enabled' = True is single-process for now (a pod's lent chips "
             "would need their own tick stream); turn it off for a pod run"
         )
-    if cfg.mesh.reallocate:
+    if cfg.mesh.reallocate and cfg.mode != "async":
         raise ConfigError(
-            "config key 'mesh.reallocate' = True is single-host for now (a pod resizes only "
-            "between runs: relaunch with another mesh.sampler_devices); turn it off"
+            "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
+            "each role idles while the other works); set mode='async' or turn it off"
         )
+    resizes = cfg.mesh.reallocate or cfg.mesh.resize_schedule
+    if resizes and not cfg.checkpoint.enabled:
+        raise ConfigError(
+            "a pod resizes through a checkpoint (every process saves, rebuilds for the new "
+            "split, restores); set checkpoint.enabled=True, or turn mesh.reallocate and "
+            "mesh.resize_schedule off"
+        )
+    if cfg.mesh.reallocate:
+        pod_resize.check_granularity(cfg.mesh.reallocate_granularity, jax.local_device_count())
 
 
 class PodRun(Run):
@@ -123,24 +137,46 @@ class PodRun(Run):
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology = build_topology(cfg.mesh, self.devices)
         self.roles = pod.roles(self.topology)
+        pod_resize.check_schedule(self)
+        compile_seconds()  # from now on, count the seconds spent compiling
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
         )
         self.model_cfg = initial_model_config(cfg)
-        graphdef, abstract = abstract_params(self.model_cfg, self.topology.learner)
-        self.weights = pod.PodWeights(abstract, self.topology.sampler, cfg.sampling.dtype)
-        self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype)
-        self.step_hooks, self.reallocation, self.lending = [], None, None
+        self.step_hooks, self.lending = [], None
+        # Only the leader's is used: it decides for the pod, from its own PhaseMeter.
+        self.reallocation = Reallocation(cfg.mesh, cfg.reallocator) if cfg.mesh.reallocate else None
         self.reward_failures: dict[str, int] = {}
-        self._stop_requested = False
+        self._stop_requested = self._preempted = False
+        self._resize_to: tuple | None = None  # (split, cause, when decided): the leader's
+        self.resizes, self._resize_record = 0, None
         self.last_metrics: dict[str, Any] = {}
         self.driver = None
         self.initial_accuracy = float("nan")
         self._last_saved = -1
-        self._build_state()
-        self._build_role(reward)
-        self.channel.barrier("built")
+        self._reward, self.rewards, self._ticks = reward, None, None
+        self.engines, self.learners = MeshCache(), MeshCache()  # per mesh, across resizes
+        self.tick = 0  # the next tick this process reads (a follower)
+        self.build_split()
+
+    def build_split(self) -> float:
+        """The parts that depend on the split (at start, and after each resize); returns the
+        seconds spent restoring a checkpoint."""
+        graphdef, abstract = abstract_params(self.model_cfg, self.topology.learner)
+        self.weights = pod.PodWeights(abstract, self.topology.sampler, self.cfg.sampling.dtype)
+        self.sampler_model = sampler_model(self.model_cfg, graphdef, self.cfg.sampling.dtype)
+        restore_s = self._build_state()
+        self._build_role(self._reward)
+        if not self.resizes:  # a resize's cost exchange is its barrier (pod_resize.rebuild)
+            self.channel.barrier("built")
+        return restore_s
+
+    def release_role(self) -> None:
+        """Let go of this process's role objects before a resize (their meshes are cached)."""
+        if self.roles.role == "learner":
+            self.learner.params = self.learner.opt_state = None
+        self.learner = self.sampler = self.real_sampler = self.engine = self.driver = None
 
     def _build_role(self, reward) -> None:
         cfg = self.cfg
@@ -148,26 +184,30 @@ class PodRun(Run):
             return
         version = self.learner_version
         model_cfg, graph = self.sampler_model
-        self.engine = Engine(
-            model_cfg, cfg.sampling, self.topology.sampler, graph, impl=cfg.kernel_impl
+        self.engine = self.engines.get(
+            self.topology.sampler,
+            lambda: Engine(
+                model_cfg, cfg.sampling, self.topology.sampler, graph, impl=cfg.kernel_impl
+            ),
         )
         stop_ids = sorted(self.tokenizer.stop_ids)
-        sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids)
+        # No weights until the first swap (an empty state: the engine lays out no layer).
+        sampler = Sampler(self.engine, nnx.State({}), version=version, stop_ids=stop_ids)
         if not self.roles.is_leader:
             self.real_sampler = sampler
             return
-        self.rewards = RewardPool(
-            reward,
-            num_workers=cfg.reward.num_workers,
-            timeout_s=cfg.reward.timeout_s,
-            mode=cfg.reward.mode,
-            on_failure=cfg.reward.on_failure,
-            batched=cfg.reward.batched,
-        )
+        if self.rewards is None:
+            self.rewards = RewardPool(
+                reward,
+                num_workers=cfg.reward.num_workers,
+                timeout_s=cfg.reward.timeout_s,
+                mode=cfg.reward.mode,
+                on_failure=cfg.reward.on_failure,
+                batched=cfg.reward.batched,
+            )
         self.weight_sync = pod.PodWeightSync()
-        self.sampler = pod.PodSampler(
-            sampler, pod.Ticks(self.channel), self.weights, self.weight_sync
-        )
+        self._ticks = self._ticks or pod.Ticks(self.channel)  # one tick count across resizes
+        self.sampler = pod.PodSampler(sampler, self._ticks, self.weights, self.weight_sync)
         self.learner = pod.RemoteLearner(self.sampler, self.channel, version)
         self.prompts = prompt_iterator(
             self.train_examples, batch_size=cfg.learner.batch_groups, seed=cfg.seed
@@ -179,8 +219,9 @@ class PodRun(Run):
         elif cfg.checkpoint.enabled:
             self.metrics.rewind(0)
 
-    def _build_state(self) -> None:
-        """The learner state: restored by every process from the newest checkpoint, or new.
+    def _build_state(self) -> float:
+        """The learner state: restored by every process from the newest checkpoint, or new;
+        returns the seconds the restore took.
 
         A checkpoint holds the state laid out over every device of the pod (the save layout,
         :func:`save_shardings`), so every process takes part in orbax's save and restore as on
@@ -206,9 +247,11 @@ class PodRun(Run):
         learner_state = (self.abstract.params, self.abstract.opt_state)
         self.save_layout = save_shardings(learner_state, self.devices)
         self.resumed_meta, restored = None, None
+        start = time.perf_counter()
         if resume.can_resume(self.ckpt):
-            where = str(self.ckpt.directory)
-            resume.check_resume_config(self.ckpt.read_meta(), cfg, where=where)
+            where, newest = str(self.ckpt.directory), self.ckpt.read_meta()
+            resume.check_resume_config(newest, cfg, where=where)
+            pod_resize.check_shape(newest.get("pod"), self._shape())  # before reading arrays
             saved = jax.tree.map(
                 lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                 learner_state,
@@ -217,38 +260,35 @@ class PodRun(Run):
             params, opt_state, self.resumed_meta = self.ckpt.restore(
                 abstract_params=saved[0], abstract_opt_state=saved[1], fallback=True
             )
-            self._check_shape(self.resumed_meta)
+            pod_resize.check_shape(self.resumed_meta.get("pod"), self._shape())
             targets = jax.tree.map(lambda x: x.sharding, learner_state)
             restored = transfer((params, opt_state), targets)
+        restore_s = time.perf_counter() - start
         meta = self.resumed_meta
         self.learner_version = 0 if meta is None else int(meta["version"])
         if self.roles.role != "learner":
-            return
+            return restore_s
+        cached = self.learners.peek(learner_mesh)
         if restored is None:
             self.model_cfg, self.learner = resume.new_learner(cfg, learner_mesh, self.loss)
-            return
-        ref = load_initial_params(cfg, learner_mesh)[2] if cfg.learner.beta > 0 else None
-        self.learner = resume.make_learner(
-            cfg,
-            graphdef,
-            restored[0],
-            learner_mesh,
-            self.loss,
-            ref_params=ref,
-            opt_state=restored[1],
-            version=self.learner_version,
-        )
-
-    def _check_shape(self, meta: dict[str, Any] | None) -> None:
-        saved = (meta or {}).get("pod")
-        shape = self._shape()
-        if saved is not None and saved != shape:
-            raise ConfigError(
-                f"the checkpoint was saved by a pod of {saved['processes']} processes "
-                f"({len(saved['sampler'])} sampler, {len(saved['learner'])} learner) but this run "
-                f"has {shape['processes']} ({len(shape['sampler'])} + {len(shape['learner'])}); "
-                "relaunch with the saving run's process count and mesh split, or a fresh workdir"
+        elif cached is not None:  # a mesh this process learned on before: compiled already
+            cached.params, cached.opt_state = restored
+            cached.version = self.learner_version
+            self.learner = cached
+        else:
+            ref = load_initial_params(cfg, learner_mesh)[2] if cfg.learner.beta > 0 else None
+            self.learner = resume.make_learner(
+                cfg,
+                graphdef,
+                restored[0],
+                learner_mesh,
+                self.loss,
+                ref_params=ref,
+                opt_state=restored[1],
+                version=self.learner_version,
             )
+        self.learners.put(learner_mesh, self.learner)
+        return restore_s
 
     def _shape(self) -> dict[str, Any]:
         r = self.roles
@@ -319,7 +359,7 @@ class PodRun(Run):
 
     def request_stop(self, *_: Any) -> None:
         """SIGTERM: the leader stops at the next step boundary; others tell the leader."""
-        self._stop_requested = True
+        self._stop_requested = self._preempted = True
         if self.roles.is_leader:
             if self.driver is not None:
                 self.driver.stop()
@@ -329,6 +369,33 @@ class PodRun(Run):
     def _poll_stop(self) -> None:
         if not self._stop_requested and self.channel.keys("stop"):
             self.request_stop()
+
+    def _at_boundary(self, step: int) -> None:
+        """The leader's safe point: a resize decided here stops the driver as SIGTERM would
+        (the boundary's checkpoint then holds everything in flight) and runs after it."""
+        for hook in list(self.step_hooks):
+            hook(self, step)
+        done = self.learner.version >= self.cfg.num_steps
+        if self._stop_requested or done or self.driver is None:
+            return
+        proposal = resizing.propose(self)
+        if proposal is not None:
+            split, cause = proposal
+            try:  # the schedule was checked at start; a policy may propose part of a host
+                pod_resize.check_split(self, split, what=f"the {cause} proposed")
+            except ConfigError as e:
+                self.metrics.print(f"{e}; staying")
+                return
+            self._resize_to = (split, cause, time.perf_counter())
+            self._stop_requested = True
+            self.driver.stop()
+
+    def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
+        super()._log_step(step, metrics)
+        record, self._resize_record = self._resize_record, None
+        if record is not None:  # the first step after a resize: what it compiled
+            record["first_step_compile_s"] = metrics.get("compile_s", 0.0)
+            self.metrics.write(record["version"], "resize", record)
 
     # -- phases ---------------------------------------------------------------------------------
 
@@ -340,22 +407,68 @@ class PodRun(Run):
             raise
 
     def _train_role(self) -> dict[str, Any]:
-        if self.roles.role == "learner":
-            pod.follow_learner(self, self.channel, self.weights, self.roles)
-            return {"role": "learner", "steps": self.learner.version}
-        if not self.roles.is_leader:
-            pod.follow_sampler(self, self.channel, self.real_sampler, self.weights)
-            return {"role": "sampler"}
-        self.sampler.on_tick = self._poll_stop
         start = time.perf_counter()
+        while True:
+            summary, resize = self._train_split()
+            if resize is None:
+                break
+            split, cause, decided = resize
+            record = pod_resize.rebuild(self, split, decided)
+            self.metrics_resize(record, cause)
+        if self.roles.is_leader:
+            summary["pod"] = {**self._shape(), "resizes": self.resizes}
+            summary["pod"]["wall_s"] = time.perf_counter() - start
+        return summary
+
+    def _train_split(self) -> tuple[dict[str, Any], tuple | None]:
+        """Run until the end or a resize: (summary, (split, cause, when decided) or None)."""
+        if self.roles.role == "learner":
+            self.tick, op, arg = pod.follow_learner(
+                self, self.channel, self.weights, self.roles, self.tick
+            )
+            summary = {"role": "learner", "steps": self.learner.version}
+        elif not self.roles.is_leader:
+            self.tick, op, arg = pod.follow_sampler(
+                self, self.channel, self.real_sampler, self.weights, self.tick
+            )
+            summary = {"role": "sampler"}
+        else:
+            summary, op, arg = self._lead()
+        if op == "end":
+            return summary, None
+        decided = arg.get("decided", time.perf_counter())  # a follower: when the tick came
+        return summary, (Split(*arg["split"]), arg["cause"], decided)
+
+    def _lead(self) -> tuple[dict[str, Any], str, Any]:
+        self.sampler.on_tick = self._poll_stop
         if self.resumed_meta is not None:
             self.publish()  # the restored version, before anything samples
         summary = super()._train()
+        resize, self._resize_to = self._resize_to, None
+        if resize is not None and not self._preempted:
+            split, cause, decided = resize
+            arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}
+            self.sampler.ticks.flush("resize", arg)
+            self._stop_requested = False
+            return summary, "resize", {**arg, "decided": decided}
         # Only on success: after an error the others learn of it from Channel.fail and exit
         # non-zero instead of ending cleanly.
         self.sampler.ticks.flush("end")
-        summary["pod"] = {**self._shape(), "wall_s": time.perf_counter() - start}
-        return summary
+        return summary, "end", None
+
+    def metrics_resize(self, record: dict[str, Any], cause: str) -> None:
+        """The leader logs a resize (completed by the first step after it, :meth:`_log_step`)."""
+        if not self.roles.is_leader:
+            return
+        self._resize_record = {**record, "cause": cause}
+        if self.reallocation is not None:  # the next decision weighs the measured cost
+            self.reallocation.switch_cost_s = record["seconds"]
+        self.metrics.print(
+            f"resized sampler/learner chips {record['from']} -> {record['to']} (hosts "
+            f"{record['hosts_from']} -> {record['hosts_to']}) in {record['seconds']:.1f} s: save "
+            f"{record['save_s']:.1f}, rebuild {record['rebuild_s']:.1f}, restore "
+            f"{record['restore_s']:.1f}, compile {record['compile_s']:.1f}"
+        )
 
 
 Run.pod_class = PodRun  # Run(cfg, ...) on a pod is a PodRun

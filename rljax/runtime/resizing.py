@@ -70,11 +70,23 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
 
 
 def maybe_reallocate(run) -> dict[str, Any] | None:
-    """At a step boundary: ask the reallocation policy, and resize if it proposes a split."""
-    r = run.reallocation
-    if r is None or run.driver is None:
+    """At a step boundary: resize if the schedule or the reallocation policy asks for a split."""
+    proposal = propose(run)
+    return None if proposal is None else resize(run, *proposal)
+
+
+def propose(run) -> tuple[Split, str] | None:
+    """(split, cause) that ``mesh.resize_schedule`` or the reallocation policy asks for at this
+    step boundary, validated by :func:`plan_resize`; None to stay. A pod's leader asks too."""
+    if run.driver is None:
         return None
-    if not r.due:
+    scheduled = run.cfg.mesh.scheduled_splits().get(run.learner.version)
+    if scheduled is not None:
+        split = Split(*scheduled)
+        plan_resize(run.cfg.mesh, split, run.devices, batch=run.cfg.learner.batch_size)
+        return (split, "schedule") if split != run.topology.split else None
+    r = run.reallocation
+    if r is None or not r.due:
         return None
     # Until a resize is measured: moving params and two Adam moments once (>= 3 syncs).
     history = run.weight_sync.history
@@ -93,4 +105,4 @@ def maybe_reallocate(run) -> dict[str, Any] | None:
     except ValueError as e:  # ConfigError too: the policy proposed a split that can't work
         run.metrics.print(f"reallocator proposed {target}; staying ({e})")
         return None
-    return resize(run, target, cause="reallocator")
+    return target, "reallocator"

@@ -125,8 +125,11 @@ def _host(tree):
 def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compiles):
     cfg = _cfg()
     base, base_rec = _train(cfg, tmp_path / "base", reward_fn=_length_reward)
-    plan = {0: Split(4, 4), 1: Split(6, 2)}
-    run, rec = _train(cfg, tmp_path / "resized", plan, reward_fn=_length_reward)
+    # To 4/4 from a step hook after step 0 (Run.resize), back to 6/2 by mesh.resize_schedule
+    # at version 2 (after step 1).
+    plan = {0: Split(4, 4)}
+    scheduled = replace(cfg, **{"mesh.resize_schedule": "2:6/2"})
+    run, rec = _train(scheduled, tmp_path / "resized", plan, reward_fn=_length_reward)
 
     # Same data, same steps, nothing lost or duplicated: ids 0..11 in three batches of four.
     expected = [list(range(i * BATCH_GROUPS, (i + 1) * BATCH_GROUPS)) for i in range(3)]
@@ -156,7 +159,8 @@ def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compile
         ("6/2", "4/4", 1),
         ("4/4", "6/2", 2),
     ]
-    assert all(r["seconds"] > 0 and r["cause"] == "api" for r in resizes)
+    assert [r["cause"] for r in resizes] == ["api", "schedule"]
+    assert all(r["seconds"] > 0 for r in resizes)
     assert [r["interrupted_requests"] for r in resizes] == [0, 0]  # eta = 0: none in flight
     trace = json.loads((tmp_path / "resized" / "trace.json").read_text())["traceEvents"]
     assert [e["args"]["to"] for e in trace if e["name"] == "resize"] == ["4/4", "6/2"]

@@ -3,8 +3,10 @@ on hosts 0-1 and the learner on hosts 2-3, running configs/arith_async.py with e
 
 One sequence of launches covers the pod's life: SIGTERM to all four (each exits 0 after a
 checkpoint), a relaunch that resumes, ``kill -9`` of a learner host (the others exit non-zero
-naming it), and a last relaunch that finishes. The audits read the metrics it left: every
-train step once, no consumed group staler than eta, weights moved across hosts every step.
+naming it), and a last relaunch that resizes the pod from 2+2 hosts to 1+3 and back mid-run
+(``mesh.resize_schedule``) before it finishes. The audits read the metrics it left: every train
+step once, no consumed group staler than eta, every prompt drawn consumed once or still held
+(no group lost or duplicated, resizes included), weights moved across hosts every step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rljax.configs import arith_async
 
 from rljax.testing import audit, pod
 
@@ -27,6 +30,8 @@ ARGV = [
     "--config.mesh.sampler_devices=4",
     "--config.mesh.learner_devices=4",
     f"--config.buffer.max_staleness={ETA}",
+    # 24 sequences a step: a learner of 4 or 6 devices (2+2 or 1+3 hosts) splits them evenly.
+    "--config.learner.group_size=6",
     "--config.sft.steps=0",
     f"--config.num_steps={STEPS}",
     "--config.eval_examples=4",
@@ -42,6 +47,11 @@ def _train_steps(workdir: Path) -> list[int]:
         return []
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return [r["step"] for r in rows if r.get("phase") == "train"]
+
+
+def _latest_checkpoint(workdir: Path) -> int:
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    return max(steps)
 
 
 def _wait(procs, until, what: str, limit_s: float = 600) -> None:
@@ -106,13 +116,31 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
             t[-2000:]
         )
 
-    # 3. Relaunch again: it finishes.
-    codes, text = pod.run(argv, processes=4, devices=2, logdir=logs, name="c", timeout=600)
+    # 3. Relaunch again: it resizes to 1+3 hosts after its first step, back to 2+2 after its
+    # second, and finishes with a third.
+    s = _latest_checkpoint(workdir)
+    steps = s + 3
+    resize = [
+        f"--config.num_steps={steps}",
+        f"--config.mesh.resize_schedule={s + 1}:2/6,{s + 2}:4/4",
+    ]
+    codes, text = pod.run(
+        [*argv, *resize], processes=4, devices=2, logdir=logs, name="c", timeout=600
+    )
     assert codes == [0, 0, 0, 0], text[0][-3000:]
     assert "resumed from checkpoint" in text[0]
     records = audit.read_metrics(workdir)
-    assert audit.audit_steps(records, STEPS) == []
+    resizes = [r for r in records if r["phase"] == "resize"]
+    assert [(r["hosts_from"], r["hosts_to"], r["step"]) for r in resizes] == [
+        ("2+2", "1+3", s + 1),
+        ("1+3", "2+2", s + 2),
+    ]
+    assert all(r["save_s"] > 0 and r["restore_s"] > 0 for r in resizes), resizes
+    assert audit.audit_steps(records, steps) == []
     assert audit.audit_staleness(records, ETA) == []
+    meta = audit.read_meta(workdir, steps)
+    drawn = audit.drawn_prompts(arith_async.recipe("small"), meta["data"])
+    assert audit.audit_prompts(records, audit.leftover_prompts(meta), drawn) == []
     train = [r for r in records if r["phase"] == "train"]
     # Weights crossed from the learner hosts to the sampler hosts (bytes counted per swap).
     assert all(r["sync_bytes"] > 0 for r in train[1:]), [r.get("sync_bytes") for r in train]

@@ -1,17 +1,20 @@
-"""runtime.pod: which process plays which role, the requests on the wire, and the one-line
-errors for pods that cannot run (no processes needed: stand-in devices)."""
+"""runtime.pod and pod_resize: which process plays which role, the requests on the wire, and the
+one-line errors for pods that cannot run or resume (no processes needed: stand-in devices)."""
 
 from __future__ import annotations
 
 import types
 
+import jax
 import numpy as np
 import pytest
 
-from rljax.config import ConfigError
+from rljax.config import ConfigError, MeshConfig
 from rljax.engine.engine import SlotSampling
 from rljax.engine.sampler import Request
-from rljax.runtime import pod
+from rljax.mesh import topology
+from rljax.policy.reallocation import Split
+from rljax.runtime import pod, pod_resize, resizing
 
 
 def _topology(sampler_hosts, learner_hosts, per_host=2):
@@ -23,22 +26,22 @@ def _topology(sampler_hosts, learner_hosts, per_host=2):
 
 
 def test_roles_follow_the_hosts_of_each_mesh():
-    r = pod.roles(_topology([0, 1], [2, 3]), process_count=4, me=2)
+    r = pod.roles(_topology([0, 1], [2, 3]), process_count=4, me=2, per_host=2)
     assert (r.sampler, r.learner, r.role) == ((0, 1), (2, 3), "learner")
     assert r.is_learner_leader and not r.is_leader
-    leader = pod.roles(_topology([0], [1, 2, 3]), process_count=4, me=0)
+    leader = pod.roles(_topology([0], [1, 2, 3]), process_count=4, me=0, per_host=2)
     assert leader.is_leader and leader.role == "sampler"
 
 
 def test_a_host_outside_both_meshes_is_refused():
     with pytest.raises(ConfigError, match=r"^process 3 owns no device of either mesh; make") as e:
-        pod.roles(_topology([0, 1], [2]), process_count=4, me=0)
+        pod.roles(_topology([0, 1], [2]), process_count=4, me=0, per_host=2)
     assert "\n" not in str(e.value)
 
 
 def test_process_0_must_sample():
     with pytest.raises(ConfigError, match="process 0 must own sampler devices"):
-        pod.roles(_topology([2, 3], [0, 1]), process_count=4, me=0)
+        pod.roles(_topology([2, 3], [0, 1]), process_count=4, me=0, per_host=2)
 
 
 def test_requests_cross_the_wire_unchanged():
@@ -54,3 +57,80 @@ def test_requests_cross_the_wire_unchanged():
     assert back.sampling == r.sampling and back.max_new_tokens == 12
     plain = pod.decode_request(pod.encode_request(Request([1], 2, seed=3)))
     assert plain.sampling is None
+
+
+def test_a_side_that_is_not_whole_hosts_is_refused():
+    # 3 processes x 2 devices, 2 sampler + 3 learner devices: host 2 would idle a device.
+    with pytest.raises(ConfigError, match=r"'mesh.learner_devices' = 3 is not whole hosts") as e:
+        pod.roles(_topology([0, 0], [1, 1, 2], per_host=1), process_count=3, me=0, per_host=2)
+    assert "use a multiple of 2" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_split_that_cuts_a_host_is_refused():
+    devices = [
+        types.SimpleNamespace(process_index=h, id=2 * h + i) for h in range(4) for i in (0, 1)
+    ]
+    with pytest.raises(ConfigError, match=r"'mesh.sampler_devices' = 3 cuts host 1 in two") as e:
+        topology.check_host_boundary(devices, 3)
+    assert "use a multiple of 2" in str(e.value) and "\n" not in str(e.value)
+
+
+def _shape(processes, sampler, learner):
+    return {"processes": processes, "sampler": sampler, "learner": learner}
+
+
+def test_resume_with_another_host_split_is_allowed():
+    pod_resize.check_shape(_shape(4, [0, 1], [2, 3]), _shape(4, [0], [1, 2, 3]))
+    pod_resize.check_shape(None, _shape(4, [0], [1, 2, 3]))  # a checkpoint of one process
+
+
+def test_resume_with_another_process_count_is_refused():
+    with pytest.raises(ConfigError, match=r"saved by a pod of 4 processes .* has 2; relaunch") as e:
+        pod_resize.check_shape(_shape(4, [0, 1], [2, 3]), _shape(2, [0], [1]))
+    assert "\n" not in str(e.value)
+
+
+def test_reallocation_moves_whole_hosts():
+    pod_resize.check_granularity(4, 2)
+    with pytest.raises(ConfigError, match=r"moves part of a host; .* multiple of 2"):
+        pod_resize.check_granularity(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "splits"),
+    [("", {}), ("3:2/6", {3: (2, 6)}), ("3:2/6, 5:4/4", {3: (2, 6), 5: (4, 4)})],
+)
+def test_resize_schedule_parses(text, splits):
+    cfg = MeshConfig(mode="split", sampler_devices=4, learner_devices=4, resize_schedule=text)
+    assert cfg.scheduled_splits() == splits
+
+
+@pytest.mark.parametrize("text", ["3", "3:2", "3:2/x", "0:2/6", "3:0/6", "5:2/6,3:4/4", "3:2/6/1"])
+def test_a_bad_resize_schedule_is_refused(text):
+    with pytest.raises(ConfigError, match=r"'mesh.resize_schedule' .* expected 'version:sampler"):
+        MeshConfig(mode="split", sampler_devices=4, learner_devices=4, resize_schedule=text)
+
+
+def test_a_resize_schedule_needs_split_meshes():
+    with pytest.raises(ConfigError, match=r"'mesh.resize_schedule' .* unless mesh.mode='split'"):
+        MeshConfig(resize_schedule="3:2/6")
+
+
+def _leader(version, schedule="3:2/6,5:4/4", split=(4, 4)):
+    cfg = MeshConfig(mode="split", sampler_devices=4, learner_devices=4, resize_schedule=schedule)
+    return types.SimpleNamespace(
+        cfg=types.SimpleNamespace(mesh=cfg, learner=types.SimpleNamespace(batch_size=24)),
+        learner=types.SimpleNamespace(version=version),
+        topology=types.SimpleNamespace(split=Split(*split)),
+        devices=jax.devices()[:8],
+        driver=object(),
+        reallocation=None,
+    )
+
+
+def test_the_resize_decision_is_a_function_of_the_version():
+    assert resizing.propose(_leader(3)) == (Split(2, 6), "schedule")
+    assert resizing.propose(_leader(3)) == resizing.propose(_leader(3))  # same inputs, same split
+    assert resizing.propose(_leader(4, split=(2, 6))) is None
+    assert resizing.propose(_leader(5, split=(2, 6))) == (Split(4, 4), "schedule")
+    assert resizing.propose(_leader(5)) is None  # already there

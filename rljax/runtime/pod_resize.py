@@ -1,0 +1,120 @@
+"""Resizing a pod in units of a host: 2+2 hosts -> 1+3 -> 2+2 within one run.
+
+On one host a resize reshards in place (:mod:`rljax.runtime.resizing`). On a pod a host that
+changes role must drop one role's objects and build the other's, and every process's
+collectives change, so the pod does what a preemption and a relaunch would do, in-process:
+
+1. **Decide** (the leader, at a step boundary): :func:`rljax.runtime.resizing.propose` asks
+   ``mesh.resize_schedule`` (a function of the version) or the reallocation policy (the
+   leader's PhaseMeter; its granularity whole hosts). The decision is taken once and carried to
+   every process as a ``resize`` tick, so every process does the same from then on.
+2. **Save**: the leader stops its driver as for SIGTERM; the checkpoint of that boundary holds
+   the learner state (written by every process), the buffer, the prompts in flight (to be
+   dispatched again) and the prompt stream's position, so nothing in flight is lost.
+3. **Rebuild**: every process closes its checkpointer (the save is durable), lets go of its
+   role's arrays, recomputes the topology and :func:`~rljax.runtime.pod.roles` for the new
+   split, and builds the parts of its (possibly new) role. Engines and learners are kept per
+   mesh, so a return to a split used before compiles nothing new.
+4. **Restore**: every process restores that checkpoint (the save layout spans every device, so
+   it does not depend on the split) onto the new learner mesh; the leader's driver resumes from
+   the buffer and pending prompts it saved.
+
+What it costs is logged as a ``resize`` record in metrics.jsonl: ``save_s`` (the leader, from
+the decision until the checkpoint is durable), ``rebuild_s``, ``restore_s`` and ``compile_s``
+(the slowest process's; compile seconds are what JAX reported while rebuilding and restoring,
+and ``first_step_compile_s`` what the first learner step after it compiled).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rljax.config import ConfigError
+from rljax.mesh.resize import plan_resize
+from rljax.policy.reallocation import Split
+from rljax.runtime import pod
+from rljax.runtime.clocks import compile_seconds
+
+
+def check_shape(saved: dict[str, Any] | None, shape: dict[str, Any]) -> None:
+    """Refuse to resume a checkpoint saved by another process count (one line, the fix named).
+
+    Another host split with the same process count is fine: the checkpoint spans every device.
+    """
+    if saved is None or saved["processes"] == shape["processes"]:
+        return
+    raise ConfigError(
+        f"the checkpoint was saved by a pod of {saved['processes']} processes "
+        f"({len(saved['sampler'])} sampler + {len(saved['learner'])} learner hosts) but this run "
+        f"has {shape['processes']}; relaunch with {saved['processes']} processes (any split of "
+        "whole hosts), or use a fresh workdir"
+    )
+
+
+def check_split(run, split: Split, *, what: str) -> Any:
+    """The topology of ``split`` if every process can play a role in it; else a one-line error."""
+    try:
+        topology = plan_resize(run.cfg.mesh, split, run.devices, batch=run.cfg.learner.batch_size)
+        pod.roles(topology)
+    except ConfigError as e:
+        raise ConfigError(f"{what} {split.sampler_chips}/{split.learner_chips}: {e}") from None
+    return topology
+
+
+def check_schedule(run) -> None:
+    """Every split of ``mesh.resize_schedule`` is whole hosts, refused at start on every process."""
+    for version, sides in run.cfg.mesh.scheduled_splits().items():
+        check_split(run, Split(*sides), what=f"config key 'mesh.resize_schedule' at {version}:")
+
+
+def check_granularity(granularity: int, per_host: int) -> None:
+    if granularity % per_host:
+        raise ConfigError(
+            f"config key 'mesh.reallocate_granularity' = {granularity} moves part of a host; a "
+            f"pod moves whole hosts: set it to a multiple of {per_host}, the devices per host"
+        )
+
+
+def rebuild(run, split: Split, started: float) -> dict[str, Any]:
+    """Every process, at the ``resize`` tick: save made durable, rebuild for ``split``, restore.
+
+    ``started`` is when this process learned of the resize (the leader: when it decided).
+    Returns the pod's cost record (the same on every process).
+    """
+    compiled = compile_seconds()
+    old = run.topology.split
+    old_hosts = (len(run.roles.sampler), len(run.roles.learner))
+    run.ckpt.close()  # waits for the boundary's save: the restore reads it
+    saved = time.perf_counter()
+    run.release_role()
+    run.topology = check_split(run, split, what="cannot resize to")
+    run.roles = pod.roles(run.topology)
+    run.resizes += 1
+    # The restore ends in a collective over every device: enter it together.
+    run.channel.barrier(f"resizing{run.resizes}")
+    restore_s = run.build_split()
+    rebuilt = time.perf_counter()
+    mine = {
+        "save_s": saved - started,
+        "rebuild_s": rebuilt - saved - restore_s,
+        "restore_s": restore_s,
+        "compile_s": compile_seconds() - compiled,
+    }
+    # Posting and reading every process's costs is also the barrier before the next collective.
+    key = f"resized{run.resizes}"
+    run.channel.post(f"{key}/{run.roles.me}", mine)
+    costs = [run.channel.get(f"{key}/{p}", waiting_for=key) for p in range(run.channel.count)]
+    record = {k: max(c[k] for c in costs) for k in mine}
+    record["save_s"] = costs[0]["save_s"]  # the leader's: it drained and saved the pipeline
+    return {
+        "from": f"{old.sampler_chips}/{old.learner_chips}",
+        "to": f"{split.sampler_chips}/{split.learner_chips}",
+        "hosts_from": f"{old_hosts[0]}+{old_hosts[1]}",
+        "hosts_to": f"{len(run.roles.sampler)}+{len(run.roles.learner)}",
+        "sampler_devices": split.sampler_chips,
+        "learner_devices": split.learner_chips,
+        **record,
+        "seconds": time.perf_counter() - started,
+        "version": run.learner_version,
+    }
