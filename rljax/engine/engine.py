@@ -184,9 +184,10 @@ class Engine:
         """The sampler's shardings for a params state of this model (either layer layout)."""
         return state_shardings(params, self._mesh, self._rules)
 
-    def serving_params(self, params: nnx.State) -> nnx.State:
+    def serving_params(self, params: nnx.State | None) -> nnx.State | None:
         """``params`` (on the sampler mesh) in ``layer_layout``: sliced per layer once, here."""
-        return unstack_layers(params) if self.layer_layout == "per_layer" else params
+        per_layer = params is not None and self.layer_layout == "per_layer"
+        return unstack_layers(params) if per_layer else params
 
     def get_prefix_destination_sharding(self) -> Prefix:
         """Where a Prefix must live before ``insert``: a Prefix of shardings."""
