@@ -213,11 +213,10 @@ class Engine:
     # -- params, tokenizer, state -----------------------------------------------------------
 
     def load_params(self, params: nnx.State | None = None, *args, **kwargs) -> nnx.State:
-        """``params`` (e.g. the learner's) copied onto the sampler mesh; never a jit. With
-        none, the engine's ``checkpoint`` read into the sampler's shardings.
-
-        Always a copy: the learner donates its buffers to the next step, so the sampler must
-        never alias them, even when both roles share devices.
+        """``params`` (e.g. the learner's) copied onto the sampler mesh in ``layer_layout``;
+        with none, the engine's ``checkpoint`` read into the sampler's shardings. Always a copy:
+        the learner donates its buffers to the next step, so the sampler must never alias them,
+        even when both roles share devices.
         """
         del args, kwargs  # JetStream passes loader-specific options; none apply here
         if params is not None:
