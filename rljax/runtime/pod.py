@@ -30,6 +30,7 @@ No host's clock feeds another host's decision: the leader's decisions depend on 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rljax.config import ConfigError
 from rljax.engine.engine import SlotSampling
@@ -442,6 +444,34 @@ def follow_learner(
             elif op in ("end", "resize"):
                 return k + 1, op, arg
         k += 1
+
+
+def shard_digests(params) -> dict[str, list[str]]:
+    """This process's shards of ``params``: {leaf path and shard index: [sha256 per device]}."""
+    out: dict[str, list[str]] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        for shard in sorted(leaf.addressable_shards, key=lambda s: s.device.id):
+            key = f"{jax.tree_util.keystr(path)}{shard.index}"
+            data = np.ascontiguousarray(np.asarray(shard.data))
+            out.setdefault(key, []).append(hashlib.sha256(data.tobytes()).hexdigest()[:16])
+    return out
+
+
+def compare_replicas(digests: list[dict[str, list[str]]]) -> dict[str, Any]:
+    """Whether every copy of every shard, across the learner processes, holds the same bytes."""
+    held: dict[str, list[str]] = {}
+    for one in digests:
+        for key, values in one.items():
+            held.setdefault(key, []).extend(values)
+    replicated = [k for k, v in held.items() if len(v) > 1]
+    differ = sorted(k for k in replicated if len(set(held[k])) > 1)
+    return {
+        "processes": len(digests),
+        "shards": len(held),
+        "replicated_shards": len(replicated),
+        "equal": not differ,
+        "differ": differ[:5],
+    }
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -415,9 +415,18 @@ class PodRun(Run):
             split, cause, decided = resize
             record = pod_resize.rebuild(self, split, decided)
             self.metrics_resize(record, cause)
+        if self.roles.role == "learner":
+            self.channel.post(f"replicas/{self.roles.me}", pod.shard_digests(self.learner.params))
         if self.roles.is_leader:
             summary["pod"] = {**self._shape(), "resizes": self.resizes}
             summary["pod"]["wall_s"] = time.perf_counter() - start
+            digests = [
+                self.channel.get(f"replicas/{p}", waiting_for=f"learner process {p}'s digests")
+                for p in self.roles.learner
+            ]
+            check = pod.compare_replicas(digests)
+            self.metrics.write(self.learner.version, "replicas", check)
+            summary["pod"]["learner_replicas"] = check
         return summary
 
     def _train_split(self) -> tuple[dict[str, Any], tuple | None]:

@@ -141,6 +141,11 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     meta = audit.read_meta(workdir, steps)
     drawn = audit.drawn_prompts(arith_async.recipe("small"), meta["data"])
     assert audit.audit_prompts(records, audit.leftover_prompts(meta), drawn) == []
+    # Both learner hosts hashed their shards at the end. With fsdp over the learner's devices
+    # each shard lives on one device, so there is no second copy to differ (replicated_shards
+    # is 0): one SPMD program holds one set of learner parameters, split over the hosts.
+    (replicas,) = [r for r in records if r["phase"] == "replicas"][-1:]
+    assert replicas["equal"] and replicas["processes"] == 2 and replicas["shards"] > 0, replicas
     train = [r for r in records if r["phase"] == "train"]
     # Weights crossed from the learner hosts to the sampler hosts (bytes counted per swap).
     assert all(r["sync_bytes"] > 0 for r in train[1:]), [r.get("sync_bytes") for r in train]

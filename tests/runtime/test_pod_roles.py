@@ -134,3 +134,16 @@ def test_the_resize_decision_is_a_function_of_the_version():
     assert resizing.propose(_leader(4, split=(2, 6))) is None
     assert resizing.propose(_leader(5, split=(2, 6))) == (Split(4, 4), "schedule")
     assert resizing.propose(_leader(5)) is None  # already there
+
+
+def test_replica_check_names_a_shard_whose_copies_differ():
+    devices = jax.devices()[:4]
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(2, 2), ("a", "b"))
+    spec = jax.sharding.PartitionSpec("a")  # rows over 'a', each row block on 2 devices
+    x = jax.device_put(np.arange(8.0).reshape(4, 2), jax.sharding.NamedSharding(mesh, spec))
+    same = pod.shard_digests({"w": x})
+    check = pod.compare_replicas([same, same])
+    assert check["equal"] and check["replicated_shards"] == 2, check
+    other = {k: [d[::-1] for d in v] for k, v in same.items()}  # another process's bytes differ
+    check = pod.compare_replicas([same, other])
+    assert not check["equal"] and len(check["differ"]) == 2, check
