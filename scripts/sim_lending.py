@@ -22,41 +22,22 @@ import time
 from absl import app
 from ml_collections import config_flags
 
-from rljax.models.presets import get_preset
 from rljax.policy.lending import LendingConfig
-from rljax.sim.chips import get_chip
-from rljax.sim.costs import CostModel, Efficiencies
+from rljax.sim import scenario
+from rljax.sim.costs import CostModel
 from rljax.sim.simulator import SimConfig, Simulator
 from rljax.sim.workload import LengthModel
 
 _CONFIG = config_flags.DEFINE_config_file("config", lock_config=True)
 
-
-def cost_model(c) -> CostModel:
-    """The config's model on its chip with its efficiencies."""
-    eff = Efficiencies(**c.efficiencies.to_dict())
-    return CostModel(get_preset(c.model), get_chip(c.chip), tp=c.tp, efficiencies=eff)
+cost_model = scenario.cost_model
 
 
 def sim_config(c, mode: str, sampler_chips: int, steps: int | None = None) -> SimConfig:
-    """One run of the config's workload in ``mode`` on ``sampler_chips``."""
-    return SimConfig(
-        mode=mode,
-        total_chips=c.total_chips,
-        sampler_chips=sampler_chips,
-        steps=steps or c.steps,
-        batch_groups=c.batch_groups,
-        group_size=c.group_size,
-        prompt_tokens=c.prompt_tokens,
-        max_staleness=c.lend.eta,
-        max_slots=c.max_slots,
-        train_flops_per_param=c.train_flops_per_param.async_,
-        phase_steps=c.phase_steps,
-        switch_cost_s=None if c.switch_cost_s < 0 else c.switch_cost_s,
-        lending=LendingConfig(enabled=True, **c.lend.lending.to_dict()),
-        seed=c.seed,
-        timeline=False,
-    )
+    """One run of the config's workload in ``mode`` on ``sampler_chips``, lending enabled with
+    the config's overrides (only mode "lend" consults it)."""
+    lending = LendingConfig(enabled=True, **c.lend.lending.to_dict())
+    return scenario.sim_config(c, mode, sampler_chips, eta=c.lend.eta, steps=steps, lending=lending)
 
 
 def timed(cfg: SimConfig, cost: CostModel, lengths: LengthModel):
@@ -69,7 +50,7 @@ def timed(cfg: SimConfig, cost: CostModel, lengths: LengthModel):
 def compare(c) -> dict:
     """Static splits, the reallocator and lending on one workload; figures as plain data."""
     cost = cost_model(c)
-    lengths = LengthModel(**c.lengths.to_dict())
+    lengths = scenario.length_model(c)
     splits = list(c.lend.splits)
     static, wall = {}, {}
     for n in splits:
@@ -122,7 +103,7 @@ def compare(c) -> dict:
 def perf(c) -> dict:
     """The timed pod-scale lending run (``c.lend.perf_steps`` steps on the middle split)."""
     cost = cost_model(c)
-    lengths = LengthModel(**c.lengths.to_dict())
+    lengths = scenario.length_model(c)
     split = list(c.lend.splits)[len(c.lend.splits) // 2]
     cfg = dataclasses.replace(sim_config(c, "lend", split, c.lend.perf_steps), timeline=False)
     cpu = time.process_time()

@@ -18,44 +18,23 @@ import time
 from absl import app
 from ml_collections import config_flags
 
-from rljax.models.presets import get_preset
-from rljax.sim.chips import get_chip
-from rljax.sim.costs import CostModel, Efficiencies
+from rljax.sim import scenario
+from rljax.sim.costs import CostModel
 from rljax.sim.simulator import SimConfig, Simulator
 from rljax.sim.workload import LengthModel
 
 _CONFIG = config_flags.DEFINE_config_file("config", lock_config=True)
 
 
-def _cost(c) -> CostModel:
-    eff = Efficiencies(**c.efficiencies.to_dict())
-    return CostModel(get_preset(c.model), get_chip(c.chip), tp=c.tp, efficiencies=eff)
+_cost = scenario.cost_model
 
 
 def _lengths(c, tail: float, **overrides) -> LengthModel:
-    fields = dict(c.lengths.to_dict(), tail_prob=tail)
-    fields.update(overrides)
-    return LengthModel(**fields)
+    return scenario.length_model(c, **{"tail_prob": tail, **overrides})
 
 
 def _sim_config(c, mode: str, eta: int, sampler_chips: int, steps: int | None = None):
-    flops = c.train_flops_per_param.sync if mode == "sync" else c.train_flops_per_param.async_
-    return SimConfig(
-        mode=mode,
-        total_chips=c.total_chips,
-        sampler_chips=sampler_chips,
-        steps=steps or c.steps,
-        batch_groups=c.batch_groups,
-        group_size=c.group_size,
-        prompt_tokens=c.prompt_tokens,
-        max_staleness=0 if mode == "sync" else eta,
-        max_slots=c.max_slots,
-        train_flops_per_param=flops,
-        phase_steps=c.phase_steps,
-        switch_cost_s=None if c.switch_cost_s < 0 else c.switch_cost_s,
-        seed=c.seed,
-        timeline=bool(c.plot),
-    )
+    return scenario.sim_config(c, mode, sampler_chips, eta=eta, steps=steps, timeline=bool(c.plot))
 
 
 def _splits(c, cost: CostModel) -> list[int]:

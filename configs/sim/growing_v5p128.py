@@ -13,55 +13,49 @@ smallest, the middle and the largest of them.
 
 import ml_collections
 
+from rljax.sim import scenario
+
 VARIANTS = ("small",)  # small: 100 steps over three splits
+
+# The workload, which configs/sim/lend_growing_v5p128.py runs too.
+LENGTHS = dict(median=700.0, sigma=0.7, max_tokens=16384, growth=10.0)
+TAIL = 0.002  # the share of responses that never stop (they run to max_tokens)
+ETA = 4
+
+
+def workload(name: str, small: bool) -> ml_collections.ConfigDict:
+    """The workload's scenario fields (lengths without the tail, which each script places)."""
+    steps = 100 if small else 1000
+    return scenario.scenario(
+        name,
+        model="qwen2.5-7b",
+        chip="tpu-v5p",
+        tp=4,
+        efficiencies=scenario.GENERIC_EFFICIENCIES,  # as in pod_compare; not fitted
+        train_flops=(6.0, 6.0),
+        total_chips=64,
+        steps=steps,
+        batch_groups=64,
+        group_size=16,
+        prompt_tokens=512,
+        lengths=dict(LENGTHS, growth_steps=steps),
+        phase_steps=10,
+    )
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     """Builds the scenario; ``arg="small"`` runs 100 steps over three splits."""
-    if arg and arg not in VARIANTS:
-        raise ValueError(
-            f"unknown variant {arg!r} of configs/sim/growing_v5p128.py; "
-            f"use one of {VARIANTS} or none"
-        )
-    small = arg == "small"
-    c = ml_collections.ConfigDict()
-    c.name = "growing_v5p128"
-    c.model = "qwen2.5-7b"
-    c.chip = "tpu-v5p"
-    c.tp = 4
-    # Generic efficiencies (fractions of datasheet peak), as in pod_compare; not fitted.
-    c.efficiencies = ml_collections.ConfigDict(
-        dict(decode_hbm=0.6, decode_mfu=0.5, prefill_mfu=0.5, train_mfu=0.4, sync=0.5)
-    )
-    c.train_flops_per_param = ml_collections.ConfigDict(dict(sync=6.0, async_=6.0))
-    c.total_chips = 64
-    c.steps = 100 if small else 1000
-    c.batch_groups = 64
-    c.group_size = 16
-    c.prompt_tokens = 512
-    c.max_slots = 256
-    c.phase_steps = 10
-    c.switch_cost_s = -1.0  # < 0: estimate from the cost model (reshard + engine rebuild)
-    c.seed = 0
-    c.lengths = ml_collections.ConfigDict(
-        dict(median=700.0, sigma=0.7, max_tokens=16384, growth=10.0, growth_steps=c.steps)
-    )
-    splits = [16, 32, 48] if small else list(range(16, 49, 4))
+    small = scenario.check_variant("configs/sim/growing_v5p128.py", arg, VARIANTS)
+    c = workload("growing_v5p128", small)
     c.growth = ml_collections.ConfigDict(
         dict(
-            median=700.0,
-            sigma=0.7,
-            max_tokens=16384,
-            growth=10.0,
-            tail=0.002,
-            eta=4,
-            splits=splits,
+            LENGTHS,
+            tail=TAIL,
+            eta=ETA,
+            splits=[16, 32, 48] if small else list(range(16, 49, 4)),
             starts=[16, 32, 48],
             plot="" if small else "docs/sim_growing.png",
         )
     )
-    c.etas, c.sampler_fractions, c.tails = [], [], []
-    c.validation = ml_collections.ConfigDict(dict(enabled=False))
-    c.perf_steps = 0  # the growth runs are the timed 1,000-step runs (wall_s, cpu_s in the output)
-    c.plot = ""
+    # The growth runs are the timed 1,000-step runs (wall_s, cpu_s in the output): perf_steps 0.
     return c

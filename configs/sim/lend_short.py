@@ -10,59 +10,30 @@ decline, and lending cost at most 2% against the best static split.
   (small: 40 steps, three splits)
 """
 
-import ml_collections
+from rljax.sim import scenario
 
 VARIANTS = ("small",)
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
+def get_config(arg: str = ""):
     """Builds the workload; ``arg="small"`` shrinks it for a quick run."""
-    if arg and arg not in VARIANTS:
-        raise ValueError(
-            f"unknown variant {arg!r} of configs/sim/lend_short.py; use one of {VARIANTS} or none"
-        )
-    small = arg == "small"
-    c = ml_collections.ConfigDict()
-    c.name = "lend_short"
-    c.model = "qwen2.5-7b"
-    c.chip = "tpu-v5p"
-    c.tp = 4
-    # Generic efficiencies (fractions of datasheet peak); not fitted.
-    c.efficiencies = ml_collections.ConfigDict(
-        dict(decode_hbm=0.6, decode_mfu=0.5, prefill_mfu=0.5, train_mfu=0.4, sync=0.5)
+    small = scenario.check_variant("configs/sim/lend_short.py", arg, VARIANTS)
+    steps = 40 if small else 300
+    c = scenario.scenario(
+        "lend_short",
+        model="qwen2.5-7b",
+        chip="tpu-v5p",
+        tp=4,
+        efficiencies=scenario.GENERIC_EFFICIENCIES,  # not fitted
+        train_flops=(6.0, 6.0),
+        total_chips=64,
+        steps=steps,
+        batch_groups=64,
+        group_size=16,
+        prompt_tokens=256,
+        lengths=dict(
+            median=150.0, sigma=0.3, tail_prob=0.0, max_tokens=512, growth=1.0, growth_steps=steps
+        ),
+        phase_steps=10,
     )
-    c.train_flops_per_param = ml_collections.ConfigDict(dict(sync=6.0, async_=6.0))
-    c.total_chips = 64
-    c.steps = 40 if small else 300
-    c.batch_groups = 64
-    c.group_size = 16
-    c.prompt_tokens = 256
-    c.max_slots = 256
-    c.phase_steps = 10  # learner steps per lending (and reallocation) decision
-    c.switch_cost_s = -1.0  # < 0: estimate from the cost model (reshard + engine rebuild)
-    c.seed = 0
-    c.lengths = ml_collections.ConfigDict(
-        dict(
-            median=150.0,
-            sigma=0.3,
-            tail_prob=0.0,
-            max_tokens=512,
-            growth=1.0,
-            growth_steps=c.steps,
-        )
-    )
-    c.lend = ml_collections.ConfigDict(
-        dict(
-            eta=1,
-            splits=[16, 24, 32] if small else list(range(4, 57, 4)),
-            # LendingConfig overrides (none: the documented defaults, not tuned here).
-            lending=dict(),
-            perf_steps=0,
-        )
-    )
-    c.etas, c.sampler_fractions, c.tails = [], [], []
-    c.validation = ml_collections.ConfigDict(dict(enabled=False))
-    c.growth = ml_collections.ConfigDict(dict(median=0.0, growth=1.0, tail=0.0, eta=1))
-    c.perf_steps = 0
-    c.plot = ""
-    return c
+    return scenario.add_lending(c, eta=1, splits=[16, 24, 32] if small else list(range(4, 57, 4)))

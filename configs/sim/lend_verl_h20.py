@@ -12,60 +12,36 @@ not refitted here.
   (small: 12 steps, three splits)
 """
 
-import ml_collections
+from rljax.sim import scenario
 
 VARIANTS = ("small",)
 
 
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
+def get_config(arg: str = ""):
     """Builds the workload; ``arg="small"`` shrinks it for a quick run."""
-    if arg and arg not in VARIANTS:
-        raise ValueError(
-            f"unknown variant {arg!r} of configs/sim/lend_verl_h20.py; "
-            f"use one of {VARIANTS} or none"
-        )
-    small = arg == "small"
-    c = ml_collections.ConfigDict()
-    c.name = "lend_verl_h20"
-    c.model = "qwen2.5-7b"
-    c.chip = "h20"
-    c.tp = 1
-    # decode_hbm and train_mfu fitted to verl's 32-GPU colocated phases (nominal knobs).
-    c.efficiencies = ml_collections.ConfigDict(
-        dict(decode_hbm=0.3897, decode_mfu=0.5, prefill_mfu=0.5, train_mfu=0.3628, sync=0.5)
-    )
-    c.train_flops_per_param = ml_collections.ConfigDict(dict(sync=8.0, async_=6.0))
-    c.total_chips = 128
-    c.steps = 12 if small else 40
-    c.batch_groups = 512
-    c.group_size = 16
-    c.prompt_tokens = 200
-    c.max_slots = 256
-    c.phase_steps = 5  # learner steps per lending (and reallocation) decision
-    c.switch_cost_s = -1.0  # < 0: estimate from the cost model (reshard + engine rebuild)
-    c.seed = 0
-    c.lengths = ml_collections.ConfigDict(
-        dict(
+    small = scenario.check_variant("configs/sim/lend_verl_h20.py", arg, VARIANTS)
+    steps = 12 if small else 40
+    c = scenario.scenario(
+        "lend_verl_h20",
+        model="qwen2.5-7b",
+        chip="h20",
+        tp=1,
+        efficiencies=scenario.VERL_H20_EFFICIENCIES,
+        train_flops=(8.0, 6.0),
+        total_chips=128,
+        steps=steps,
+        batch_groups=512,
+        group_size=16,
+        prompt_tokens=200,
+        lengths=dict(
             median=700.0,
             sigma=0.9,
             tail_prob=0.002,
             max_tokens=28672,
             growth=1.0,
-            growth_steps=c.steps,
-        )
+            growth_steps=steps,
+        ),
+        phase_steps=5,
     )
-    c.lend = ml_collections.ConfigDict(
-        dict(
-            eta=4,
-            splits=[40, 48, 56] if small else [32, 40, 48, 56, 64, 72, 80, 88, 96],
-            # LendingConfig overrides (none: the documented defaults, not tuned here).
-            lending=dict(),
-            perf_steps=0,
-        )
-    )
-    c.etas, c.sampler_fractions, c.tails = [], [], []
-    c.validation = ml_collections.ConfigDict(dict(enabled=False))
-    c.growth = ml_collections.ConfigDict(dict(median=0.0, growth=1.0, tail=0.0, eta=1))
-    c.perf_steps = 0
-    c.plot = ""
-    return c
+    splits = [40, 48, 56] if small else [32, 40, 48, 56, 64, 72, 80, 88, 96]
+    return scenario.add_lending(c, eta=4, splits=splits)

@@ -37,8 +37,11 @@ reads (a phase of ``stats.steps`` learner steps from one
   capped at ``max_share``; ``gain = T - max((1 - s) T, c + s T L / k)``.
 
 The larger positive gain wins if it is at least ``min_gain_frac`` of the step (a smaller one is
-within the model's error). Every input is plain data and the arithmetic has no iteration over
-unordered containers, so every host of a pod that decides from equal stats decides the same.
+within the model's error); the other direction is lent too, in the same steps, when its own
+gain clears that floor (the learner's wait and the sampler's held-back time are different
+parts of the step, so the savings add). Every input is plain data and the arithmetic has no
+iteration over unordered containers, so every host of a pod that decides from equal stats
+decides the same.
 """
 
 from __future__ import annotations
@@ -78,8 +81,9 @@ class LendingConfig:
         spread them thinner rather than run more of them); as ``reallocator.held_threshold``.
       sampler_margin: a Trainer-on-RollPool loan leaves the sampler chips with this much more
         capacity than its measured work per step (chip-seconds at full slots), and loads the
-        kept chips at most ``1 + sampler_margin`` times as much, so the next batch (and its
-        stragglers) is not late.
+        kept chips at most ``1 + sampler_margin`` times as much (counting the replicas that held
+        live sequences, ``PhaseStats.sampler_engaged_s``; empty ones move nothing), so the next
+        batch (and its stragglers) is not late.
     """
 
     enabled: bool = False
@@ -142,8 +146,13 @@ class LendingDecision:
       share: TRAIN_ON_ROLL: the fraction of the learner's micro-batches computed on the
         sampler's chips; ROLLOUT_ON_TRAIN: the expected fraction of the step's rollout work
         the lent replica takes; 0 for NONE.
-      expected_gain_s: predicted seconds saved per step, net of the costs.
+      expected_gain_s: predicted seconds saved per step, net of the costs (of both loans when
+        ``also`` is set).
       reason: one line on why, for logs.
+      also: a loan in the other direction carried out in the same steps, or None. Both idles
+        exist in one step when the learner waits for its batch and the sampler is then held
+        back while the learner trains (small eta): the first loan shortens the wait, the
+        second the training.
     """
 
     direction: LendDirection
@@ -151,6 +160,15 @@ class LendingDecision:
     share: float
     expected_gain_s: float
     reason: str
+    also: LendingDecision | None = None
+
+    def loan(self, direction: LendDirection) -> LendingDecision | None:
+        """This decision's loan in ``direction`` (itself or ``also``), or None."""
+        if self.direction is direction and direction is not LendDirection.NONE:
+            return self
+        if self.also is not None and self.also.direction is direction:
+            return self.also
+        return None
 
 
 def _none(reason: str) -> LendingDecision:
@@ -219,6 +237,12 @@ def train_on_roll(
     # times as much (a decode step near the compute roofline slows more than linearly with its
     # load, which the meter's fit over the loads it saw cannot tell; stragglers then pace).
     work = stats.sampler_busy_s / steps * split.sampler_chips * (1.0 + config.sampler_margin)
+    # The chips whose replicas held live sequences: only their requests move. Replicas that sat
+    # empty (the meter's engaged time; eta 0 leaves the sampler empty while the learner trains)
+    # are lent without piling anything onto the kept ones.
+    engaged = split.sampler_chips
+    if stats.sampler_engaged_s is not None:
+        engaged *= min(1.0, stats.sampler_engaged_s / phase)
     step = phase / steps
     best = (0, 0.0, 0.0)
     worst = None  # the least negative gain, to report when every loan costs more than it saves
@@ -231,7 +255,7 @@ def train_on_roll(
             continue
         gain = (train - max((1.0 - share) * train, cost + share * train * ratio)) * pacing
         kept = split.sampler_chips - chips
-        if kept * (step - gain) < work or split.sampler_chips > kept * (1 + config.sampler_margin):
+        if kept * (step - gain) < work or engaged > kept * (1 + config.sampler_margin):
             break  # more chips only leave the sampler shorter
         if gain > best[2]:
             best = (chips, share, gain)
@@ -287,7 +311,7 @@ def decide(
             f"predicted saving per step ({best}) is below {floor:.2f} s "
             f"({config.min_gain_frac} of a {step:.2f} s step) after costs"
         )
-    return LendingDecision(
+    decision = LendingDecision(
         direction,
         chips,
         share,
@@ -295,3 +319,97 @@ def decide(
         f"{direction.value}: lend {chips} chips, share {share:.2f}, saves {gain:.2f} s of a "
         f"{step:.2f} s step",
     )
+    # The other direction too, when it pays on its own: the learner's wait and the sampler's
+    # held-back time are different parts of the step, so the two savings add.
+    for other_gain, other, other_chips, other_share in candidates:
+        if other is not direction and other_chips > 0 and other_gain >= max(floor, 1e-9):
+            also = LendingDecision(
+                other,
+                other_chips,
+                other_share,
+                other_gain,
+                f"{other.value}: lend {other_chips} chips, share {other_share:.2f}, saves "
+                f"{other_gain:.2f} s",
+            )
+            decision = dataclasses.replace(
+                decision,
+                expected_gain_s=gain + other_gain,
+                reason=f"{decision.reason}; and {also.reason}",
+                also=also,
+            )
+    return decision
+
+
+class LendingPolicy:
+    """:func:`decide` across phases: a running loan is judged by what it measured.
+
+    The model in :func:`decide` predicts a loan's saving from a phase run *without* it. A phase
+    run *with* a loan looks different (the borrowed replicas took part of the sampler's work,
+    the learner waited less), and read as if unlent it predicts that lending would save
+    nothing: the loan was returned every other phase, and ran half the time. So, per call:
+
+    * the first phase: it holds the pipeline fill (and, in the runtime, the first compiles), so
+      it is neither a baseline nor a basis for a loan: nothing is lent;
+    * the phase ran without a loan: its per-step time is the baseline, and :func:`decide`
+      answers; a loan that failed before (see below) is proposed again only when the model
+      predicts at least its failed prediction plus the ``min_gain_frac`` floor;
+    * the phase ran with a loan and a baseline on the same split is known: the measured saving
+      is baseline minus this phase's per-step time. At least the floor keeps the loan as it
+      is; less returns it, and if that loan never paid, its direction is marked failed at the
+      saving the model had predicted for it.
+
+    Every host of a pod that feeds equal stats in the same order decides the same.
+    """
+
+    def __init__(self, config: LendingConfig, *, param_bytes: float = 0.0):
+        self.config = config
+        self.param_bytes = param_bytes
+        self.running = _none("no phase measured yet")
+        self._baseline: tuple[Split, float] | None = None  # (split, per-step s), unlent
+        self._paid = False  # the running loan measured a saving at least once
+        self._failed: dict[LendDirection, float] = {}  # predicted gain of a loan that never paid
+        self._phases = 0
+
+    def decide(self, stats: PhaseStats, split: Split) -> LendingDecision:
+        """What to lend in each step of the next phase, given the phase just measured."""
+        self._phases += 1
+        if self._phases == 1:
+            self.running = _none("first phase: it holds the pipeline fill; measuring a baseline")
+            return self.running
+        step = _phase(stats) / max(1, stats.steps)
+        running, floor = self.running, self.config.min_gain_frac * step
+        if self._baseline is not None and self._baseline[0] != split:
+            self._baseline, self._failed = None, {}  # measured on another split
+        lent = running.direction is not LendDirection.NONE
+        if self.config.enabled and step > 0 and lent and self._baseline is not None:
+            base = self._baseline[1]
+            saved = base - step
+            if saved >= self.config.min_gain_frac * base:
+                self._paid = True
+                decision = dataclasses.replace(
+                    running,
+                    expected_gain_s=saved,
+                    reason=f"{running.direction.value}: keeps {running.chips} chips, measured "
+                    f"{saved:.2f} s saved of a {base:.2f} s unlent step",
+                )
+            else:
+                if not self._paid:
+                    self._failed[running.direction] = running.expected_gain_s
+                decision = _none(
+                    f"returns the loan: {running.direction.value} saved {saved:+.2f} s of a "
+                    f"{base:.2f} s unlent step, below {self.config.min_gain_frac * base:.2f} s"
+                )
+        else:
+            if not lent and step > 0:
+                self._baseline = (split, step)
+            decision = decide(stats, split, self.config, param_bytes=self.param_bytes)
+            failed = self._failed.get(decision.direction)
+            if failed is not None and decision.expected_gain_s < failed + floor:
+                decision = _none(
+                    f"{decision.direction.value} predicted {decision.expected_gain_s:.2f} s, but a "
+                    f"loan predicted {failed:.2f} s saved nothing; waits for {failed + floor:.2f} s"
+                )
+        if decision.direction is not running.direction:
+            self._paid = False
+        self.running = decision
+        return decision

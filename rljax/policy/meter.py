@@ -50,7 +50,10 @@ a phase of length ``L`` on a sampler of ``slots`` decode slots:
 * ``buffer_fill`` and ``queued_groups`` from the buffer's ``snapshot()`` rows at phase end;
 * ``steps``: the ``StepEnd`` events of the phase;
 * ``learner_publish_s``: the part of ``learner_busy_s`` reported as ``Learn`` events with
-  ``tokens=0`` (publishing the weights), which lending cannot shorten.
+  ``tokens=0`` (publishing the weights), which lending cannot shorten;
+* ``sampler_engaged_s = min(L, sum of total_slots * duration over Generate / slots)``: the time
+  the replicas held a live sequence, averaged over the slots (the rest of ``L`` the replicas
+  were empty: whole chips the lending policy can borrow without moving a request).
 """
 
 from __future__ import annotations
@@ -197,6 +200,7 @@ class PhaseMeter:
         self._end: float | None = None
         self._held = self._away = 0.0  # held-back / unavailable slot-seconds
         self._filled = 0.0  # decoding slot-seconds: sum of busy_slots * duration
+        self._engaged = 0.0  # slot-seconds of replicas with a live sequence
         self._fit = _StepFit()
         self._learn = self._wait = self._publish = 0.0
         self._sampler_tokens = self._learner_tokens = 0
@@ -226,6 +230,8 @@ class PhaseMeter:
         seconds = _span(event, self.phase_start)
         self._sampler_tokens += event.tokens
         self._filled += busy * seconds
+        if busy:
+            self._engaged += event.total_slots * seconds
         full = event.end - event.start
         if steps > 0 and full > 0 and seconds > 0:
             # One observation per decode step: x = (1, busy, kv), y = seconds per step. A span
@@ -318,6 +324,7 @@ class PhaseMeter:
             decode_fixed_s=fixed,
             steps=max(1, self.steps),
             learner_publish_s=min(learn, self._publish),
+            sampler_engaged_s=min(length, self._engaged / slots),
         )
         self.tokens = {"sampler": self._sampler_tokens, "learner": self._learner_tokens}
         self.phase_start = self._end

@@ -78,6 +78,10 @@ class PhaseStats:
         lending policy divides phase seconds by it to get seconds per step.
       learner_publish_s: the part of ``learner_busy_s`` spent publishing weights (``Learn``
         events with ``tokens=0``); 0 = not separated.
+      sampler_engaged_s: seconds the sampler's replicas held at least one live sequence,
+        averaged over its slots (``Generate`` span seconds weighted by the replica's slots,
+        over all slots); a replica with none is a whole idle chip group, free to lend without
+        moving a request. None = not measured (every replica taken as engaged while busy).
     """
 
     sampler_busy_s: float
@@ -94,6 +98,7 @@ class PhaseStats:
     decode_fixed_s: float = 0.0
     steps: int = 1
     learner_publish_s: float = 0.0
+    sampler_engaged_s: float | None = None
 
     def __post_init__(self):
         times = (self.sampler_busy_s, self.sampler_idle_s, self.learner_busy_s)

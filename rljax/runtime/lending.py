@@ -41,7 +41,7 @@ from rljax.learner.learner import GradLoan
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import make_mesh
-from rljax.policy.lending import LendDirection, LendingDecision, decide
+from rljax.policy.lending import LendDirection, LendingDecision, LendingPolicy
 from rljax.policy.meter import PhaseMeter
 from rljax.policy.routing import ReplicaLoad, route
 
@@ -327,6 +327,7 @@ class Lending:
         self.run = run
         self.config = run.cfg.lending
         self.meter = PhaseMeter()
+        self.policy = LendingPolicy(self.config)
         self.replicas = ReplicaSet(run.sampler)
         self.force: LendingDecision | None = None
         self.decision = NONE
@@ -357,13 +358,17 @@ class Lending:
             switch_cost_s=0.0,
             granularity=1,
         )
-        param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
+        self.policy.param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
         self.last_stats = stats
-        decided = decide(stats, split, self.config, param_bytes=param_bytes)
-        if decided.direction is LendDirection.ROLLOUT_ON_TRAIN and run.cfg.mode != "async":
+        decided = self.policy.decide(stats, split)
+        if decided.loan(LendDirection.ROLLOUT_ON_TRAIN) and run.cfg.mode != "async":
             why = "Rollout-on-TrainPool needs mode='async' (a lock-step learner has no wait)"
-            decided = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, why)
+            if decided.direction is LendDirection.ROLLOUT_ON_TRAIN:
+                decided = decided.also or LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, why)
+            else:
+                decided = dataclasses.replace(decided, also=None)
         self.decision = self.force or decided
+        self.policy.running = self.decision  # the policy judges the loan the next step runs
         self.decisions.append(self.decision)
 
     @property
@@ -375,8 +380,8 @@ class Lending:
     def waiting(self, learner) -> None:
         """The learner starts waiting for a batch: lend its chips to rollout if so decided."""
         self._rewire()
-        d = self._current
-        if d.direction is not LendDirection.ROLLOUT_ON_TRAIN or self.replicas.lent is not None:
+        d = self._current.loan(LendDirection.ROLLOUT_ON_TRAIN)
+        if d is None or self.replicas.lent is not None:
             return
         driver = self.run.driver
         if driver is not None and driver.buffer.ready(learner.version):
@@ -422,8 +427,8 @@ class Lending:
     def learn(self, learner, batch) -> dict[str, Any]:
         """The learner's step, with a share of its micro-batches on the sampler's chips if so
         decided."""
-        d = self._current
-        if d.direction is not LendDirection.TRAIN_ON_ROLL:
+        d = self._current.loan(LendDirection.TRAIN_ON_ROLL)
+        if d is None:
             return learner.step(batch)
         devices = list(self.run.topology.sampler.devices.flat)[: max(1, d.chips)]
         micro = learner.cfg.micro_batches
@@ -442,7 +447,8 @@ class Lending:
         self._reported = collections.Counter(now)
         d = self._current
         return {
-            "lending/direction": d.direction.value,
+            "lending/direction": d.direction.value
+            + (f"+{d.also.direction.value}" if d.also else ""),
             "lending/chips": d.chips,
             "lending/share": d.share,
             **{f"lending/{k}": int(v) for k, v in sorted(delta.items())},

@@ -2,7 +2,8 @@
 
 Mode ``lend`` is ``async`` on a static split, plus: every ``phase_steps`` learner steps the
 simulator closes a :class:`~rljax.policy.meter.PhaseMeter` phase and asks the lending policy
-what to lend in each step of the next phase, with the same ``PhaseStats`` the Reallocator reads.
+(:class:`~rljax.policy.lending.LendingPolicy`, as the runtime does) what to lend in each step of
+the next phase, with the same ``PhaseStats`` the Reallocator reads.
 
 * Rollout-on-TrainPool: when the learner finishes publishing and its next batch is not ready,
   ``chips / tp`` extra replicas start on its chips. They decode after ``prepare_s`` (weights
@@ -33,10 +34,12 @@ from rljax.sim.replica import Replica
 class Lender:
     """Carries out the lending policy's decisions inside a :class:`Simulator` run."""
 
-    def __init__(self, sim, config: LendingConfig):
+    def __init__(self, sim, config: LendingConfig, force: LendingDecision | None = None):
         self.sim = sim
         self.config = config
-        self.decision = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, "no phase measured yet")
+        self.force = force  # lend this way every phase whatever the policy says (benchmarks)
+        self.policy = lending.LendingPolicy(config, param_bytes=sim.cost.weight_bytes)
+        self.decision = force or self.policy.running
         self.lent: list[Replica] = []  # Rollout-on-TrainPool replicas now running
         self.parked: list[Replica] = []  # sampler replicas computing gradients
         self._parked_since = 0.0
@@ -56,13 +59,12 @@ class Lender:
 
     def decide(self, now: float, stats: PhaseStats) -> None:
         """Asks the policy for the next phase's loans."""
-        sim = self.sim
-        self.decision = lending.decide(
-            stats, sim._split(), self.config, param_bytes=sim.cost.weight_bytes
-        )
-        d = self.decision
-        if d.direction is not LendDirection.NONE:
-            self.decisions.append((now, d.direction.value, d.chips, d.share))
+        self.decision = self.policy.decide(stats, self.sim._split())
+        if self.force is not None:
+            self.decision = self.policy.running = self.force
+        for d in (self.decision, self.decision.also):
+            if d is not None and d.direction is not LendDirection.NONE:
+                self.decisions.append((now, d.direction.value, d.chips, d.share))
 
     # ----- moving requests -------------------------------------------------------------------
 
@@ -90,13 +92,15 @@ class Lender:
 
     def on_learner_free(self, now: float) -> None:
         """The learner finished publishing: lend its chips if the next batch is not ready."""
-        sim, d = self.sim, self.decision
-        if d.direction is not LendDirection.ROLLOUT_ON_TRAIN or self.lent:
+        sim, d = self.sim, self.decision.loan(LendDirection.ROLLOUT_ON_TRAIN)
+        if d is None or self.lent:
             return
         if sim.buffer.ready(sim.buffer.version) or self.lent_slots < sim.cfg.group_size:
             return
         ready = now + self.config.prepare_s
-        for _ in range(d.chips // sim.cost.tp):
+        # Whole replicas of tp chips; fewer lent chips than tp make one replica, as the
+        # runtime lends one engine on the chips it borrows.
+        for _ in range(max(1, d.chips // sim.cost.tp)):
             rep = Replica(next(sim._replica_ids), sim.cost, self.lent_slots, now, False, None)
             rep.pause_until = ready
             rep.lent = True
@@ -121,8 +125,8 @@ class Lender:
 
     def train_s(self, now: float, train_s: float) -> float:
         """The step's training seconds, lending sampler chips to it if the policy says so."""
-        sim, d = self.sim, self.decision
-        if d.direction is not LendDirection.TRAIN_ON_ROLL:
+        sim, d = self.sim, self.decision.loan(LendDirection.TRAIN_ON_ROLL)
+        if d is None:
             return train_s
         count = min(d.chips // sim.cost.tp, len(sim.replicas) - 1)
         if count < 1:

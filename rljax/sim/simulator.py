@@ -35,7 +35,7 @@ import heapq
 import itertools
 
 from rljax.policy import admission
-from rljax.policy.lending import LendingConfig
+from rljax.policy.lending import LendingConfig, LendingDecision
 from rljax.policy.meter import Learn, LearnerWait, PhaseMeter, SamplerIdle, StepEnd
 from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
 from rljax.policy.routing import ReplicaLoad, route
@@ -64,8 +64,16 @@ class _Request:
 class Simulator:
     """Runs one ``SimConfig`` against a ``CostModel`` and a ``LengthModel``."""
 
-    def __init__(self, config: SimConfig, cost: CostModel, lengths: LengthModel):
+    def __init__(
+        self,
+        config: SimConfig,
+        cost: CostModel,
+        lengths: LengthModel,
+        *,
+        force_lending: LendingDecision | None = None,
+    ):
         self.cfg, self.cost, self.lengths = config, cost, lengths
+        self.force_lending = force_lending  # mode "lend": this loan every phase (benchmarks)
         if config.train_flops_per_param is not None:
             self.cost = dataclasses.replace(
                 cost, train_flops_per_param=config.train_flops_per_param
@@ -402,7 +410,8 @@ class Simulator:
         self.running: dict[int, _Request] = {}
         self.lender = None
         if cfg.mode == "lend":
-            self.lender = Lender(self, cfg.lending or LendingConfig(enabled=True))
+            config = cfg.lending or LendingConfig(enabled=True)
+            self.lender = Lender(self, config, self.force_lending)
         self.requeue: list[int] = []
         self.sampler_version = 0
         self.learner_busy = False

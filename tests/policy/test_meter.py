@@ -106,3 +106,17 @@ def test_stats_needs_a_step_boundary():
     meter.record(Learn(0.0, 1.0))
     with pytest.raises(ValueError, match="needs a StepEnd"):
         close(meter)
+
+
+def test_engaged_time_counts_replicas_holding_a_live_sequence():
+    # Two replicas of 4 slots over 10 s: one decodes throughout, the other 3 s then sits empty
+    # (a whole idle chip group, lendable without moving a request).
+    meter = PhaseMeter()
+    meter.record(Generate(0.0, 10.0, busy_slots=1, total_slots=4, steps=100))
+    meter.record(Generate(0.0, 3.0, busy_slots=4, total_slots=4, steps=30))
+    meter.record(SamplerIdle(0.0, 10.0, slots=3))
+    meter.record(SamplerIdle(3.0, 10.0, slots=4))
+    meter.record(StepEnd(10.0))
+    stats = close(meter)
+    assert stats.sampler_engaged_s == pytest.approx((4 * 10 + 4 * 3) / 8)
+    assert stats.sampler_busy_s == pytest.approx(10 - (3 * 10 + 4 * 7) / 8)

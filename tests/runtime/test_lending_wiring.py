@@ -55,7 +55,10 @@ def test_each_boundary_decides_from_the_meters_phase():
     run, lending = _run(prepare_s=0.1, release_s=0.1)
     assert run.step_hooks == [lending.at_boundary]
     _phase(lending.meter, learner_wait=8.0)
-    lending.at_boundary(run, 0)
+    lending.at_boundary(run, 0)  # the first step holds the compiles: nothing is lent
+    assert lending.decision.direction is LendDirection.NONE
+    _phase(lending.meter, learner_wait=8.0)
+    lending.at_boundary(run, 1)
     stats = lending.last_stats
     assert stats.learner_idle_s == pytest.approx(8.0) and stats.split == SPLIT
     assert lending.decision == decide(stats, SPLIT, run.cfg.lending, param_bytes=64.0)
@@ -63,9 +66,29 @@ def test_each_boundary_decides_from_the_meters_phase():
     assert lending.metrics()["lending/direction"] == "rollout_on_train"
     # A lock-step run has no wait to fill: the same phase lends nothing there.
     run, lending = _run(mode="sync", prepare_s=0.1, release_s=0.1)
-    _phase(lending.meter, learner_wait=8.0)
-    lending.at_boundary(run, 0)
+    for step in range(2):
+        _phase(lending.meter, learner_wait=8.0)
+        lending.at_boundary(run, step)
     assert lending.decision.direction is LendDirection.NONE
+
+
+def test_a_loan_that_shortened_the_step_is_kept():
+    # The runtime decides through the same LendingPolicy as the simulator: the step after a
+    # loan is judged by its measured time (7 s against the unlent 10 s), not re-predicted.
+    run, lending = _run(prepare_s=0.1, release_s=0.1)
+    for step in range(2):  # the first step only warms up
+        _phase(lending.meter, learner_wait=8.0)
+        lending.at_boundary(run, step)
+    first = lending.decision
+    assert first.direction is LendDirection.ROLLOUT_ON_TRAIN
+    lending.meter.record(m.Generate(10.0, 17.0, 4, 8, steps=100, tokens=400, kv_tokens=50))
+    lending.meter.record(m.LearnerWait(10.0, 15.0))
+    lending.meter.record(m.Learn(15.0, 17.0))
+    lending.meter.record(m.StepEnd(17.0))
+    lending.at_boundary(run, 1)
+    kept = lending.decision
+    assert (kept.direction, kept.chips, kept.share) == (first.direction, first.chips, first.share)
+    assert kept.expected_gain_s == pytest.approx(3.0) and "measured" in kept.reason
 
 
 def test_a_forced_decision_wins_and_train_on_roll_lends_micro_batches():

@@ -82,21 +82,33 @@ def test_nothing_is_lent_when_the_policy_declines(lending_config, fields):
 
 def test_decisions_are_the_policys_on_the_meters_stats(monkeypatch):
     seen = []
-    decide = lending.decide
+    decide = lending.LendingPolicy.decide
 
-    def spy(stats, split, config, *, param_bytes=0.0):
-        decision = decide(stats, split, config, param_bytes=param_bytes)
+    def spy(self, stats, split):
+        decision = decide(self, stats, split)
         seen.append((stats, decision))
         return decision
 
-    monkeypatch.setattr(lending, "decide", spy)
+    monkeypatch.setattr(lending.LendingPolicy, "decide", spy)
     config = small("lend", lending=CHEAP, **TRAIN)
     result = run(config)
     assert len(seen) == config.steps // config.phase_steps
     assert all(s.steps == config.phase_steps for s, _ in seen)
-    taken = [(d.direction.value, d.chips, d.share) for _, d in seen]
+    loans = [x for _, d in seen for x in (d, d.also) if x is not None]
+    taken = [(d.direction.value, d.chips, d.share) for d in loans]
     taken = [t for t in taken if t[0] != LendDirection.NONE.value]
     assert [tuple(x[1:]) for x in result.lends] == taken
+
+
+def test_a_paying_loan_runs_in_every_phase(monkeypatch):
+    # Guards the policy reading a lent phase as unlent: the model then sees a sampler whose
+    # work the borrowed replicas took, predicts no saving, and returns the loan every other
+    # phase. The loan pays here (the lent run is faster), so it must stay lent throughout.
+    config = small("lend", lending=CHEAP, **ROLLOUT)
+    result = run(config)
+    phases = config.steps // config.phase_steps
+    assert len(result.lends) == phases - 1  # every decision after the first phase lends
+    assert result.wall_s < run(dataclasses.replace(config, mode="async")).wall_s
 
 
 def test_a_thousand_step_run_with_lending_finishes():
