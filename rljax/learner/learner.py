@@ -10,12 +10,10 @@ optimiser state live in their learner shardings (FSDP over 'fsdp', tensor parall
 Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never
 materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
 importance ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
-
 Trainer-on-RollPool (:mod:`rljax.runtime.lending`): ``step(batch, loan)`` takes the gradients of
 the last ``loan.micro_batches`` micro-batches on other chips with the current params, moves them
 back (``device_put``) and sums them into the update; the learner stays the only optimiser and
 version authority, and the step equals the unlent one within float tolerance.
-
 The same forward pass gives the train-inference mismatch, logged every step: the gap between
 these log-probs and the sampler's (``mismatch/*``, :data:`MISMATCH_FRESH` restricted to the
 tokens the learner's own version sampled, where only the two programs and their precisions
@@ -52,9 +50,9 @@ from rljax.models.sharding import (
     state_shardings,
     with_shardings,
 )
+from rljax.models.transformer import stack_layers
 
-# Mismatch metrics over the fresh tokens (behaviour version == learner version) only; absent
-# from a step's metrics when it has none.
+# Mismatch metrics over the fresh tokens (behaviour version == learner version); absent if none.
 MISMATCH_FRESH = ("mismatch/abs_logp_fresh", "mismatch/k3_fresh")
 
 # Only the rate is injected (kept in the optimiser state); the rest stay Python constants.
@@ -181,12 +179,14 @@ class Learner:
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.kernel_impl = kernel_impl
         self.version = version
+        params = stack_layers(params)  # an engine's params may be per layer (serving_params)
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
         self.params = jax.device_put(params, self.param_shardings, may_alias=False)
         self.ref_params = None
         if ref_params is not None and cfg.beta > 0:
-            self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
+            ref = stack_layers(ref_params)
+            self.ref_params = jax.device_put(ref, self.param_shardings, may_alias=False)
         if opt_state is None:  # a fresh run; a resumed one passes its restored state
             opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings())(self.params)
         self.opt_state = jax.device_put(opt_state, self._opt_shardings())
