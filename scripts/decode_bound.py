@@ -34,31 +34,24 @@ def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
 def matmul_floor_s(params, batch: int, repeats: int) -> float:
     """Median time of one jit that multiplies a [batch, d] input by every weight matrix once.
 
-    Every layer's every weight is first its own contiguous [d, n] matrix (copied out of the
-    stacked [L, d, ...] arrays when the params are stacked; outside the timing), and the
-    embedding is the [V, D] matrix the tied head reads: the matmuls a decode step cannot
-    avoid, in the layout this CPU's dot kernels like best, with nothing else. Its fraction of
-    the bound is a limit of those kernels for this model and batch, measured on its own.
+    Every layer's every weight is first copied out of the stacked [L, d, ...] arrays into its
+    own contiguous [d, n] matrix (outside the timing), and the embedding is the [V, D] matrix
+    the tied head reads: the matmuls a decode step cannot avoid, in the layout this CPU's dot
+    kernels like best, with nothing else. Its fraction of the bound is a limit of those
+    kernels for this model and batch, measured on its own.
     """
     mats, heads = [], []  # heads: the [V, D] matrices, contracted over their last axis
-
-    def matrix(name, w):  # wo [N, H, D] contracts N*H; the rest their first axis
-        w = np.asarray(w)
-        w = w.reshape(-1, w.shape[-1]) if "wo" in name else w.reshape(w.shape[0], -1)
-        mats.append(jnp.asarray(w))
-        heads.append(False)
-
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
         name = jax.tree_util.keystr(path)
-        per_layer = isinstance(path[-1], jax.tree_util.SequenceKey)  # the engine's CPU layout
         if "embed" in name or "lm_head" in name:
             mats.append(jnp.asarray(x.T if "lm_head" in name else x))
             heads.append(True)
-        elif per_layer and x.ndim >= 2:
-            matrix(name, x)
-        elif not per_layer and x.ndim > 2:
-            for i in range(x.shape[0]):
-                matrix(name, x[i])
+        elif x.ndim > 2:
+            for i in range(x.shape[0]):  # wo [N, H, D] contracts N*H; the rest their first axis
+                w = np.asarray(x[i])
+                w = w.reshape(-1, w.shape[-1]) if "wo" in name else w.reshape(w.shape[0], -1)
+                mats.append(jnp.asarray(w))
+                heads.append(False)
 
     @jax.jit
     def dots(ws):

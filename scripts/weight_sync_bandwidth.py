@@ -46,7 +46,6 @@ from rljax.engine.engine import Engine
 from rljax.mesh.topology import Topology, build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import LEARNER_RULES, state_shardings
-from rljax.models.transformer import stack_layers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/ is not a package
 from continuous_batching import BATCHING_MODEL, QUICK_MODEL, random_params  # noqa: E402
@@ -71,12 +70,10 @@ def sampler_engine(topology: Topology, model_cfg: ModelConfig, graphdef) -> Engi
 
 
 def to_learner(params, topology: Topology):
-    """``params`` (anywhere, either layer layout) placed as the learner holds them: stacked,
-    LEARNER_RULES on its mesh.
+    """``params`` (anywhere) placed as the learner holds them: LEARNER_RULES on its mesh.
 
     Through the host: a device-to-device put onto a new sharding compiles a reshard.
     """
-    params = stack_layers(params)
     shardings = state_shardings(params, topology.learner, LEARNER_RULES)
     return jax.device_put(jax.device_get(params), shardings)
 

@@ -9,7 +9,6 @@ DTYPES = ("float32", "bfloat16")
 FAMILIES = ("llama", "qwen2", "qwen3")
 LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
 SWAP_MODES = ("inflight", "recompute", "drain")
-LAYER_LAYOUTS = ("auto", "stacked", "per_layer")  # how the sampler holds the layer weights
 TASKS = ("arithmetic", "gsm8k", "math")
 MESH_MODES = ("colocated", "split")
 SLICE_LAYOUTS = ("by_role", "spread")  # multislice: whole slices per role, or both on every one

@@ -13,7 +13,6 @@ from typing import Any
 from rljax.config.checks import (
     DTYPES,
     FAMILIES,
-    LAYER_LAYOUTS,
     LOSSES,
     MESH_MODES,
     REMAT,
@@ -119,15 +118,10 @@ class SamplingConfig:
     # log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory; the
     # learner logs the mismatch it brings (mismatch/* metrics, docs/runtime.md).
     dtype: str = "float32"
-    # How the sampler holds the layer weights: 'stacked' [L, ...] arrays under a layer scan (one
-    # compiled block), 'per_layer' arrays under an unrolled loop (XLA's CPU backend copies each
-    # weight it slices out of a stacked array before the matmul), 'auto': per_layer on the CPU.
-    layer_layout: str = "auto"
 
     def __post_init__(self):
         _positive_float("sampling.temperature", self.temperature, allow_zero=True)
         _one_of("sampling.dtype", self.dtype, DTYPES)
-        _one_of("sampling.layer_layout", self.layer_layout, LAYER_LAYOUTS)
         _positive("sampling.top_k", self.top_k, allow_zero=True)
         if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
             _fail("sampling.top_p", self.top_p, "a number in (0, 1]")

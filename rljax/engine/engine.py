@@ -20,10 +20,8 @@ the orchestrator's ``isinstance`` checks hold.
   is a moment away: insert waits up to ``BUSY_SLOT_GRACE_S`` for it, then refuses the busy
   slot.
 - A slot that holds ``max_seq_len`` tokens stops: ``generate`` reports it ``valid = False``
-  and takes no page for it, until ``free_resource`` (JetStream's orchestrator steps a finished
-  slot until its detokenize thread frees it).
-- The params are in the engine's ``layer_layout`` (``sampling.layer_layout``): ``load_params``
-  and the Sampler convert a learner-layout state (:meth:`Engine.serving_params`).
+  and takes no page for it, until ``free_resource``. JetStream's orchestrator steps a finished
+  slot until its detokenize thread frees it, so this must not raise.
 
 Decode state lives on the sampler mesh. Keys and values sit in a page pool [L, K, P, Z, H];
 each slot owns a row of the page table. A host-side :class:`SlotPages` hands out pages as
@@ -60,16 +58,14 @@ from rljax.engine.state import (
 )
 from rljax.engine.steps import build_steps
 from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
-from rljax.engine.weights import load_checkpoint, resolve_layer_layout
+from rljax.engine.weights import load_checkpoint
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
     axis_size,
-    divisible_or_replicated,
     state_shardings,
     with_shardings,
 )
-from rljax.models.transformer import unstack_layers
 
 __all__ = ["Engine", "DecodeState", "Prefix", "ResultTokens", "SlotData", "SlotSampling"]
 
@@ -137,7 +133,6 @@ class Engine:
         self._parked = False  # host slots freed since the device state last saw the table
         self._base_key = jax.random.key(seed)
         self._prefills = itertools.count()
-        self.layer_layout = resolve_layer_layout(sampling_cfg.layer_layout, mesh)
         self._steps = build_steps(self)
 
     # -- JetStream properties ---------------------------------------------------------------
@@ -181,18 +176,13 @@ class Engine:
         return NamedSharding(self._mesh, PartitionSpec())
 
     def param_shardings(self, params: nnx.State):
-        """The sampler's shardings for a params state of this model (either layer layout)."""
+        """The sampler's shardings for a params state of this model."""
         return state_shardings(params, self._mesh, self._rules)
-
-    def serving_params(self, params: nnx.State | None) -> nnx.State | None:
-        """``params`` (on the sampler mesh) in ``layer_layout``: sliced per layer once, here."""
-        per_layer = params is not None and self.layer_layout == "per_layer"
-        return unstack_layers(params) if per_layer else params
 
     def get_prefix_destination_sharding(self) -> Prefix:
         """Where a Prefix must live before ``insert``: a Prefix of shardings."""
         kv = self._sharding(None, None, "kv_heads", None)
-        kv = divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
+        kv = _divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
         rep = self._replicated()
         return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)
 
@@ -206,29 +196,28 @@ class Engine:
         else:
             pages = self._sharding(None, "kv_heads", None, None, None)
             slot = table = self._replicated()
-        pages = divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
+        pages = _divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
         s = slot
         return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)
 
     # -- params, tokenizer, state -----------------------------------------------------------
 
     def load_params(self, params: nnx.State | None = None, *args, **kwargs) -> nnx.State:
-        """``params`` (e.g. the learner's) copied onto the sampler mesh in ``layer_layout``;
-        with none, the engine's ``checkpoint`` read into the sampler's shardings. Always a copy:
-        the learner donates its buffers to the next step, so the sampler must never alias them,
-        even when both roles share devices.
+        """``params`` (e.g. the learner's) copied onto the sampler mesh; never a jit. With
+        none, the engine's ``checkpoint`` read into the sampler's shardings.
+
+        Always a copy: the learner donates its buffers to the next step, so the sampler must
+        never alias them, even when both roles share devices.
         """
         del args, kwargs  # JetStream passes loader-specific options; none apply here
-        if params is not None:
-            params = jax.device_put(params, self.param_shardings(params), may_alias=False)
-        elif self.checkpoint is not None:
-            params = load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
-        else:
+        if params is None and self.checkpoint is not None:
+            return load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
+        if params is None:
             raise ValueError(
                 "load_params() needs the params to serve: pass a params state, e.g. "
                 "load_params(learner.params), or build the Engine with checkpoint=PATH"
             )
-        return self.serving_params(params)
+        return jax.device_put(params, self.param_shardings(params), may_alias=False)
 
     def get_tokenizer(self) -> TokenizerParameters:
         """Where the tokenizer lives (JetStream's ``TokenizerParameters``)."""
@@ -498,3 +487,12 @@ class Engine:
         abstract = jax.eval_shape(self._steps.make_state)
         state = with_shardings(abstract, self.decode_state_shardings())
         return self._steps.lower_generate(params, state)
+
+
+def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
+    """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
+    if size % axis_size(sharding.mesh, sharding.spec[dim]) == 0:
+        return sharding
+    spec = list(sharding.spec)
+    spec[dim] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))

@@ -1,8 +1,7 @@
-"""Weights an engine serves: their layout, and what ``load_params()`` reads when given none.
+"""Weights an engine serves when ``load_params()`` is called with none (JetStream's server does).
 
-The engine's ``checkpoint`` (what JetStream's server loads) is a Hugging Face safetensors
-directory or a GGUF file; it is read straight into the sampler's shardings, and must describe
-the engine's own model.
+The engine's ``checkpoint`` is a Hugging Face safetensors directory or a GGUF file; it is read
+straight into the sampler's shardings, and must describe the engine's own model.
 """
 
 from __future__ import annotations
@@ -14,16 +13,6 @@ from jax.sharding import Mesh
 
 from rljax.config import ModelConfig
 from rljax.models.sharding import ShardingRules
-
-
-def resolve_layer_layout(layout: str, mesh: Mesh) -> str:
-    """``sampling.layer_layout`` for ``mesh``: 'auto' is 'per_layer' on CPU devices, where XLA
-    copies each weight it slices out of a stacked array before the matmul (a decode step on a
-    135M model spent a quarter of its time on those copies), and 'stacked' elsewhere, where the
-    layer scan keeps one compiled block however deep the model is."""
-    if layout != "auto":
-        return layout
-    return "per_layer" if all(d.platform == "cpu" for d in mesh.devices.flat) else "stacked"
 
 
 def load_checkpoint(

@@ -50,7 +50,6 @@ from rljax.models.sharding import (
     state_shardings,
     with_shardings,
 )
-from rljax.models.transformer import stack_layers
 
 # Mismatch metrics over the fresh tokens (behaviour version == learner version); absent if none.
 MISMATCH_FRESH = ("mismatch/abs_logp_fresh", "mismatch/k3_fresh")
@@ -179,14 +178,12 @@ class Learner:
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.kernel_impl = kernel_impl
         self.version = version
-        params = stack_layers(params)  # an engine's params may be per layer (serving_params)
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
         self.params = jax.device_put(params, self.param_shardings, may_alias=False)
         self.ref_params = None
         if ref_params is not None and cfg.beta > 0:
-            ref = stack_layers(ref_params)
-            self.ref_params = jax.device_put(ref, self.param_shardings, may_alias=False)
+            self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
         if opt_state is None:  # a fresh run; a resumed one passes its restored state
             opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings())(self.params)
         self.opt_state = jax.device_put(opt_state, self._opt_shardings())

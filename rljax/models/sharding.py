@@ -112,29 +112,13 @@ def _degrade(mesh: Mesh, rules: ShardingRules, logical, shape, name) -> NamedSha
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
-    """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
-    if size % axis_size(sharding.mesh, sharding.spec[dim]) == 0:
-        return sharding
-    spec = list(sharding.spec)
-    spec[dim] = None
-    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
-
-
 def state_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules) -> nnx.State:
-    """NamedShardings for every Variable in ``state``, from its logical ``out_sharding``.
-
-    A Variable holding a tuple of per-layer arrays (``transformer.unstack_layers``) gets one
-    sharding for all of them: its logical axes without the leading 'layers'.
-    """
+    """NamedShardings for every Variable in ``state``, from its logical ``out_sharding``."""
 
     def one(path, var):
-        value = var.get_value()
-        per_layer = isinstance(value, tuple)
-        shape = value[0].shape if per_layer else var.shape
-        logical = var.get_metadata().get("out_sharding") or (None,) * (len(shape) + per_layer)
+        logical = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
         name = "/".join(str(p) for p in path)
-        return _degrade(mesh, rules, tuple(logical)[per_layer:], shape, name)
+        return _degrade(mesh, rules, tuple(logical), var.shape, name)
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable)

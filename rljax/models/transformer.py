@@ -6,10 +6,7 @@ tied input/output embeddings (SmolLM2).
 
 Per-layer weights are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``: one block is compiled however deep the model is, and a checkpoint's layer
-tensors map onto one array per kind. A params state may instead hold each stacked weight as a
-tuple of per-layer arrays (:func:`unstack_layers`, the engine's layout on the CPU): the blocks
-then run unrolled, each on its own arrays. XLA's CPU backend copies a weight sliced out of a
-stacked array before its matmul, which a memory-bound decode step pays in full.
+tensors map onto one array per kind.
 
 Two call paths share the weights:
 - :meth:`Decoder.__call__` runs packed training sequences (segment ids + positions) and can
@@ -167,20 +164,8 @@ class Decoder(nnx.Module):
 
     # -- pieces -----------------------------------------------------------------------------
 
-    def _layers(self) -> dict[str, jax.Array] | list[dict[str, jax.Array]]:
-        """The stacked layer weights, or one dict per layer when the state holds them unstacked."""
-        stacked = {
-            name: getattr(self, name).get_value() for name in LAYER_PARAMS if hasattr(self, name)
-        }
-        if not any(isinstance(w, tuple) for w in stacked.values()):
-            return stacked
-        depth = self.cfg.num_layers
-        if any(not isinstance(w, tuple) or len(w) != depth for w in stacked.values()):
-            raise ValueError(
-                "the params state mixes stacked and per-layer weights; convert all of them "
-                "with unstack_layers()"
-            )
-        return [{name: w[i] for name, w in stacked.items()} for i in range(depth)]
+    def _layers(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
 
     @property
     def unembed_dv(self) -> jax.Array:
@@ -275,7 +260,7 @@ class Decoder(nnx.Module):
             # Inside a rolled scan XLA cannot CSE the recomputation away, so prevent_cse costs
             # nothing there; unrolled blocks are straight-line code, where it keeps the remat.
             block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=unroll > 1)
-        x_btd, kv = _run_layers(block, self._embed(tokens_bt), self._layers(), unroll)
+        x_btd, kv = jax.lax.scan(block, self._embed(tokens_bt), self._layers(), unroll=unroll)
         hidden = rms_norm(x_btd, self.final_norm[...], self.cfg.norm_eps)
         return (hidden, kv) if return_kv else hidden
 
@@ -391,67 +376,11 @@ class Decoder(nnx.Module):
             attn = attend(q[:, 0], kp[i], vp[i])
             return (self._finish_block(p, x_btd, attn[:, None]), kp, vp), None
 
-        layers = self._layers()
+        layers = (self._layers(), jnp.arange(k_pages.shape[0]))
         carry = (self._embed(tokens_b[:, None]), k_pages, v_pages)
-        if isinstance(layers, list):  # per-layer weights: unrolled, static layer indices
-            for i, p in enumerate(layers):
-                carry, _ = block(carry, (p, i))
-        else:
-            carry, _ = jax.lax.scan(block, carry, (layers, jnp.arange(k_pages.shape[0])))
-        x_b1d, k_pages, v_pages = carry
+        (x_b1d, k_pages, v_pages), _ = jax.lax.scan(block, carry, layers)
         hidden = rms_norm(x_b1d[:, 0], self.final_norm[...], self.cfg.norm_eps)
         return hidden, k_pages, v_pages
-
-
-def _run_layers(block, x, layers, unroll: int):
-    """``block`` over the layers: a scan over stacked weights, a loop over per-layer ones.
-    Returns (x, per-layer outputs stacked as the scan would)."""
-    if not isinstance(layers, list):
-        return jax.lax.scan(block, x, layers, unroll=unroll)
-    outs = []
-    for p in layers:
-        x, out = block(x, p)
-        outs.append(out)
-    return x, jax.tree.map(lambda *ys: jnp.stack(ys), *outs)
-
-
-def unstack_layers(state: nnx.State) -> nnx.State:
-    """``state`` with each stacked layer weight [L, ...] as a tuple of L arrays (a copy).
-
-    The arrays keep the stacked array's sharding minus its layer axis; a weight sharded over
-    its layer axis is refused (each slice would live on some devices only).
-    """
-
-    def split(x):
-        sharding = getattr(x, "sharding", None)
-        if isinstance(sharding, jax.sharding.NamedSharding):
-            spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
-            if spec[0] is not None:
-                raise ValueError(
-                    f"a layer weight is sharded over its layer axis ({spec[0]!r}); per-layer "
-                    "weights need the 'layers' logical axis unsharded in the sampler's rules"
-                )
-            sharding = jax.sharding.NamedSharding(sharding.mesh, PartitionSpec(*spec[1:]))
-        else:
-            sharding = None
-        return tuple(jax.device_put(x[i], sharding) for i in range(x.shape[0]))
-
-    out = jax.tree.map(lambda v: v, state)  # a new State; the leaves are replaced below
-    for name in LAYER_PARAMS:
-        if name in out:
-            value = out[name].get_value()
-            if not isinstance(value, tuple):
-                out[name] = out[name].replace(split(value))
-    return out
-
-
-def stack_layers(state: nnx.State) -> nnx.State:
-    """The inverse of :func:`unstack_layers`: per-layer tuples stacked back into [L, ...]."""
-    out = jax.tree.map(lambda v: v, state)
-    for name in LAYER_PARAMS:
-        if name in out and isinstance(out[name].get_value(), tuple):
-            out[name] = out[name].replace(jnp.stack(out[name].get_value()))
-    return out
 
 
 def abstract_decoder(cfg: ModelConfig) -> Decoder:

@@ -323,32 +323,3 @@ def test_sharded_pool_runs_out_of_pages_per_shard():
         eng.generate(tiny.params, state)
     assert exc.value.slots == [0]
     assert [a.free_count for a in eng.allocators] == [0, 1]  # shard 1's page cannot help
-
-
-@pytest.mark.parametrize("layout", ["stacked", "per_layer"])
-def test_both_layer_layouts_decode_like_full_recompute_of_stacked_weights(layout):
-    """The engine's params per layer (the CPU default) or stacked: the same greedy tokens as a
-    full recompute through the stacked scan."""
-    eng = tiny_engine(temperature=0.0, layer_layout=layout)
-    assert eng.engine.layer_layout == layout
-    per_layer = [isinstance(v, tuple) for v in jax.tree.leaves(eng.params, is_leaf=_is_tuple)]
-    assert any(per_layer) == (layout == "per_layer")
-    stacked = tiny_engine(temperature=0.0, layer_layout="stacked")
-    sampler = Sampler(eng.engine, eng.params)
-    for t in sampler.run(_requests(np.random.default_rng(3), 6, samples=2)):
-        assert t.response_tokens == stacked.greedy_reference(
-            t.prompt_tokens, len(t.response_tokens)
-        )
-
-
-def test_auto_layer_layout_is_per_layer_on_the_cpu_and_swaps_convert():
-    eng = tiny_engine(temperature=0.0)
-    assert eng.engine.layer_layout == "per_layer"
-    stacked = tiny_engine(temperature=0.0, layer_layout="stacked").params
-    sampler = Sampler(eng.engine, stacked)  # a learner-layout state is converted on the way in
-    sampler.set_params(stacked, version=1)
-    assert all(isinstance(sampler.params[name].get_value(), tuple) for name in ("wq", "w_up"))
-
-
-def _is_tuple(x):
-    return isinstance(x, tuple)

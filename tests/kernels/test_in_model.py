@@ -24,7 +24,6 @@ from rljax.models.sharding import (
     kernel_mesh_axes,
     make_mesh,
 )
-from rljax.models.transformer import stack_layers
 from rljax.testing.configs import TINY_MODEL
 from rljax.testing.engines import tiny_engine
 
@@ -85,7 +84,7 @@ def test_unknown_impl_is_a_one_line_error():
 
 def test_model_attention_runs_under_shard_map_only_on_the_pallas_path(tiny):
     mesh = _learner_mesh()
-    model = nnx.merge(tiny.graphdef, stack_layers(tiny.params))  # the training layout
+    model = nnx.merge(tiny.graphdef, tiny.params)
     tokens = jnp.ones((4, 8), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(8), (4, 8))
 
