@@ -186,6 +186,18 @@ class RewardPool:
       batched: call ``fn`` once per :meth:`submit` with lists, instead of once per completion.
     """
 
+    @classmethod
+    def from_config(cls, fn: Callable[[str, dict], float], cfg) -> RewardPool:
+        """A pool with a run config's ``reward`` section (``rljax.config.RewardConfig``)."""
+        return cls(
+            fn,
+            num_workers=cfg.num_workers,
+            timeout_s=cfg.timeout_s,
+            mode=cfg.mode,
+            on_failure=cfg.on_failure,
+            batched=cfg.batched,
+        )
+
     def __init__(
         self,
         fn: Callable[[str, dict], float],

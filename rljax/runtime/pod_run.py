@@ -197,14 +197,7 @@ class PodRun(Run):
             self.real_sampler = sampler
             return
         if self.rewards is None:
-            self.rewards = RewardPool(
-                reward,
-                num_workers=cfg.reward.num_workers,
-                timeout_s=cfg.reward.timeout_s,
-                mode=cfg.reward.mode,
-                on_failure=cfg.reward.on_failure,
-                batched=cfg.reward.batched,
-            )
+            self.rewards = RewardPool.from_config(reward, cfg.reward)
         self.weight_sync = pod.PodWeightSync()
         self._ticks = self._ticks or pod.Ticks(self.channel)  # one tick count across resizes
         self.sampler = pod.PodSampler(sampler, self._ticks, self.weights, self.weight_sync)

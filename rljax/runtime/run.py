@@ -145,14 +145,7 @@ class Run:
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
         )
-        self.rewards = RewardPool(
-            reward,
-            num_workers=cfg.reward.num_workers,
-            timeout_s=cfg.reward.timeout_s,
-            mode=cfg.reward.mode,
-            on_failure=cfg.reward.on_failure,
-            batched=cfg.reward.batched,
-        )
+        self.rewards = RewardPool.from_config(reward, cfg.reward)
         self.engine = self._build_engine(self.topology.sampler)
         check_divisible(
             "learner.batch_groups * learner.group_size", cfg.learner.batch_size, self.learner.dp
