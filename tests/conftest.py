@@ -1,6 +1,9 @@
 """Test setup: 8 fake CPU devices, forced before JAX initialises its backends."""
 
 import os
+import sys
+
+import pytest
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -20,3 +23,24 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-xla-cache-")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+# Tests that break checkpoint saves on purpose (killed before finalising, failing writes) leave
+# orbax signalling threads waiting on keys that never come; Python's shutdown would join them
+# until their timeouts (2-3 minutes of CI after the summary). Exit with pytest's own status
+# once everything else has unconfigured, without joining them.
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
