@@ -10,10 +10,12 @@ optimiser state live in their learner shardings (FSDP over 'fsdp', tensor parall
 Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never
 materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
 importance ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
+
 Trainer-on-RollPool (:mod:`rljax.runtime.lending`): ``step(batch, loan)`` takes the gradients of
 the last ``loan.micro_batches`` micro-batches on other chips with the current params, moves them
 back (``device_put``) and sums them into the update; the learner stays the only optimiser and
 version authority, and the step equals the unlent one within float tolerance.
+
 The same forward pass gives the train-inference mismatch, logged every step: the gap between
 these log-probs and the sampler's (``mismatch/*``, :data:`MISMATCH_FRESH` restricted to the
 tokens the learner's own version sampled, where only the two programs and their precisions
@@ -51,7 +53,8 @@ from rljax.models.sharding import (
     with_shardings,
 )
 
-# Mismatch metrics over the fresh tokens (behaviour version == learner version); absent if none.
+# Mismatch metrics over the fresh tokens (behaviour version == learner version) only; absent
+# from a step's metrics when it has none.
 MISMATCH_FRESH = ("mismatch/abs_logp_fresh", "mismatch/k3_fresh")
 
 # Only the rate is injected (kept in the optimiser state); the rest stay Python constants.
