@@ -63,6 +63,11 @@ def slice_map(groups: Sequence[Sequence[jax.Device]]) -> SliceMap:
     return tuple(sorted((d.id, s) for s, g in enumerate(groups) for d in g))
 
 
+def count(smap: SliceMap) -> int:
+    """The slices ``smap`` names (1 for a single-slice job's empty map)."""
+    return len({s for _, s in smap}) or 1
+
+
 def hybrid_mesh(
     groups: Sequence[Sequence[jax.Device]], axes: dict[str, int], dcn_axis: str, key: str
 ) -> Mesh:

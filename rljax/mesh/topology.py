@@ -26,6 +26,7 @@ from rljax.config import ConfigError, MeshConfig
 from rljax.mesh.slices import (
     SliceMap,
     check_whole_slices,
+    count,
     hybrid_mesh,
     slice_groups,
     slice_map,
@@ -46,7 +47,7 @@ class Topology:
 
     @property
     def num_slices(self) -> int:
-        return len({s for _, s in self.slices}) or 1
+        return count(self.slices)
 
     @property
     def sampler_devices(self) -> int:

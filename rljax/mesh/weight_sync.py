@@ -30,7 +30,7 @@ from flax import nnx
 
 from rljax.config import ModelConfig
 from rljax.mesh.fan_out import fan_out, stage_bytes
-from rljax.mesh.slices import SliceMap
+from rljax.mesh.slices import SliceMap, count
 from rljax.models.transformer import Decoder
 
 # Publishes kept in WeightSync.history (the newest; the driver and reallocator read the last).
@@ -63,7 +63,7 @@ class WeightSync:
         self.dtype = None if dtype is None else jnp.dtype(dtype)
         self.every = every
         # Two stages (DCN once, then ICI) only when the job has several slices.
-        self.slices = slices if len({s for _, s in slices}) > 1 else ()
+        self.slices = slices if count(slices) > 1 else ()
         self._stage_bytes = 0
         self._lock = threading.Lock()
         self._latest: tuple[object, int] | None = None

@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -191,8 +190,8 @@ class PodRun(Run):
             ),
         )
         stop_ids = sorted(self.tokenizer.stop_ids)
-        # No weights until the first swap (an empty state: the engine lays out no layer).
-        sampler = Sampler(self.engine, nnx.State({}), version=version, stop_ids=stop_ids)
+        # No weights until the first swap.
+        sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids)
         if not self.roles.is_leader:
             self.real_sampler = sampler
             return
