@@ -73,6 +73,44 @@ REMAT_POLICIES = {
 }
 
 
+@jax.custom_vjp
+def swiglu(x_btd: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """The SwiGLU MLP ``(silu(x W_gate) * x W_up) W_down`` with a hand-written backward.
+
+    Autodiff's backward of the 3-D einsums has XLA's CPU backend fuse the silu derivative with
+    a transpose of the [tokens, F] gradient into the layout its weight-gradient GEMM wants,
+    a strided loop that took as long as the GEMMs. Here every product is a plain 2-D matmul
+    over the flattened tokens (the weight gradients ``x^T dy``), the silu derivative is one
+    elementwise pass, and only the two pre-activations are saved: 1.5x faster forward +
+    backward at SmolLM2's shapes on the CPU, same values.
+    """
+    return _swiglu_fwd(x_btd, w_gate, w_up, w_down)[0]
+
+
+def _swiglu_fwd(x_btd, w_gate, w_up, w_down):
+    x_nd = x_btd.reshape(-1, x_btd.shape[-1])
+    gate, up = x_nd @ w_gate, x_nd @ w_up
+    out = (jax.nn.silu(gate) * up) @ w_down
+    return out.reshape(x_btd.shape), (x_nd, w_gate, w_up, w_down, gate, up)
+
+
+def _swiglu_bwd(residuals, dy_btd):
+    x_nd, w_gate, w_up, w_down, gate, up = residuals
+    dy_nd = dy_btd.reshape(-1, dy_btd.shape[-1])
+    sig = jax.nn.sigmoid(gate)
+    silu = gate * sig
+    d_act = dy_nd @ w_down.T
+    d_up = d_act * silu
+    d_gate = d_act * up * (sig * (1 + gate * (1 - sig)))
+    dx = d_gate @ w_gate.T + d_up @ w_up.T
+    x_dn = x_nd.T
+    grads = (x_dn @ d_gate, x_dn @ d_up, (silu * up).T @ dy_nd)
+    return (dx.reshape(dy_btd.shape), *grads)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm computed in float32, cast back to the input dtype."""
     x32 = x.astype(jnp.float32)
@@ -193,10 +231,10 @@ class Decoder(nnx.Module):
         cfg = self.cfg
         x_btd = x_btd + jnp.einsum("BTNH,NHD->BTD", attn_btnh, p["wo"].astype(x_btd.dtype))
         h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
-        gate = jnp.einsum("BTD,DF->BTF", h_btd, p["w_gate"].astype(h_btd.dtype))
-        up = jnp.einsum("BTD,DF->BTF", h_btd, p["w_up"].astype(h_btd.dtype))
-        mlp = jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, p["w_down"].astype(h_btd.dtype))
-        return x_btd + mlp
+        dt = h_btd.dtype
+        return x_btd + swiglu(
+            h_btd, p["w_gate"].astype(dt), p["w_up"].astype(dt), p["w_down"].astype(dt)
+        )
 
     def _embed(self, tokens):
         return self.embed[...][tokens].astype(jnp.dtype(self.cfg.dtype))
