@@ -2,6 +2,7 @@
 
     python scripts/pod_weight_sync.py                      # 4 processes x 2 CPU devices, SmolLM2
     python scripts/pod_weight_sync.py --model tiny --runs 3
+    python scripts/pod_weight_sync.py --slices 2 --sampler-data 2   # two emulated slices
 
 Starts a localhost pod (``rljax.testing.pod``): hosts 0-1 hold the sampler mesh, hosts 2-3 the
 learner mesh with the model's params (the config's shapes; values do not matter to a copy).
@@ -9,6 +10,10 @@ Every process enters ``PodWeights.move`` (``rljax.mesh.transfer``: one computati
 union of both meshes, the pod's weight sync) ``--runs`` times in f32 and in bf16 (the learner
 casts first), and process 0 times it. In the same run, process 0 times ``jax.device_put`` of
 the same bytes between two of its own devices: the copy bandwidth a transfer could reach here.
+With ``--slices 2`` the hosts form two emulated slices (the sampler's, then the learner's),
+the sampler has ``--sampler-data`` replicas, and the sync runs in two stages (one copy into
+the sampler slice, then a fan-out inside it, ``rljax.mesh.fan_out``); bf16 is then also timed
+in one stage on the same meshes, for comparison.
 
 The union transfer is an all-reduce: every device of the union receives and sends about twice
 the model's bytes, so on this CPU (gloo over localhost TCP) it is far below a device-to-device
@@ -30,7 +35,7 @@ from pathlib import Path
 MODELS = {"smollm2": "smollm2_arith", "tiny": "arith_tiny"}  # modules of rljax.configs
 
 
-def _worker(model: str, runs: int) -> None:
+def _worker(model: str, runs: int, slices: int, sampler_data: int) -> None:
     from rljax.mesh import distributed
 
     distributed.maybe_initialize()
@@ -39,16 +44,26 @@ def _worker(model: str, runs: int) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh
 
+    from rljax.config import MeshConfig
+    from rljax.mesh.topology import build_topology
     from rljax.models.loading import abstract_params, initial_model_config
-    from rljax.runtime.pod import PodWeights
+    from rljax.runtime.pod_weights import PodWeights
 
     cfg = importlib.import_module(f"rljax.configs.{MODELS[model]}").recipe()
     devices = jax.devices()
     half = len(devices) // 2
-    sampler = Mesh(np.array(devices[:half]).reshape(1, half), ("data", "tensor"))
-    learner = Mesh(np.array(devices[half:]).reshape(half, 1), ("fsdp", "tensor"))
+    topo = build_topology(
+        MeshConfig(
+            mode="split",
+            num_slices=slices,
+            sampler_devices=half,
+            learner_devices=half,
+            sampler_data=sampler_data,
+            sampler_tensor=half // sampler_data,
+        )
+    )
+    sampler, learner = topo.sampler, topo.learner
     _, abstract = abstract_params(initial_model_config(cfg), learner)
     owns_learner = jax.process_index() >= jax.process_count() // 2
     params = None
@@ -61,15 +76,19 @@ def _worker(model: str, runs: int) -> None:
 
     client = jax_distributed.global_state.client
     out = {}
-    for dtype in ("float32", "bfloat16"):
-        weights = PodWeights(abstract, sampler, dtype)
+    variants = [("float32", "float32", topo.slices), ("bfloat16", "bfloat16", topo.slices)]
+    if slices > 1:
+        variants.append(("bfloat16_one_stage", "bfloat16", ()))
+    for name, dtype, smap in variants:
+        weights = PodWeights(abstract, sampler, dtype, smap)
         times = []
         for i in range(runs + 1):  # the first compiles
-            client.wait_at_barrier(f"sync_{dtype}_{i}", 600_000)
+            client.wait_at_barrier(f"sync_{name}_{i}", 600_000)
             start = time.perf_counter()
             weights.move(params if owns_learner else None)
             times.append(time.perf_counter() - start)
-        out[dtype] = {"bytes": weights.bytes, "seconds": times[1:]}
+        out[name] = {"bytes": weights.bytes, "stage_bytes": weights.stage_bytes}
+        out[name]["seconds"] = times[1:]
     if jax.process_index() == 0:
         nbytes = out["float32"]["bytes"]
         x = jax.device_put(np.zeros(nbytes // 4, np.float32), devices[0])
@@ -92,10 +111,12 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=4)
     p.add_argument("--devices", type=int, default=2, help="CPU devices per process")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--slices", type=int, default=1, help="emulated slices (1 or 2)")
+    p.add_argument("--sampler-data", type=int, default=1, help="sampler replicas (mesh data)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        _worker(args.model, args.runs)
+        _worker(args.model, args.runs, args.slices, args.sampler_data)
         return
     from rljax.sim.chips import CHIPS
     from rljax.testing import pod
@@ -106,6 +127,8 @@ def main() -> None:
             "--worker",
             f"--model={args.model}",
             f"--runs={args.runs}",
+            f"--slices={args.slices}",
+            f"--sampler-data={args.sampler_data}",
         ]
         codes, logs = pod.run(
             argv, processes=args.processes, devices=args.devices, logdir=Path(logdir), timeout=1800
@@ -119,6 +142,8 @@ def main() -> None:
         "model": args.model,
         "processes": args.processes,
         "devices": args.devices,
+        "slices": args.slices,
+        "sampler_data": args.sampler_data,
         "device_put_s": copy,
         "device_put_gb_s": copy_bw / 1e9,
     }
@@ -130,19 +155,21 @@ def main() -> None:
         f"  device_put of {raw['float32']['bytes'] / 1e6:.1f} MB between two devices of "
         f"process 0: {copy['median'] * 1e3:.1f} ms ({copy_bw / 1e9:.2f} GB/s)"
     )
-    for dtype in ("float32", "bfloat16"):
-        s = _summary(raw[dtype]["seconds"])
-        bw = raw[dtype]["bytes"] / s["median"]
-        figures[dtype] = {
-            "bytes": raw[dtype]["bytes"],
+    for name in [k for k in ("float32", "bfloat16", "bfloat16_one_stage") if k in raw]:
+        s = _summary(raw[name]["seconds"])
+        bw = raw[name]["bytes"] / s["median"]
+        figures[name] = {
+            "bytes": raw[name]["bytes"],
+            "stage_bytes": raw[name]["stage_bytes"],
             "seconds": s,
             "gb_s": bw / 1e9,
             "of_device_put": bw / copy_bw,
         }
+        stages = f", {raw[name]['stage_bytes'] / 1e6:.1f} MB across slices" * (args.slices > 1)
         print(
-            f"  transfer {dtype}: {raw[dtype]['bytes'] / 1e6:.1f} MB in {s['median']:.3f} s "
+            f"  transfer {name}: {raw[name]['bytes'] / 1e6:.1f} MB in {s['median']:.3f} s "
             f"[{s['min']:.3f}, {s['max']:.3f}] = {bw / 1e9:.3f} GB/s, "
-            f"{bw / copy_bw:.3f} of device_put"
+            f"{bw / copy_bw:.3f} of device_put{stages}"
         )
     # ICI model: Qwen3-8B in bf16 on a v5p-32 split 8 sampler + 8 learner chips.
     ici = CHIPS["tpu-v5p"].network_bytes_per_s  # per chip, datasheet

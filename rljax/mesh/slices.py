@@ -30,6 +30,12 @@ from rljax.config import ConfigError
 SliceMap = tuple[tuple[int, int], ...]
 
 
+def on_slices(devices: Sequence[jax.Device]) -> bool:
+    """Whether ``devices`` say which slice they sit on: TPU devices do. (The CPU devices of a
+    multi-process run report ``slice_index`` 0 too; they are emulated like one process's.)"""
+    return bool(devices) and all(d.platform == "tpu" and hasattr(d, "slice_index") for d in devices)
+
+
 def slice_groups(devices: Sequence[jax.Device], num_slices: int) -> list[list[jax.Device]]:
     """``devices`` grouped by slice, slice 0 first; each group keeps the given device order.
 
@@ -42,7 +48,7 @@ def slice_groups(devices: Sequence[jax.Device], num_slices: int) -> list[list[ja
             f"config key 'mesh.num_slices' = {num_slices} does not divide the {len(devices)} "
             f"visible device(s); set it to the number of slices (a divisor of {len(devices)})"
         )
-    if all(hasattr(d, "slice_index") for d in devices) and devices:
+    if on_slices(devices):
         by_slice: dict[int, list] = {}
         for d in devices:
             by_slice.setdefault(d.slice_index, []).append(d)
@@ -96,7 +102,7 @@ def hybrid_mesh(
     ici = tuple(v // k if a == dcn_axis else v for a, v in sizes.items())
     dcn = tuple(k if a == dcn_axis else 1 for a in sizes)
     flat = [d for g in groups for d in g]
-    if all(hasattr(d, "slice_index") for d in flat):
+    if on_slices(flat):
         arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=flat)
     else:
         # Emulated slices: block i of the DCN axis is slice i, laid out as np.block would.

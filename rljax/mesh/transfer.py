@@ -18,7 +18,8 @@ one computation over the **union** of the two meshes' devices:
 Every process that owns a device of either mesh must call :func:`transfer` with the same
 arguments, in the same order as every other collective; a process that owns no source device
 passes the source as ``jax.ShapeDtypeStruct(shape, dtype, sharding=...)``. On a process that
-owns no destination device the result's leaves are None.
+owns no destination device the result's leaves are None; a process that owns no device of
+either mesh enters nothing and gets None leaves too.
 
 Bytes on the wire: the all-reduce moves about twice the leaf's bytes through every device of
 the union, against the leaf's bytes once for an ideal point-to-point reshard; the simplicity
@@ -127,8 +128,10 @@ def transfer(tree, dst_shardings, *, force_union: bool = False):
     if not force_union and not needs_union(src, dst):
         return jax.device_put(tree, dst_shardings, may_alias=False)
     union = union_devices(src, dst)
-    mesh = Mesh(np.array(union), ("u",))
     me = jax.process_index()
+    if all(d.process_index != me for d in union):  # not this process's move: nothing to enter
+        return jax.tree.unflatten(treedef, [None] * len(leaves))
+    mesh = Mesh(np.array(union), ("u",))
     blocks, src_offs, dst_offs, specs = [], [], [], []
     for x, s, d in zip(leaves, src, dst, strict=True):
         owned, so, do = _plan(x, s, d, union)

@@ -139,6 +139,7 @@ def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, syn
         "sampler_occupancy": clocks["occupancy"],
         "sync_bytes": sync.bytes if sync else 0,
         "sync_s": sync.seconds if sync else 0.0,
+        "sync_stage_bytes": sync.stage_bytes if sync else 0,
     }
     return out
 

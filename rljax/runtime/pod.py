@@ -37,7 +37,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax.config import ConfigError
@@ -45,10 +44,9 @@ from rljax.engine.engine import SlotSampling
 from rljax.engine.sampler import Request, Sampler
 from rljax.mesh.control import Channel
 from rljax.mesh.topology import Topology
-from rljax.mesh.transfer import transfer
 from rljax.mesh.weight_sync import HISTORY, SyncStats
-from rljax.models.sharding import SAMPLER_RULES, state_shardings
 from rljax.runtime.clocks import compile_seconds
+from rljax.runtime.pod_weights import PodWeights
 from rljax.runtime.rollout import decode_group, encode_group
 
 log = logging.getLogger(__name__)
@@ -137,40 +135,6 @@ def decode_request(d: dict[str, Any]) -> Request:
         request_id=d["request_id"],
         max_new_tokens=d["max_new_tokens"],
     )
-
-
-class PodWeights:
-    """The weight sync of a pod: every process calls :meth:`move` at the same tick.
-
-    ``abstract`` is the learner's params state as ``ShapeDtypeStruct``s with the learner's
-    shardings. Learner processes pass their params (cast to the sampler's dtype on the learner
-    mesh first); sampler processes pass nothing and get the sampler's copy.
-    """
-
-    def __init__(self, abstract, sampler_mesh, dtype: str):
-        self.dtype = jnp.dtype(dtype)
-
-        def cast(x):
-            floating = jnp.issubdtype(x.dtype, jnp.floating)
-            dtype = self.dtype if floating else x.dtype
-            return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
-
-        self.source = jax.tree.map(cast, abstract)
-        self.targets = state_shardings(self.source, sampler_mesh, SAMPLER_RULES)
-        self._cast = jax.jit(
-            lambda tree: jax.tree.map(
-                lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                tree,
-            )
-        )
-        self.bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.source))
-
-    def move(self, params=None):
-        """The sampler's copy (None leaves on learner processes), after one union transfer."""
-        src = self.source if params is None else self._cast(params)
-        out = transfer(src, self.targets)
-        jax.block_until_ready([x for x in jax.tree.leaves(out) if x is not None])
-        return out
 
 
 # Every process reports how far it read every PROGRESS_EVERY ticks; the leader then deletes
@@ -265,7 +229,14 @@ class PodSampler:
             self.ticks.flush("swap", version)
             start = time.perf_counter()
             params = self.weights.move()
-            self.sync.record(SyncStats(version, self.weights.bytes, time.perf_counter() - start))
+            self.sync.record(
+                SyncStats(
+                    version,
+                    self.weights.bytes,
+                    time.perf_counter() - start,
+                    self.weights.stage_bytes,
+                )
+            )
             self.swapped = version
             self.real.set_params(params, version)
 

@@ -163,7 +163,9 @@ class PodRun(Run):
         """The parts that depend on the split (at start, and after each resize); returns the
         seconds spent restoring a checkpoint."""
         graphdef, abstract = abstract_params(self.model_cfg, self.topology.learner)
-        self.weights = pod.PodWeights(abstract, self.topology.sampler, self.cfg.sampling.dtype)
+        self.weights = pod.PodWeights(
+            abstract, self.topology.sampler, self.cfg.sampling.dtype, self.topology.slices
+        )
         self.sampler_model = sampler_model(self.model_cfg, graphdef, self.cfg.sampling.dtype)
         restore_s = self._build_state()
         self._build_role(self._reward)

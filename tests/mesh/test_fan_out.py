@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from rljax.mesh.topology import build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import LEARNER_RULES, SAMPLER_RULES, state_shardings
 from rljax.models.transformer import Decoder
+from rljax.testing import pod
 from rljax.testing.configs import TINY_MODEL
 
 
@@ -84,3 +87,58 @@ def test_one_slice_keeps_one_stage():
     assert topo.slices == () and topo.num_slices == 1
     sync = WeightSync(lambda t: t, slices=topo.slices)
     assert sync.slices == ()
+
+
+_POD_SCRIPT = """
+import json
+import numpy as np
+from rljax.mesh import distributed
+distributed.maybe_initialize()
+import jax
+from rljax.config import MeshConfig
+from rljax.mesh.topology import build_topology
+from rljax.models.loading import abstract_params
+from rljax.runtime.pod import PodWeights
+from rljax.testing.configs import TINY_MODEL
+cfg = MeshConfig(mode="split", num_slices=2, sampler_devices=4, learner_devices=4,
+                 sampler_data=2, sampler_tensor=2)
+topo = build_topology(cfg)
+_, abstract = abstract_params(TINY_MODEL, topo.learner)
+leaves, treedef = jax.tree.flatten(abstract)
+rng = np.random.default_rng(0)
+values = [rng.standard_normal(a.shape).astype(a.dtype) for a in leaves]
+learner = any(d.process_index == jax.process_index() for d in topo.learner.devices.flat)
+params = None
+if learner:
+    params = treedef.unflatten([
+        jax.make_array_from_callback(a.shape, a.sharding, lambda i, v=v: v[i])
+        for a, v in zip(leaves, values)
+    ])
+one = PodWeights(abstract, topo.sampler, "bfloat16")
+two = PodWeights(abstract, topo.sampler, "bfloat16", topo.slices)
+a, b = one.move(params), two.move(params)
+out = {"stages": two.stages is not None, "stage_bytes": two.stage_bytes, "bytes": two.bytes}
+if not learner:
+    want = [v.astype(jax.numpy.bfloat16) for v in values]
+    out["equal"] = all(
+        np.array_equal(np.asarray(sa.data).view(np.uint16), np.asarray(sb.data).view(np.uint16))
+        and np.array_equal(np.asarray(sb.data).view(np.uint16), w[sb.index].view(np.uint16))
+        for x, y, w in zip(jax.tree.leaves(a), jax.tree.leaves(b), want)
+        for sa, sb in zip(x.addressable_shards, y.addressable_shards)
+    )
+    out["leaves"] = len(jax.tree.leaves(b))
+else:
+    out["leaves"] = sum(x is not None for x in jax.tree.leaves(b, is_leaf=lambda x: x is None))
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_pod_moves_weights_in_two_stages_across_processes(tmp_path):
+    """Two slices of two processes each: the sampler slice's first process receives the one
+    copy, the other takes it from there; the same bytes as the one-stage union transfer."""
+    codes, logs = pod.run(["-c", _POD_SCRIPT], processes=4, devices=2, logdir=tmp_path, timeout=300)
+    assert codes == [0] * 4, logs
+    out = [json.JSONDecoder().raw_decode(log.split("RESULT ", 1)[1])[0] for log in logs]
+    assert all(o["stages"] and o["stage_bytes"] == o["bytes"] for o in out), out
+    assert [o.get("equal") for o in out[:2]] == [True, True], out
+    assert out[0]["leaves"] > 0 and [o["leaves"] for o in out[2:]] == [0, 0], out

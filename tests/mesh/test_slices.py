@@ -74,7 +74,7 @@ def test_emulated_layout_matches_create_hybrid_device_mesh():
 
 
 def test_slice_index_decides_the_groups_not_the_order():
-    devices = [TpuLike(i, i % 2) for i in range(8)]
+    devices = [TpuLike(i, i % 2, platform="tpu") for i in range(8)]
     assert [[d.id for d in g] for g in slice_groups(devices, 2)] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     with pytest.raises(ConfigError, match=r"'mesh.num_slices' = 4 .* 2 slice\(s\).*set it to 2"):
         slice_groups(devices, 4)
