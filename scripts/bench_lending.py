@@ -3,6 +3,7 @@
     python scripts/bench_lending.py            # 8 RL steps per mode, 6/2 split, eta = 1
     python scripts/bench_lending.py --quick    # 3 RL steps per mode: a smoke test
     python scripts/bench_lending.py --slots 16 --steps 12 --repeats 2
+    python scripts/bench_lending.py --slots 32 --ppo-epochs 4   # the learner holds the sampler
     python scripts/bench_lending.py > bench.txt          # then the simulator's prediction:
     python scripts/bench_lending.py --simulate bench.txt
 
@@ -61,6 +62,12 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=8, help="RL steps per run (the first untimed)")
     p.add_argument("--slots", type=int, default=8, help="the sampler's decode slots")
     p.add_argument("--micro-batches", type=int, default=2, help="learner.micro_batches")
+    p.add_argument(
+        "--ppo-epochs",
+        type=int,
+        default=1,
+        help="learner.ppo_epochs: updates per batch (> 1: a learner that holds the sampler back)",
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per mode (median)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     p.add_argument("--quick", action="store_true", help="3 steps per run: a smoke test")
@@ -74,6 +81,8 @@ def parse_args(argv=None):
         p.error(f"--modes names {bad}; use some of {list(MODES)}")
     if args.steps < 2:
         p.error(f"--steps={args.steps}: need >= 2 (the first step is not timed)")
+    if args.ppo_epochs < 1:
+        p.error(f"--ppo-epochs={args.ppo_epochs}: need >= 1")
     if args.slots < 8:
         p.error(f"--slots={args.slots}: a group of 8 samples needs >= 8 decode slots")
     return args
@@ -90,6 +99,7 @@ def config(args, mode: str):
             "mesh.learner_devices": 2,
             "sampling.max_concurrent_decodes": args.slots,
             "learner.micro_batches": args.micro_batches,
+            "learner.ppo_epochs": args.ppo_epochs,
             "lending.enabled": mode != "off",
             "num_steps": args.steps,
         },
