@@ -164,6 +164,7 @@ def test_every_mode_logs_the_same_metric_keys(lockstep, eta):
         "sampler_occupancy",
         "sync_bytes",
         "sync_s",
+        "sync_stage_bytes",
         "buffer",
         "version",
         *COUNTERS,
