@@ -135,7 +135,7 @@ def main() -> None:
         )
     if codes != [0] * args.processes:
         sys.exit(f"the pod failed (exit codes {codes}):\n{logs[0][-3000:]}")
-    raw = json.loads(logs[0].split("RESULT ", 1)[1].splitlines()[0])
+    raw = pod.result(logs[0])
     copy = _summary(raw["device_put_s"])
     copy_bw = raw["float32"]["bytes"] / copy["median"]
     figures = {

@@ -205,8 +205,7 @@ print("RESULT " + json.dumps(out))
 def test_two_processes_gather_objects_and_resume_their_shards(tmp_path):
     """The real collective (gloo): unequal lengths, process order, per-process data state."""
     logs = _launch(tmp_path, ["-c", _GATHER_SCRIPT], "gather", devices=1)
-    # raw_decode: gloo's C++ logging can land on the same line, right after the JSON.
-    out = [json.JSONDecoder().raw_decode(log.split("RESULT ", 1)[1])[0] for log in logs]
+    out = [pod.result(log) for log in logs]
     expected = [{"process": 0, "text": "ab"}, {"process": 1, "text": "ab" * 51}]
     assert out[0]["gather"] == out[1]["gather"] == expected
     assert not set(out[0]["read"]) & set(out[1]["read"])

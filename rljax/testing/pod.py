@@ -8,11 +8,13 @@ replaced by the process index (per-process work directories, log names).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,3 +84,11 @@ def run(
                 p.wait()
     logs = [(Path(logdir) / f"{name}{i}.txt").read_text() for i in range(processes)]
     return [p.returncode for p in procs], logs
+
+
+def result(log: str) -> Any:
+    """The JSON object a pod process printed after ``RESULT `` in its log.
+
+    Parsed with ``raw_decode``: gloo's C++ logging can land on the same line, right after it.
+    """
+    return json.JSONDecoder().raw_decode(log.split("RESULT ", 1)[1])[0]

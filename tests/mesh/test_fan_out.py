@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import jax
 import numpy as np
 import pytest
@@ -138,7 +136,7 @@ def test_pod_moves_weights_in_two_stages_across_processes(tmp_path):
     copy, the other takes it from there; the same bytes as the one-stage union transfer."""
     codes, logs = pod.run(["-c", _POD_SCRIPT], processes=4, devices=2, logdir=tmp_path, timeout=300)
     assert codes == [0] * 4, logs
-    out = [json.JSONDecoder().raw_decode(log.split("RESULT ", 1)[1])[0] for log in logs]
+    out = [pod.result(log) for log in logs]
     assert all(o["stages"] and o["stage_bytes"] == o["bytes"] for o in out), out
     assert [o.get("equal") for o in out[:2]] == [True, True], out
     assert out[0]["leaves"] > 0 and [o["leaves"] for o in out[2:]] == [0, 0], out

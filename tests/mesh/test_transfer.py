@@ -4,8 +4,6 @@ device_put is refused."""
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,8 +98,7 @@ def test_pod_moves_weights_between_hosts(tmp_path, processes):
         ["-c", _POD_SCRIPT], processes=processes, devices=2, logdir=tmp_path, timeout=300
     )
     assert codes == [0] * processes, logs
-    # raw_decode: gloo's C++ logging can land on the same line, right after the JSON.
-    out = [json.JSONDecoder().raw_decode(log.split("RESULT ", 1)[1])[0] for log in logs]
+    out = [pod.result(log) for log in logs]
     # The pinned JAX refuses the plain reshard across processes; the union computation works.
     assert all(o["device_put"].startswith("refused") for o in out), out
     sampler_hosts = out[: processes // 2]
