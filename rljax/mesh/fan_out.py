@@ -18,6 +18,8 @@ process. The result equals the one-stage sync bit for bit (it is the same values
 
 from __future__ import annotations
 
+import math
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
@@ -84,5 +86,9 @@ def fan_out(tree, targets, smap: SliceMap):
 
 
 def stage_bytes(staged) -> int:
-    """Bytes that stage 1 wrote: every addressable shard of every leaf (the slice crossing)."""
-    return sum(sh.data.nbytes for x in jax.tree.leaves(staged) for sh in x.addressable_shards)
+    """Bytes that stage 1 writes (the slice crossing): every shard of every leaf, on every
+    device of every host. Leaves are arrays or ``ShapeDtypeStruct``s with their sharding."""
+    return sum(
+        len(x.sharding.device_set) * math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+        for x in jax.tree.leaves(staged)
+    )

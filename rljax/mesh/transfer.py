@@ -38,6 +38,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
+def sharding_leaves(tree) -> list[jax.sharding.Sharding]:
+    """The shardings of a pytree of shardings, in leaf order (a sharding is a leaf here)."""
+    return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+
 def union_devices(*shardings: Sequence[jax.sharding.Sharding]) -> list[jax.Device]:
     """The devices of every sharding, each once, by process then id: one order for every
     transfer over the same devices, so they share one set of collective contexts."""
@@ -116,7 +121,7 @@ def transfer(tree, dst_shardings, *, force_union: bool = False):
     leaves, treedef = jax.tree.flatten(tree)
     # Shardings may stand where a leaf's wrapper node is (an nnx.State of shardings has no
     # Param nodes): match them to the leaves in order.
-    dst = jax.tree.leaves(dst_shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    dst = sharding_leaves(dst_shardings)
     if len(dst) != len(leaves):
         raise ValueError(
             f"transfer: {len(leaves)} arrays but {len(dst)} target shardings; give one sharding "

@@ -9,14 +9,12 @@ then a fan-out inside the slice among the sampler's processes.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
-from rljax.mesh.fan_out import stage_shardings
+from rljax.mesh.fan_out import stage_bytes, stage_shardings
 from rljax.mesh.slices import SliceMap, count
-from rljax.mesh.transfer import transfer
+from rljax.mesh.transfer import sharding_leaves, transfer
 from rljax.models.sharding import SAMPLER_RULES, state_shardings
 
 
@@ -47,7 +45,12 @@ class PodWeights:
         self.bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.source))
         # Several slices: two stages (rljax.mesh.fan_out), DCN once, then ICI inside a slice.
         self.stages = stage_shardings(self.targets, slices) if count(slices) > 1 else None
-        self.stage_bytes = 0 if self.stages is None else _written_bytes(self.source, self.stages)
+        # Stage 1's result as shapes, in leaf order: what a process without its devices passes.
+        self._staged = []
+        if self.stages is not None:
+            leaves = zip(jax.tree.leaves(self.source), sharding_leaves(self.stages), strict=True)
+            self._staged = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in leaves]
+        self.stage_bytes = stage_bytes(self._staged)
         me = jax.process_index()
         self._samples = any(d.process_index == me for d in sampler_mesh.devices.flat)
 
@@ -64,26 +67,10 @@ class PodWeights:
         else:
             staged = transfer(src, self.stages)
             leaves, treedef = jax.tree.flatten(staged, is_leaf=lambda x: x is None)
-            if self._samples:  # a process without stage-1 devices passes their shapes
-                shapes = zip(leaves, jax.tree.leaves(self.source), _shardings(self.stages))
-                leaves = [
-                    jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) if x is None else x
-                    for x, a, s in shapes
-                ]
+            if self._samples:
+                leaves = [s if x is None else x for x, s in zip(leaves, self._staged, strict=True)]
                 out = transfer(treedef.unflatten(leaves), self.targets)
             else:
                 out = treedef.unflatten([None] * len(leaves))
         jax.block_until_ready([x for x in jax.tree.leaves(out) if x is not None])
         return out
-
-
-def _written_bytes(tree, shardings) -> int:
-    """Bytes that putting ``tree`` onto ``shardings`` writes, over every device (all hosts)."""
-    return sum(
-        len(s.device_set) * math.prod(s.shard_shape(tuple(x.shape))) * x.dtype.itemsize
-        for x, s in zip(jax.tree.leaves(tree), _shardings(shardings), strict=True)
-    )
-
-
-def _shardings(tree) -> list[jax.sharding.Sharding]:
-    return jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
