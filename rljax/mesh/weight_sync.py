@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,14 @@ from rljax.models.transformer import Decoder
 
 # Publishes kept in WeightSync.history (the newest; the driver and reallocator read the last).
 HISTORY = 64
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def cast_floating(tree, dtype):
+    """``tree`` with its floating leaves cast to ``dtype`` (on their own devices); others kept."""
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +78,6 @@ class WeightSync:
         self._latest: tuple[object, int] | None = None
         # The newest publishes only (one a step; a long run must not grow host memory).
         self.history: collections.deque[SyncStats] = collections.deque(maxlen=HISTORY)
-        self._cast = jax.jit(
-            lambda tree: jax.tree.map(
-                lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                tree,
-            )
-        )
 
     def copy(self, params):
         """``params`` cast to the sampler's dtype and copied onto its shardings; not published.
@@ -85,7 +88,7 @@ class WeightSync:
             jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.dtype
             for x in jax.tree.leaves(params)
         )
-        src = self._cast(params) if needs_cast else params
+        src = cast_floating(params, self.dtype) if needs_cast else params
         if not self.slices:
             return jax.device_put(src, self._target_shardings(src), may_alias=False)
         out, staged = fan_out(src, self._target_shardings(src), self.slices)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from rljax.mesh.fan_out import stage_bytes, stage_shardings
 from rljax.mesh.slices import SliceMap, count
 from rljax.mesh.transfer import sharding_leaves, transfer
+from rljax.mesh.weight_sync import cast_floating
 from rljax.models.sharding import SAMPLER_RULES, state_shardings
 
 
@@ -36,12 +37,6 @@ class PodWeights:
 
         self.source = jax.tree.map(cast, abstract)
         self.targets = state_shardings(self.source, sampler_mesh, SAMPLER_RULES)
-        self._cast = jax.jit(
-            lambda tree: jax.tree.map(
-                lambda x: x.astype(self.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                tree,
-            )
-        )
         self.bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.source))
         # Several slices: two stages (rljax.mesh.fan_out), DCN once, then ICI inside a slice.
         self.stages = stage_shardings(self.targets, slices) if count(slices) > 1 else None
@@ -61,7 +56,7 @@ class PodWeights:
         (the only bytes that cross slices), then, among the sampler's processes alone, onto
         every replica. The result is the same bit for bit.
         """
-        src = self.source if params is None else self._cast(params)
+        src = self.source if params is None else cast_floating(params, self.dtype)
         if self.stages is None:
             out = transfer(src, self.targets)
         else:
