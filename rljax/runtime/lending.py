@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,14 +35,15 @@ import jax.numpy as jnp
 
 from rljax.config import ConfigError
 from rljax.engine.engine import Engine
-from rljax.engine.sampler import Request, Sampler, Trajectory
+from rljax.engine.sampler import Sampler
 from rljax.learner.learner import GradLoan
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import make_mesh
-from rljax.policy.lending import LendDirection, LendingDecision, LendingPolicy
+from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, LendingPolicy
 from rljax.policy.meter import PhaseMeter
-from rljax.policy.routing import ReplicaLoad, route
+from rljax.policy.reallocation import PhaseStats, Split
+from rljax.runtime.replica_set import ReplicaSet
 
 NONE = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, "nothing measured yet")
 # Of the memory a lent device reports free, the part the lent replica's KV pool may take.
@@ -66,302 +66,103 @@ def check_lending(cfg, process_count: int) -> None:
         )
 
 
-class ReplicaSet:
-    """The driver's sampler: the run's sampler, plus a lent replica on the learner's chips.
-
-    The sampler thread drives ``main`` as before (``step``, ``submit``, ``set_params``,
-    ``abort``); the learner thread drives the lent replica (:meth:`serve`) between
-    :meth:`lend` and :meth:`release`. Requests routed to the lent replica wait in an inbox the
-    learner thread takes; what it finishes, and the samples it hands back at release, wait
-    until the sampler thread's next call, so only that thread touches ``main``. Locks: ``_serve``
-    around any use of the lent sampler, then ``_lock`` (short) around the lent pointer, the
-    inbox and the lent load; always in that order. ``busy_slots``, ``num_slots`` and
-    ``kv_tokens`` are the main sampler's (the PhaseMeter measures it); ``lent_free_slots`` is
-    what admission adds while a replica is lent.
-    """
-
-    def __init__(self, main: Sampler):
-        self.main = main
-        self.lent: Sampler | None = None
-        self._serve = threading.Lock()
-        self._lock = threading.Lock()
-        self._inbox: collections.deque[Request] = collections.deque()
-        # Handed back: a started request's samples (a list) or a request no replica started.
-        self._returns: collections.deque[list | Request] = collections.deque()
-        self._lent_load = (0, 0)  # (free slots, queued samples) after its last step
-        # Trajectories the lent replica finished, returned by the sampler thread's next step.
-        self._finished: collections.deque[Trajectory] = collections.deque()
-        self.on_routed = lambda: None  # wakes the learner thread serving the lent replica
-        self.stats: collections.Counter = collections.Counter()
-
-    # -- the sampler interface the driver uses ----------------------------------------------
-
-    @property
-    def version(self) -> int:
-        return self.main.version
-
-    @property
-    def engine(self) -> Engine:
-        return self.main.engine
-
-    @property
-    def busy_slots(self) -> int:
-        return self.main.busy_slots
-
-    @property
-    def num_slots(self) -> int:
-        return self.main.num_slots
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.main.kv_tokens
-
-    @property
-    def lent_free_slots(self) -> int:
-        with self._lock:
-            return self._lent_load[0] if self.lent is not None else 0
-
-    @property
-    def queued_samples(self) -> int:
-        with self._lock:
-            lent = self._lent_load[1] + sum(r.num_samples for r in self._inbox)
-        return self._main_queued() + lent
-
-    @property
-    def returning_samples(self) -> int:
-        """Samples handed back that the main sampler has not adopted yet."""
-        return sum(_samples(x) for x in list(self._returns))
-
-    def _main_queued(self) -> int:
-        return self.main.queued_samples + self.returning_samples
-
-    def has_work(self) -> bool:
-        return bool(self._returns or self._finished) or self.main.has_work()
-
-    def submit(self, requests: Sequence[Request]) -> list[int]:
-        """Route each group to a replica with an unclaimed slot (the main one when none has)."""
-        main, lent = [], []
-        with self._lock:  # a release cannot slip between routing and the inbox
-            load = [ReplicaLoad(0, self.main.num_slots - self.main.busy_slots, self._main_queued())]
-            if self.lent is not None:
-                inbox = sum(r.num_samples for r in self._inbox)
-                load.append(ReplicaLoad(1, self._lent_load[0], self._lent_load[1] + inbox))
-            for r in requests:
-                i = route(load) or 0
-                load[i] = load[i]._replace(queued=load[i].queued + r.num_samples)
-                (lent if i else main).append(r)
-            if lent:
-                self._check(lent)
-                self._inbox.extend(lent)
-                self.stats["routed_groups"] += len(lent)
-        ids = self.main.submit(main) if main else []
-        if lent:
-            self.on_routed()
-        return ids + [r.request_id for r in lent]
-
-    def step(self) -> list[Trajectory]:
-        """One generate on the main sampler, plus what the lent replica finished meanwhile."""
-        self._adopt()
-        lent = [self._finished.popleft() for _ in range(len(self._finished))]
-        return self.main.step() + lent
-
-    def set_params(self, params, version: int) -> None:
-        self.main.set_params(params, version)
-
-    def abort(self, request_id: int) -> None:
-        self._adopt()
-        self.main.abort(request_id)
-        with self._serve:
-            with self._lock:
-                self._drop_inbox(request_id)
-                lent = self.lent
-            if lent is not None:
-                lent.abort(request_id)
-
-    def interrupt(self, request_id: int) -> int:
-        """Hold the request on the main sampler, wherever its samples were (resume reads it)."""
-        self._adopt()
-        with self._serve:
-            with self._lock:
-                waiting, lent = self._drop_inbox(request_id), self.lent
-            self.main.submit(waiting)
-            if lent is not None:
-                self.main.adopt(lent.hand_over(request_id))
-        return self.main.interrupt(request_id)
-
-    def resume(self, request_id: int) -> None:
-        self.main.resume(request_id)
-
-    # -- lending ----------------------------------------------------------------------------
-
-    def lend(self, replica: Sampler) -> None:
-        """Start serving on ``replica`` (its weights loaded, its slots empty)."""
-        with self._lock:
-            self.lent = replica
-            self._lent_load = (replica.num_slots, 0)
-            self.stats["lends"] += 1
-
-    def serve(self) -> bool:
-        """One generate on the lent replica; False when none is lent or it has nothing to do.
-
-        What it finishes goes to the main sampler's caller with its next ``step``.
-        """
-        with self._serve:
-            with self._lock:
-                lent = self.lent
-                new = [self._inbox.popleft() for _ in range(len(self._inbox))]
-            if lent is None:
-                return False
-            if new:
-                lent.submit(new)
-            if not lent.has_work():
-                return False
-            tokens = lent.stats["tokens"]
-            self._finished.extend(lent.step())
-            with self._lock:
-                self.stats["served_tokens"] += lent.stats["tokens"] - tokens
-                self.stats["served_steps"] += 1
-                self._lent_load = (lent.num_slots - lent.busy_slots, lent.queued_samples)
-            return True
-
-    def release(self) -> Sampler | None:
-        """Stop lending: the replica's requests go back to the main sampler; returns it."""
-        with self._serve, self._lock:
-            lent, self.lent = self.lent, None
-            self._lent_load = (0, 0)
-            if lent is None:
-                return None
-            self.stats["handed_over_samples"] += sum(r.num_samples for r in self._inbox)
-            self._returns.extend(self._inbox)
-            self._inbox.clear()
-            for rid in sorted(lent.request_ids()):
-                samples = lent.hand_over(rid)
-                self.stats["handed_over_samples"] += len(samples)
-                self._returns.append(samples)
-        return lent
-
-    def _adopt(self) -> None:
-        """Queue the samples the lent replica handed back (on the thread driving ``main``)."""
-        while self._returns:
-            item = self._returns.popleft()
-            self.stats["adopted_samples"] += _samples(item)
-            if isinstance(item, Request):
-                self.main.submit([item])
-            else:
-                self.main.adopt(item)
-
-    def _drop_inbox(self, request_id: int) -> list[Request]:
-        """Take a request out of the inbox (call under ``_lock``)."""
-        out = [r for r in self._inbox if r.request_id == request_id]
-        for r in out:
-            self._inbox.remove(r)
-        return out
-
-    def _check(self, requests: list[Request]) -> None:
-        budget = self.main.engine.sampling_cfg.max_new_tokens
-        for r in requests:
-            if r.request_id < 0:
-                raise ValueError("a request routed to a lent replica needs its own request_id")
-            if r.max_new_tokens is None:
-                r.max_new_tokens = budget
-
-
-def _samples(item: list | Request) -> int:
-    return item.num_samples if isinstance(item, Request) else len(item)
-
-
 @dataclasses.dataclass
 class _Replica:
     engine: Engine
     sync: WeightSync
 
 
-def build(run) -> Lending | None:
+def build(run) -> RunLending | None:
     """The run's lending (None with ``lending.enabled`` off); refuses what cannot run yet."""
     check_lending(run.cfg, run.shard_count)
-    return Lending(run) if run.cfg.lending.enabled else None
+    return RunLending(run) if run.cfg.lending.enabled else None
 
 
 def attach(run, driver):
     """Wire ``run.lending`` into a new driver: its sampler, learner and meter; returns it."""
     lend = getattr(run, "lending", None)  # a PodRun builds none
     if lend is not None:
-        driver.sampler, driver.learner = lend.replicas, LendingLearner(lend)
-        driver.clocks.meter = lend.meter
-        driver._lender = lend  # as Driver(lender=...) would: built by Run, wired here
-
-        def wake():
-            with driver._cond:
-                driver._cond.notify_all()
-
-        lend.replicas.on_routed = wake
+        wire(lend, driver, lambda: run.learner)
     return driver
 
 
-class LendingLearner:
-    """The driver's learner: the run's current one, whose step lends as decided
-    (Trainer-on-RollPool) and whose metrics carry the step's lending record."""
+def wire(lending: Lending, driver, learner: Callable[[], Any]) -> None:
+    """Make ``driver`` lend through ``lending``: its sampler becomes ``lending.replicas``, its
+    learner a :class:`LendingLearner` over ``learner()`` (read at each step: a resize replaces
+    it), and its phase events go to ``lending.meter``."""
+    driver.sampler, driver.learner = lending.replicas, LendingLearner(lending, learner)
+    driver.clocks.meter = lending.meter
+    driver._lender = lending  # as Driver(lender=...) would: built by the caller, wired here
 
-    def __init__(self, lending: Lending):
+    def wake():
+        with driver._cond:
+            driver._cond.notify_all()
+
+    lending.replicas.on_routed = wake
+
+
+class LendingLearner:
+    """The driver's learner: ``learner()``, whose step lends as decided (Trainer-on-RollPool)
+    and whose metrics carry the step's lending record."""
+
+    def __init__(self, lending: Lending, learner: Callable[[], Any]):
         self._lending = lending
+        self._learner = learner
 
     def __getattr__(self, name: str):
-        return getattr(self._lending.run.learner, name)
+        return getattr(self._learner(), name)
 
     def step(self, batch) -> dict[str, Any]:
-        metrics = self._lending.learn(self._lending.run.learner, batch)
+        metrics = self._lending.learn(self._learner(), batch)
         metrics.update(self._lending.metrics())
         return metrics
 
 
 class Lending:
-    """Config-driven lending for a :class:`~rljax.runtime.run.Run` (``lending.enabled``).
+    """Lending inside a step, whatever the chips: the policy, its meter and the loans' hooks.
 
     The driver reports its events to ``meter``, uses ``replicas`` as its sampler and calls the
-    hooks :meth:`waiting`, :meth:`serve`, :meth:`ready`, :meth:`learn` and :meth:`metrics`;
-    the run calls :meth:`at_boundary` after every step. Set ``force`` to a LendingDecision to
-    lend that way every step whatever the policy says (tests, benchmarks).
+    hooks :meth:`waiting`, :meth:`serve`, :meth:`ready`, :meth:`learn` and :meth:`metrics`
+    (:func:`wire` sets that up); the owner calls :meth:`decide` after every step. How a loan is
+    carried out is a subclass's: :class:`RunLending` on a run's devices,
+    ``rljax.testing.fake_lending.FakeLending`` over the fakes' cost models. Set ``force`` to a
+    LendingDecision to lend that way every step whatever the policy says (tests, benchmarks).
+
+    Args:
+      config: the policy's knobs (``RunConfig.lending``).
+      sampler: the sampler the driver would use; ``replicas`` wraps it.
+      mode: the run's mode; Rollout-on-TrainPool needs ``'async'``.
+      max_new_tokens: the token budget of a routed request that names none.
     """
 
-    def __init__(self, run):
-        self.run = run
-        self.config = run.cfg.lending
+    def __init__(
+        self,
+        config: LendingConfig,
+        sampler,
+        *,
+        mode: str = "async",
+        max_new_tokens: int | None = None,
+    ):
+        self.config = config
+        self.mode = mode
         self.meter = PhaseMeter()
-        self.policy = LendingPolicy(self.config)
-        self.replicas = ReplicaSet(run.sampler)
+        self.policy = LendingPolicy(config)
+        self.replicas = ReplicaSet(sampler, max_new_tokens=max_new_tokens)
         self.force: LendingDecision | None = None
         self.decision = NONE
         self.decisions: list[LendingDecision] = []
         self.last_stats = None  # the PhaseStats the last decision read
         self.stats: collections.Counter = collections.Counter()
-        self._engines = MeshCache()
         self._reported: collections.Counter = collections.Counter()
-        run.step_hooks.append(self.at_boundary)
 
     # -- the policy -------------------------------------------------------------------------
 
-    def _rewire(self) -> None:
-        """A resize hands the driver the bare learner; lending wraps it again."""
-        driver = self.run.driver
-        if driver is not None and not isinstance(driver.learner, LendingLearner):
-            driver.learner = LendingLearner(self)
-
-    def at_boundary(self, run, step: int) -> None:
-        """Close the step's phase and decide what to lend in the next one."""
-        self._rewire()
-        split = run.topology.split
-        stats = self.meter.stats(
-            split=split,
-            slots=run.sampler.num_slots,
-            buffer_rows=run.driver.buffer_rows() if run.driver is not None else [],
-            batch_groups=run.cfg.learner.batch_groups,
-            switch_cost_s=0.0,
-            granularity=1,
-        )
-        self.policy.param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
+    def decide(self, stats: PhaseStats, split: Split, param_bytes: float) -> LendingDecision:
+        """Decide what to lend in the next step from the step just measured (``stats``)."""
+        self.policy.param_bytes = param_bytes
         self.last_stats = stats
         decided = self.policy.decide(stats, split)
-        if decided.loan(LendDirection.ROLLOUT_ON_TRAIN) and run.cfg.mode != "async":
+        if decided.loan(LendDirection.ROLLOUT_ON_TRAIN) and self.mode != "async":
             why = "Rollout-on-TrainPool needs mode='async' (a lock-step learner has no wait)"
             if decided.direction is LendDirection.ROLLOUT_ON_TRAIN:
                 decided = decided.also or LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, why)
@@ -370,6 +171,7 @@ class Lending:
         self.decision = self.force or decided
         self.policy.running = self.decision  # the policy judges the loan the next step runs
         self.decisions.append(self.decision)
+        return self.decision
 
     @property
     def _current(self) -> LendingDecision:
@@ -379,48 +181,21 @@ class Lending:
 
     def waiting(self, learner) -> None:
         """The learner starts waiting for a batch: lend its chips to rollout if so decided."""
-        self._rewire()
         d = self._current.loan(LendDirection.ROLLOUT_ON_TRAIN)
-        if d is None or self.replicas.lent is not None:
-            return
-        driver = self.run.driver
-        if driver is not None and driver.buffer.ready(learner.version):
-            return  # no wait to fill
-        devices = list(learner.mesh.devices.flat)[: max(1, d.chips)]
-        replica = self._replica(devices)
-        params = replica.sync.copy(learner.params)
-        stop_ids = sorted(self.run.sampler.stop_ids)
-        self.replicas.lend(
-            Sampler(replica.engine, params, version=learner.version, stop_ids=stop_ids)
-        )
+        if d is None or self.replicas.lent is not None or self._batch_ready(learner):
+            return  # no loan, one running, or no wait to fill
+        self.replicas.lend(self._open_replica(learner, max(1, d.chips)))
         self.stats["rollout_lends"] += 1
 
     def serve(self) -> bool:
         """One generate on the lent replica (the learner thread, while it waits)."""
-        start = time.perf_counter()
-        served = self.replicas.serve()
-        if served:
-            self.run.timeline.add("lent_generate", start, time.perf_counter(), track="learner")
-        return served
+        return self.replicas.serve()
 
     def ready(self) -> None:
         """The batch is ready: give the learner's chips back before it trains."""
         lent = self.replicas.release()
-        if lent is not None:  # its KV pool and weight copy go; the engine stays compiled
-            lent.state = lent.params = None
-
-    def _replica(self, devices: list) -> _Replica:
-        mesh = make_mesh(devices, {"data": len(devices), "tensor": 1})
-        return self._engines.get(mesh, lambda: self._build_replica(mesh))
-
-    def _build_replica(self, mesh) -> _Replica:
-        cfg = self.run.cfg
-        model_cfg, graphdef = self.run.sampler_model
-        sampling = dataclasses.replace(
-            cfg.sampling, num_pages=kv_pages(model_cfg, cfg.sampling, mesh)
-        )
-        engine = Engine(model_cfg, sampling, mesh, graphdef, impl=cfg.kernel_impl)
-        return _Replica(engine, WeightSync(engine.param_shardings, dtype=cfg.sampling.dtype))
+        if lent is not None:
+            self._close_replica(lent)
 
     # -- Trainer-on-RollPool ----------------------------------------------------------------
 
@@ -430,12 +205,28 @@ class Lending:
         d = self._current.loan(LendDirection.TRAIN_ON_ROLL)
         if d is None:
             return learner.step(batch)
-        devices = list(self.run.topology.sampler.devices.flat)[: max(1, d.chips)]
         micro = learner.cfg.micro_batches
         lent = int(min(micro, max(1, round(d.share * micro))))
         self.stats["lent_micro_batches"] += lent
         self.stats["train_lends"] += 1
-        return learner.step(batch, loan=GradLoan(tuple(devices), lent))
+        return self._lent_step(learner, batch, max(1, d.chips), lent)
+
+    # -- how a loan is carried out (subclasses) -----------------------------------------------
+
+    def _batch_ready(self, learner) -> bool:
+        """Whether the learner's batch is ready already (then there is no wait to lend)."""
+        raise NotImplementedError
+
+    def _open_replica(self, learner, chips: int):
+        """A sampler on ``chips`` of the learner's chips, holding its weights and version."""
+        raise NotImplementedError
+
+    def _close_replica(self, replica) -> None:
+        """Free what a released replica holds (its requests have been handed back)."""
+
+    def _lent_step(self, learner, batch, chips: int, micro_batches: int) -> dict[str, Any]:
+        """The learner's step with its last ``micro_batches`` on ``chips`` sampler chips."""
+        raise NotImplementedError
 
     # -- metrics ----------------------------------------------------------------------------
 
@@ -453,6 +244,87 @@ class Lending:
             "lending/share": d.share,
             **{f"lending/{k}": int(v) for k, v in sorted(delta.items())},
         }
+
+
+class RunLending(Lending):
+    """Config-driven lending for a :class:`~rljax.runtime.run.Run` (``lending.enabled``): the
+    lent replica is an engine on the learner's devices, the lent gradients a
+    :class:`~rljax.learner.learner.GradLoan` on the sampler's; the run calls :meth:`at_boundary`
+    after every step."""
+
+    def __init__(self, run):
+        super().__init__(
+            run.cfg.lending,
+            run.sampler,
+            mode=run.cfg.mode,
+            max_new_tokens=run.cfg.sampling.max_new_tokens,
+        )
+        self.run = run
+        self._engines = MeshCache()
+        run.step_hooks.append(self.at_boundary)
+
+    def _rewire(self) -> None:
+        """A resize hands the driver the bare learner; lending wraps it again."""
+        driver = self.run.driver
+        if driver is not None and not isinstance(driver.learner, LendingLearner):
+            driver.learner = LendingLearner(self, lambda: self.run.learner)
+
+    def at_boundary(self, run, step: int) -> None:
+        """Close the step's phase and decide what to lend in the next one."""
+        self._rewire()
+        split = run.topology.split
+        stats = self.meter.stats(
+            split=split,
+            slots=run.sampler.num_slots,
+            buffer_rows=run.driver.buffer_rows() if run.driver is not None else [],
+            batch_groups=run.cfg.learner.batch_groups,
+            switch_cost_s=0.0,
+            granularity=1,
+        )
+        param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
+        self.decide(stats, split, param_bytes)
+
+    def waiting(self, learner) -> None:
+        self._rewire()
+        super().waiting(learner)
+
+    def serve(self) -> bool:
+        start = time.perf_counter()
+        served = super().serve()
+        if served:
+            self.run.timeline.add("lent_generate", start, time.perf_counter(), track="learner")
+        return served
+
+    def _batch_ready(self, learner) -> bool:
+        driver = self.run.driver
+        return driver is not None and driver.buffer.ready(learner.version)
+
+    def _open_replica(self, learner, chips: int) -> Sampler:
+        replica = self._replica(list(learner.mesh.devices.flat)[:chips])
+        params = replica.sync.copy(learner.params)
+        stop_ids = sorted(self.run.sampler.stop_ids)
+        return Sampler(replica.engine, params, version=learner.version, stop_ids=stop_ids)
+
+    def _close_replica(self, replica: Sampler) -> None:
+        # Its KV pool and weight copy go; the engine stays compiled.
+        replica.state = replica.params = None
+
+    def _replica(self, devices: list) -> _Replica:
+        mesh = make_mesh(devices, {"data": len(devices), "tensor": 1})
+        return self._engines.get(mesh, lambda: self._build_replica(mesh))
+
+    def _build_replica(self, mesh) -> _Replica:
+        cfg = self.run.cfg
+        model_cfg, graphdef = self.run.sampler_model
+        sampling = dataclasses.replace(
+            cfg.sampling, num_pages=kv_pages(model_cfg, cfg.sampling, mesh)
+        )
+        engine = Engine(model_cfg, sampling, mesh, graphdef, impl=cfg.kernel_impl)
+        return _Replica(engine, WeightSync(engine.param_shardings, dtype=cfg.sampling.dtype))
+
+    def _lent_step(self, learner, batch, chips: int, micro_batches: int) -> dict[str, Any]:
+        devices = list(self.run.topology.sampler.devices.flat)[:chips]
+        return learner.step(batch, loan=GradLoan(tuple(devices), micro_batches))
 
 
 def kv_pages(model_cfg, sampling, mesh) -> int:

@@ -9,7 +9,7 @@ import pytest
 from rljax.policy import meter as m
 from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, decide
 from rljax.policy.reallocation import Split
-from rljax.runtime.lending import Lending
+from rljax.runtime.lending import RunLending
 
 SPLIT = Split(6, 2)
 
@@ -30,6 +30,7 @@ def _run(mode="async", **lending):
         mode=mode,
         lending=LendingConfig(enabled=True, **lending),
         learner=types.SimpleNamespace(batch_groups=4),
+        sampling=types.SimpleNamespace(max_new_tokens=8),
     )
     devices = jax.devices()
     topology = types.SimpleNamespace(
@@ -39,7 +40,7 @@ def _run(mode="async", **lending):
     run = types.SimpleNamespace(
         cfg=cfg, topology=topology, sampler=sampler, driver=None, learner=_Learner(), step_hooks=[]
     )
-    return run, Lending(run)
+    return run, RunLending(run)
 
 
 def _phase(meter, *, learner_wait: float) -> None:
