@@ -18,9 +18,18 @@ lognormal with a long tail. Figures, each a ratio taken in this run:
   (c) host overhead per trajectory in microseconds: the driver (eta = 4) with every cost set
       to zero, wall time / trajectories consumed, and the process's CPU time / trajectories
       (wall includes the threads' wake-up latency; CPU time is the Python work itself).
-(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}. Rates are steady-state: taken
-between the learner steps after a warm-up (the pipeline fill is excluded), the same way for
-every run. The last line printed is one JSON object holding every figure.
+(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}.
+  (d) lending inside a step, on vs off (rljax.testing.fake_lending: the runtime's lending
+      policy, meter, replica set and driver hooks, each loan's costs slept), on two workloads
+      of counted chips (a sampler of one-chip replicas, a learner whose step spreads over its
+      chips): IDLE_LEARNER, where the learner waits for the sampler (Rollout-on-TrainPool can
+      pay), and HELD_SAMPLER, where the staleness window holds a fast sampler back while a slow
+      learner trains (Trainer-on-RollPool can pay). Each ratio is lending-on samples/s over
+      lending-off, median over --seeds, printed beside the simulator's prediction for the same
+      workload and costs (rljax.sim with MeasuredCosts set to the fakes' cost models).
+Rates are steady-state: taken between the learner steps after a warm-up (the pipeline fill is
+excluded), the same way for every run. The last line printed is one JSON object holding every
+figure.
 """
 
 from __future__ import annotations
@@ -30,14 +39,19 @@ import dataclasses
 import itertools
 import json
 import os
+import statistics
 import sys
 import time
 
 import numpy as np
 
 from rljax.engine.sampler import Request
+from rljax.policy.lending import LendDirection, LendingConfig
+from rljax.policy.reallocation import Split
 from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.runtime import lending
 from rljax.runtime.driver import Driver
+from rljax.testing.fake_lending import FakeLending, LendWorkload
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -147,6 +161,29 @@ def _steady_rate(times: list[float], warmup: int) -> float:
     return (len(times) - 1 - warmup) / (times[-1] - times[warmup])
 
 
+def _driver(w, sampler, learner, sync, *, eta: int, max_concurrent: int, times: list, **kw):
+    """The real Driver over the fakes for workload ``w``; ``times`` gets each step's end."""
+    return Driver(
+        sampler=sampler,
+        learner=learner,
+        weight_sync=sync,
+        buffer=StalenessBuffer(batch_groups=w.batch_groups, max_staleness=eta),
+        controller=StalenessController(
+            max_staleness=eta, batch_groups=w.batch_groups, max_concurrent=max_concurrent
+        ),
+        prompts=_Prompts(w.batch_groups),
+        make_request=lambda ex, rid: Request(
+            [1] * w.prompt_len, w.group_size, payload=ex, request_id=rid
+        ),
+        score=_rewards,
+        make_batch=fake_make_batch,
+        group_size=w.group_size,
+        num_steps=w.steps,
+        on_step=lambda step, metrics: times.append(time.perf_counter()),
+        **kw,
+    )
+
+
 def run_async(
     w: Workload,
     eta: int,
@@ -172,25 +209,14 @@ def run_async(
     )
     groups_in_slots = max(1, w.slots // w.group_size)
     times: list[float] = []
-    driver = Driver(
-        sampler=sampler,
-        learner=learner,
-        weight_sync=FakeWeightSync(cost_s=0.0 if zero_cost or free_learner else w.sync_s),
-        buffer=StalenessBuffer(batch_groups=w.batch_groups, max_staleness=eta),
-        controller=StalenessController(
-            max_staleness=eta,
-            batch_groups=w.batch_groups,
-            max_concurrent=max(w.batch_groups, w.concurrency * groups_in_slots),
-        ),
-        prompts=_Prompts(w.batch_groups),
-        make_request=lambda ex, rid: Request(
-            [1] * w.prompt_len, w.group_size, payload=ex, request_id=rid
-        ),
-        score=_rewards,
-        make_batch=fake_make_batch,
-        group_size=w.group_size,
-        num_steps=w.steps,
-        on_step=lambda step, metrics: times.append(time.perf_counter()),
+    driver = _driver(
+        w,
+        sampler,
+        learner,
+        FakeWeightSync(cost_s=0.0 if zero_cost or free_learner else w.sync_s),
+        eta=eta,
+        max_concurrent=max(w.batch_groups, w.concurrency * groups_in_slots),
+        times=times,
         lockstep=lockstep,
     )
     start, cpu = time.perf_counter(), time.process_time()
@@ -206,16 +232,119 @@ def run_async(
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny workload (the smoke test)")
-    p.add_argument("--steps", type=int, default=None, help="learner steps per run")
-    args = p.parse_args(argv)
-    w = QUICK if args.quick else FULL
-    if args.steps is not None:
-        if args.steps <= w.warmup + 1:
-            p.error(f"--steps={args.steps} must exceed warmup + 1 = {w.warmup + 1}")
-        w = dataclasses.replace(w, steps=args.steps)
+_COSTS = LendingConfig(
+    enabled=True, prepare_s=0.02, release_s=0.01, train_prepare_s=0.02, grad_transfer_s_per_gb=0.1
+)
+IDLE_LEARNER = LendWorkload(
+    name="idle_learner",
+    sampler_chips=4,
+    learner_chips=4,
+    tp=1,
+    slots_per_replica=16,
+    group_size=8,
+    batch_groups=16,
+    prompt_len=32,
+    median_len=64,
+    sigma=0.5,
+    max_len=256,
+    decode_s=0.006,
+    learn_per_token_s=2.25e-5,
+    sync_s=0.005,
+    eta=4,
+    micro_batches=16,
+    lending=_COSTS,
+    steps=30,
+    warmup=6,
+)
+HELD_SAMPLER = dataclasses.replace(
+    IDLE_LEARNER, name="held_sampler", decode_s=0.001, learn_per_token_s=6e-5, eta=1
+)
+LEND_QUICK = [
+    dataclasses.replace(w, batch_groups=4, median_len=8, max_len=64, steps=8, warmup=3)
+    for w in (IDLE_LEARNER, HELD_SAMPLER)
+]
+
+
+def run_lending(w: LendWorkload, lend: bool, seed: int) -> dict:
+    """The real Driver over the fakes on ``w``, lending decided by the policy or off."""
+    learner = FakeLearner(lambda batch: w.learn_per_token_s * batch.num_tokens)
+    sampler = FakeSampler(
+        slots=w.slots_per_replica * w.replicas,
+        replicas=w.replicas,
+        step_cost_s=lambda active: w.decode_s,
+        length_sampler=lognormal_lengths(w.median_len, w.sigma, w.max_len),
+        seed=seed,
+        params=learner.params,
+    )
+    lender = None
+    if lend:
+        lender = FakeLending(
+            w.lending,
+            sampler,
+            split=Split(w.sampler_chips, w.learner_chips),
+            tp=w.tp,
+            batch_groups=w.batch_groups,
+            micro_batches=w.micro_batches,
+            param_bytes=w.cost_model().weight_bytes,
+        )
+    times: list[float] = []
+    driver = _driver(
+        w,
+        sampler,
+        learner,
+        FakeWeightSync(cost_s=w.sync_s),
+        eta=w.eta,
+        max_concurrent=w.batch_groups * (w.eta + 1),
+        times=times,
+        on_boundary=lender.at_boundary if lender else None,
+    )
+    if lender is not None:
+        lender.driver = driver
+        lending.wire(lender, driver, lambda: learner)
+    driver.run()
+    out = {"samples_per_s": _steady_rate(times, w.warmup) * w.batch_groups * w.group_size}
+    if lender is not None:
+        d = lender.decisions[w.warmup :]  # the steps the rate is taken over
+        out["lent_steps"] = {
+            k.value: sum(x.loan(k) is not None for x in d)
+            for k in (LendDirection.ROLLOUT_ON_TRAIN, LendDirection.TRAIN_ON_ROLL)
+        }
+        out["stats"] = dict(lender.stats + lender.replicas.stats)
+    return out
+
+
+def bench_lending(workloads: list[LendWorkload], seeds: list[int]) -> dict:
+    """(d): lending on vs off per workload, runtime beside simulator (module docstring)."""
+    out = {}
+    for w in workloads:
+        runs = {False: [], True: []}
+        for seed in seeds:
+            for lend in (False, True):  # in turn, so drift hits both alike
+                runs[lend].append(run_lending(w, lend, seed))
+        ratios = [on["samples_per_s"] / off["samples_per_s"] for off, on in zip(*runs.values())]
+        sims = [w.simulate(True, s, 200) / w.simulate(False, s, 200) for s in seeds]
+        lent = [r["lent_steps"] for r in runs[True]]
+        out[w.name] = {
+            "off_samples_per_s": statistics.median(r["samples_per_s"] for r in runs[False]),
+            "on_samples_per_s": statistics.median(r["samples_per_s"] for r in runs[True]),
+            "ratio": statistics.median(ratios),
+            "ratio_range": [min(ratios), max(ratios)],
+            "simulator_ratio": statistics.median(sims),
+            "simulator_range": [min(sims), max(sims)],
+            "lent_steps": lent,
+        }
+        print(
+            f"lending {w.name}: on/off {statistics.median(ratios):.3f}x "
+            f"[{min(ratios):.3f}, {max(ratios):.3f}] over seeds {seeds}; simulator "
+            f"{statistics.median(sims):.3f}x [{min(sims):.3f}, {max(sims):.3f}]; lent steps "
+            f"{lent}",
+            flush=True,
+        )
+    return out
+
+
+def bench_pipeline(w: Workload, quick: bool) -> dict:
+    """(a), (b) and (c) (module docstring); returns their figures."""
     print(f"workload: {w}")
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
 
@@ -262,8 +391,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"({overhead['trajectories']} trajectories in {overhead['wall_s']:.2f} s, zero costs)"
     )
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    figures = {
-        "quick": args.quick,
+    return {
+        "quick": quick,
         "steps": w.steps,
         "trajectories_per_step": w.batch_groups * w.group_size,
         "sampler_limit_steps_per_s": sampler_limit,
@@ -279,6 +408,25 @@ def main(argv: list[str] | None = None) -> dict:
         "host_overhead_us_per_trajectory": per_traj_us,
         "host_cpu_us_per_trajectory": cpu_per_traj_us,
     }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny workloads (the smoke test)")
+    p.add_argument("--steps", type=int, default=None, help="learner steps per run of (a)-(c)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of the lending runs")
+    p.add_argument("--only-lending", action="store_true", help="run (d) alone")
+    args = p.parse_args(argv)
+    w = QUICK if args.quick else FULL
+    if args.steps is not None:
+        if args.steps <= w.warmup + 1:
+            p.error(f"--steps={args.steps} must exceed warmup + 1 = {w.warmup + 1}")
+        w = dataclasses.replace(w, steps=args.steps)
+    figures = {} if args.only_lending else bench_pipeline(w, args.quick)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    figures["lending"] = bench_lending(
+        LEND_QUICK if args.quick else [IDLE_LEARNER, HELD_SAMPLER], seeds
+    )
     print(json.dumps(figures))
     return figures
 

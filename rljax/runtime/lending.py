@@ -205,7 +205,7 @@ class Lending:
         d = self._current.loan(LendDirection.TRAIN_ON_ROLL)
         if d is None:
             return learner.step(batch)
-        micro = learner.cfg.micro_batches
+        micro = self._micro_batches(learner)
         lent = int(min(micro, max(1, round(d.share * micro))))
         self.stats["lent_micro_batches"] += lent
         self.stats["train_lends"] += 1
@@ -223,6 +223,10 @@ class Lending:
 
     def _close_replica(self, replica) -> None:
         """Free what a released replica holds (its requests have been handed back)."""
+
+    def _micro_batches(self, learner) -> int:
+        """How many micro-batches the learner's step is cut into (the unit a loan takes)."""
+        return learner.cfg.micro_batches
 
     def _lent_step(self, learner, batch, chips: int, micro_batches: int) -> dict[str, Any]:
         """The learner's step with its last ``micro_batches`` on ``chips`` sampler chips."""

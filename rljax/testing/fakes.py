@@ -10,7 +10,9 @@ invariants without compiling a model.
 The sampler does continuous batching over a fixed number of slots: each ``step()`` is one
 decode step of every active sequence, costing ``step_cost_s(active_slots)`` seconds. Response
 lengths come from ``length_sampler``, e.g. :func:`lognormal_lengths` for the long tail that
-makes static batching idle.
+makes static batching idle. With ``replicas > 1`` the slots belong to that many engines
+stepping in lock-step on chips of their own (a step costs the slowest replica's), and whole
+replicas can be parked (Trainer-on-RollPool, :mod:`rljax.testing.fake_lending`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,7 +62,8 @@ def constant_cost(seconds: float) -> Callable[[Any], float]:
     return lambda _: seconds
 
 
-def _sleep(seconds: float) -> None:
+def sleep_cost(seconds: float) -> None:
+    """Spend ``seconds`` of a cost model as a sleep (it releases the GIL, as a device call does)."""
     if seconds < 0:
         raise ValueError(f"a cost model returned {seconds!r} s; costs must be >= 0")
     if seconds > 0:
@@ -112,6 +116,9 @@ class FakeSampler:
       version: the params version held at start (the learner version on a resume).
       params: the params object held at start (opaque).
       vocab_size: fake token ids are drawn in ``[0, vocab_size)``.
+      replicas: engines the slots are split between (evenly), stepping in lock-step: a step
+        costs ``max(step_cost_s(live sequences of one replica))`` over the replicas with any,
+        and a sequence enters the replica with the fewest. 1 (the default) is one engine.
     """
 
     def __init__(
@@ -124,9 +131,17 @@ class FakeSampler:
         version: int = 0,
         params: Any = None,
         vocab_size: int = 32_000,
+        replicas: int = 1,
     ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots={slots!r} must be an int >= 1 (concurrent sequences)")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"replicas={replicas!r} must be an int >= 1 (engines)")
+        if slots % replicas:
+            raise ValueError(
+                f"slots={slots} do not split evenly between replicas={replicas}; make slots a "
+                "multiple of replicas"
+            )
         if not callable(step_cost_s) or not callable(length_sampler):
             raise TypeError("step_cost_s and length_sampler must be callables (cost models)")
         self.slots = slots
@@ -140,6 +155,12 @@ class FakeSampler:
         self._queue: collections.deque[_FakeSample] = collections.deque()
         self._staged: tuple[Any, int] | None = None
         self._live: set[int] = set()
+        self.replicas = replicas
+        self._per_replica = slots // replicas
+        self._parked: set[int] = set()
+        # Held around the slots and queue, not the step's sleep: park, hand_over and adopt may
+        # come from another thread (a lending learner) while a step sleeps.
+        self._lock = threading.Lock()
         self.stats = collections.Counter()
 
     # -- requests ---------------------------------------------------------------------------
@@ -158,10 +179,10 @@ class FakeSampler:
                 raise ValueError(
                     f"request_id={r.request_id} is already running; give each request a new id"
                 )
-        for r in requests:
-            self._live.add(r.request_id)
-            for i in range(r.num_samples):
-                self._queue.append(self._draw(r, i))
+        drawn = [self._draw(r, i) for r in requests for i in range(r.num_samples)]
+        with self._lock:
+            self._live.update(r.request_id for r in requests)
+            self._queue.extend(drawn)
         self.stats["submitted"] += len(requests)
         return [r.request_id for r in requests]
 
@@ -198,17 +219,18 @@ class FakeSampler:
 
     def abort(self, request_id: int) -> None:
         """Drop every queued and running sample of a request (e.g. redundant-rollout surplus)."""
-        if request_id not in self._live:
-            return  # already finished: the driver's abort raced the completion
-        self._live.discard(request_id)
-        kept = [s for s in self._queue if s.request.request_id != request_id]
-        self.stats["aborted_samples"] += len(self._queue) - len(kept)
-        self._queue = collections.deque(kept)
-        for slot, s in enumerate(self._slots):
-            if s is not None and s.request.request_id == request_id:
-                self._slots[slot] = None
-                self.stats["aborted_samples"] += 1
-        self.stats["aborted"] += 1
+        with self._lock:
+            if request_id not in self._live:
+                return  # already finished: the driver's abort raced the completion
+            self._live.discard(request_id)
+            kept = [s for s in self._queue if s.request.request_id != request_id]
+            self.stats["aborted_samples"] += len(self._queue) - len(kept)
+            self._queue = collections.deque(kept)
+            for slot, s in enumerate(self._slots):
+                if s is not None and s.request.request_id == request_id:
+                    self._slots[slot] = None
+                    self.stats["aborted_samples"] += 1
+            self.stats["aborted"] += 1
 
     # -- params -----------------------------------------------------------------------------
 
@@ -228,31 +250,116 @@ class FakeSampler:
 
     def step(self) -> list[Trajectory]:
         """One decode step: refill free slots, sleep the step cost, advance every active one."""
-        self._apply_staged()
-        for slot in range(self.slots):
-            if self._slots[slot] is None and self._queue:
-                self._slots[slot] = self._queue.popleft()
-        active = self.busy_slots
-        _sleep(self.step_cost_s(active))
-        finished = []
-        version = self.version
-        for slot, s in enumerate(self._slots):
-            if s is None:
-                continue
-            s.versions.append(version)
-            if s.done:
-                self._slots[slot] = None
-                finished.append(s.to_trajectory())
-        # A request leaves the live set with its last sample; which one that is depends on
-        # timing, so count the samples still queued or running instead of tracking each.
-        if finished:
-            running = {s.request.request_id for s in self._queue}
-            running.update(s.request.request_id for s in self._slots if s is not None)
-            self._live &= running
+        with self._lock:
+            self._apply_staged()
+            self._refill()
+            loads = [self._load(r) for r in range(self.replicas)]
+        active = sum(loads)
+        if self.replicas == 1:
+            sleep_cost(self.step_cost_s(active))
+        else:
+            sleep_cost(max((self.step_cost_s(n) for n in loads if n), default=0.0))
+        with self._lock:
+            finished = []
+            version = self.version
+            for slot, s in enumerate(self._slots):
+                if s is None:
+                    continue
+                s.versions.append(version)
+                if s.done:
+                    self._slots[slot] = None
+                    finished.append(s.to_trajectory())
+            # A request leaves the live set with its last sample; which one that is depends on
+            # timing, so count the samples still queued or running instead of tracking each.
+            if finished:
+                self._live &= self.request_ids()
         self.stats["steps"] += 1
         self.stats["tokens"] += active
         self.stats["finished"] += len(finished)
         return finished
+
+    def _load(self, replica: int) -> int:
+        """Live sequences on one replica."""
+        per = self._per_replica
+        return sum(s is not None for s in self._slots[replica * per : (replica + 1) * per])
+
+    def _refill(self) -> None:
+        """Fill free slots from the queue, each into the unparked replica with the fewest."""
+        per = self._per_replica
+        loads = {r: self._load(r) for r in range(self.replicas) if r not in self._parked}
+        while self._queue:
+            open_ = [(n, r) for r, n in loads.items() if n < per]
+            if not open_:
+                return
+            _, r = min(open_)
+            slot = next(i for i in range(r * per, (r + 1) * per) if self._slots[i] is None)
+            self._slots[slot] = self._queue.popleft()
+            loads[r] += 1
+
+    # -- moving requests (lending) ----------------------------------------------------------
+
+    def request_ids(self) -> set[int]:
+        """Ids of the requests with a sample here, running or queued."""
+        samples = [s for s in self._slots if s is not None] + list(self._queue)
+        return {s.request.request_id for s in samples}
+
+    def hand_over(self, request_id: int) -> list[_FakeSample]:
+        """Take a request's samples out (partial rollouts, for another sampler's ``adopt``)."""
+        with self._lock:
+            out = [s for s in self._slots if s is not None and s.request.request_id == request_id]
+            self._slots = [
+                None if s is not None and s.request.request_id == request_id else s
+                for s in self._slots
+            ]
+            out += [s for s in self._queue if s.request.request_id == request_id]
+            self._queue = collections.deque(
+                s for s in self._queue if s.request.request_id != request_id
+            )
+            self._live.discard(request_id)
+        return out
+
+    def adopt(self, samples: Sequence[_FakeSample]) -> None:
+        """Queue samples another sampler handed over; they go on from their tokens so far."""
+        with self._lock:
+            self._queue.extend(samples)
+            self._live.update(s.request.request_id for s in samples)
+
+    def park(self, count: int) -> list[int]:
+        """Take ``count`` replicas out of decoding (their chips lent); returns their indices.
+
+        The replicas holding the fewest cached tokens go (the least to re-prefill elsewhere);
+        their sequences return to the front of the queue, keeping their tokens. At least one
+        replica keeps decoding.
+        """
+        with self._lock:
+            free = [r for r in range(self.replicas) if r not in self._parked]
+            if not 0 < count < len(free):
+                raise ValueError(
+                    f"cannot park {count} of {len(free)} decoding replicas; park at least one "
+                    "and leave one"
+                )
+            per = self._per_replica
+
+            def cached(r: int) -> int:
+                live = [s for s in self._slots[r * per : (r + 1) * per] if s is not None]
+                return sum(len(s.request.prompt_tokens) + len(s.versions) for s in live)
+
+            chosen = sorted(free, key=lambda r: (cached(r), r))[:count]
+            moved = []
+            for r in chosen:
+                for slot in range(r * per, (r + 1) * per):
+                    if self._slots[slot] is not None:
+                        moved.append(self._slots[slot])
+                        self._slots[slot] = None
+            self._queue.extendleft(reversed(moved))
+            self._parked.update(chosen)
+            self.stats["parked_samples"] += len(moved)
+        return chosen
+
+    def unpark(self, replicas: Sequence[int]) -> None:
+        """Return parked replicas to decoding."""
+        with self._lock:
+            self._parked.difference_update(replicas)
 
     def run(self, requests: Sequence[Request]) -> list[Trajectory]:
         """Sample ``requests`` to completion (the synchronous mode); returns their trajectories."""
@@ -304,7 +411,11 @@ class FakeLearner:
     def step(self, batch: Any) -> dict[str, float]:
         """Sleeps the step cost and advances the version; returns step metrics."""
         cost = float(self.step_cost_s(batch))
-        _sleep(cost)
+        sleep_cost(cost)
+        return self.commit(batch, cost)
+
+    def commit(self, batch: Any, cost: float) -> dict[str, float]:
+        """Advance the version as a step of ``cost`` seconds on ``batch`` (already slept) does."""
         self.version += 1
         tokens = int(getattr(batch, "num_tokens", 0))
         self.tokens += tokens
@@ -336,7 +447,7 @@ class FakeWeightSync:
 
     def publish(self, params: Any, version: int) -> SyncStats:
         start = time.perf_counter()
-        _sleep(self.cost_s)
+        sleep_cost(self.cost_s)
         stats = SyncStats(version, self.param_bytes, time.perf_counter() - start)
         # One reference assignment: atomic under the GIL, so no lock is needed for acquire().
         if self._latest is None or version > self._latest[1]:

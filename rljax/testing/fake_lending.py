@@ -1,0 +1,203 @@
+"""Lending over the fakes: the runtime's policy, meter, replica set and driver hooks, with each
+loan carried out on the cost models of :mod:`rljax.testing.fakes` instead of devices.
+
+The chips are counted, not owned: the sampler is a :class:`~rljax.testing.fakes.FakeSampler`
+of ``sampler_chips / tp`` replicas of ``tp`` chips each, stepping in lock-step; the learner a
+:class:`~rljax.testing.fakes.FakeLearner` whose step of ``T`` seconds is work spread evenly
+over its ``learner_chips``. The costs are the policy's own (``LendingConfig``), slept where the
+runtime pays them, so the policy's model and the fakes agree on what a loan costs and the
+benchmark measures whether its decisions pay:
+
+- **Rollout-on-TrainPool**: ``chips // tp`` replicas (at least one) like the sampler's, holding
+  the learner's params and version, start after ``prepare_s`` (slept on the learner thread, as
+  :class:`~rljax.runtime.lending.RunLending` copies the weights there) and serve routed
+  requests while the learner waits; when the batch is ready their requests go back to the
+  sampler as partial rollouts, and the learner starts ``release_s`` later.
+- **Trainer-on-RollPool**: ``k = (chips // tp) * tp`` sampler chips, in whole replicas, are
+  parked (their sequences back in the sampler's queue) for ``c + s T L / k`` seconds while the
+  learner does its own ``(1 - s) T``, where ``s`` is the lent share of the micro-batches and
+  ``c = train_prepare_s + release_s + grad_transfer_s_per_gb * param_bytes / 1e9``; the step
+  takes the longer of the two. A loan that would not shorten the step is not taken.
+
+This is the mechanism :mod:`rljax.sim.lend` simulates, on the real driver and threads;
+:class:`LendWorkload` describes one workload to both (``scripts/bench_pipeline.py`` runs them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rljax.models import presets
+from rljax.policy.lending import LendingConfig
+from rljax.policy.reallocation import Split
+from rljax.runtime.lending import Lending
+from rljax.sim.config import SimConfig
+from rljax.sim.measured import MeasuredCosts
+from rljax.sim.simulator import Simulator
+from rljax.sim.workload import LengthModel
+from rljax.testing.fakes import FakeLearner, FakeSampler, sleep_cost
+
+
+class FakeLending(Lending):
+    """Lending for a driver over the fakes (see the module docstring).
+
+    Args:
+      config: the policy's knobs and the loans' costs.
+      sampler: the driver's sampler, ``split.sampler_chips // tp`` replicas.
+      split: the chips of each role.
+      tp: chips per sampler replica (the unit chips are lent in).
+      batch_groups: B, groups per learner step.
+      micro_batches: the learner step's micro-batches (the unit of a Trainer-on-RollPool share).
+      param_bytes: bytes of the parameters (and so of the gradients a loan moves).
+      mode: the driver's mode.
+    """
+
+    def __init__(
+        self,
+        config: LendingConfig,
+        sampler: FakeSampler,
+        *,
+        split: Split,
+        tp: int,
+        batch_groups: int,
+        micro_batches: int,
+        param_bytes: float,
+        mode: str = "async",
+    ):
+        if split.sampler_chips != sampler.replicas * tp:
+            raise ValueError(
+                f"the sampler has {sampler.replicas} replicas of tp={tp} chips, not the split's "
+                f"{split.sampler_chips} sampler chips; build it with replicas=sampler_chips // tp"
+            )
+        super().__init__(config, sampler, mode=mode)
+        self.split = split
+        self.tp = tp
+        self.batch_groups = batch_groups
+        self.micro_batches = micro_batches
+        self.param_bytes = param_bytes
+        self.driver = None  # the driver this lending is wired into; set before it runs
+
+    def at_boundary(self, step: int) -> None:
+        """Close the step's phase and decide what to lend in the next (the driver's
+        ``on_boundary``)."""
+        stats = self.meter.stats(
+            split=self.split,
+            slots=self.replicas.main.num_slots,
+            buffer_rows=self.driver.buffer_rows(),
+            batch_groups=self.batch_groups,
+            switch_cost_s=0.0,
+            granularity=self.tp,
+        )
+        self.decide(stats, self.split, self.param_bytes)
+
+    def _batch_ready(self, learner) -> bool:
+        return self.driver.buffer.ready(learner.version)
+
+    def _open_replica(self, learner: FakeLearner, chips: int) -> FakeSampler:
+        main: FakeSampler = self.replicas.main
+        count = max(1, chips // self.tp)
+        sleep_cost(self.config.prepare_s)
+        return FakeSampler(
+            slots=count * (main.num_slots // main.replicas),
+            replicas=count,
+            step_cost_s=main.step_cost_s,
+            length_sampler=main.length_sampler,
+            seed=main.seed,
+            version=learner.version,
+            params=learner.params,
+            vocab_size=main.vocab_size,
+        )
+
+    def _close_replica(self, replica: FakeSampler) -> None:
+        sleep_cost(self.config.release_s)
+
+    def _micro_batches(self, learner) -> int:
+        return self.micro_batches
+
+    def _lent_step(
+        self, learner: FakeLearner, batch, chips: int, micro_batches: int
+    ) -> dict[str, Any]:
+        main: FakeSampler = self.replicas.main
+        step_s = float(learner.step_cost_s(batch))
+        count = min(chips // self.tp, main.replicas - 1)
+        share = micro_batches / self.micro_batches
+        cfg = self.config
+        cost = cfg.train_prepare_s + cfg.release_s
+        cost += cfg.grad_transfer_s_per_gb * self.param_bytes / 1e9
+        lent_s = cost + share * step_s * self.split.learner_chips / max(1, count * self.tp)
+        own_s = (1.0 - share) * step_s
+        if count < 1 or max(own_s, lent_s) >= step_s:
+            self.stats["loans_not_taken"] += 1
+            return learner.step(batch)
+        parked = main.park(count)
+        try:
+            sleep_cost(lent_s)
+        finally:
+            main.unpark(parked)
+        sleep_cost(max(0.0, own_s - lent_s))
+        return learner.commit(batch, max(own_s, lent_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class LendWorkload:
+    """A lending workload: chips per role, one replica's slots, and each call's cost."""
+
+    name: str
+    sampler_chips: int
+    learner_chips: int
+    tp: int  # chips per sampler replica: the unit chips are lent in
+    slots_per_replica: int
+    group_size: int
+    batch_groups: int
+    prompt_len: int
+    median_len: float  # lognormal response lengths
+    sigma: float
+    max_len: int
+    decode_s: float  # one replica's decode step, whatever its load (memory bound)
+    learn_per_token_s: float  # the learner's step on all its chips, per trained token
+    sync_s: float  # weight publish
+    eta: int
+    micro_batches: int  # the unit of a Trainer-on-RollPool share
+    lending: LendingConfig  # the policy's knobs and each loan's costs
+    steps: int
+    warmup: int
+
+    @property
+    def replicas(self) -> int:
+        return self.sampler_chips // self.tp
+
+    def cost_model(self) -> MeasuredCosts:
+        """The simulator's costs: the fakes' cost models, call for call (SmolLM2's bytes)."""
+        return MeasuredCosts(
+            model=presets.PRESETS["smollm2-135m"],
+            tp=self.tp,
+            decode_step_s=self.decode_s,
+            train_step_s_per_token=self.learn_per_token_s,
+            learner_chips=self.learner_chips,
+            publish_s=self.sync_s,
+        )
+
+    def simulate(self, lend: bool, seed: int, steps: int) -> float:
+        """The simulator's samples/s on this workload, lending by the policy or off."""
+        sim = SimConfig(
+            mode="lend" if lend else "async",
+            total_chips=self.sampler_chips + self.learner_chips,
+            sampler_chips=self.sampler_chips,
+            steps=steps,
+            batch_groups=self.batch_groups,
+            group_size=self.group_size,
+            prompt_tokens=self.prompt_len,
+            max_staleness=self.eta,
+            max_slots=self.slots_per_replica,
+            sync_pauses_sampler=False,  # a fake sampler swaps at a step boundary, no pause
+            phase_steps=1,  # the runtime decides after every step
+            granularity=self.tp,
+            lending=self.lending,
+            seed=seed,
+            timeline=False,
+        )
+        lengths = LengthModel(
+            median=self.median_len, sigma=self.sigma, tail_prob=0.0, max_tokens=self.max_len
+        )
+        return Simulator(sim, self.cost_model(), lengths).run().samples_per_s
