@@ -1,7 +1,8 @@
 """Benchmarks the async pipeline (the real Driver) with fake engines, against baselines.
 
-    python scripts/bench_pipeline.py            # full run, about 2 minutes on a 2-core CPU
-    python scripts/bench_pipeline.py --quick    # tiny workload, the smoke test's run
+    python scripts/bench_pipeline.py                  # full run, about 9 minutes on 2 cores
+    python scripts/bench_pipeline.py --only-lending   # (d) alone, about 7 minutes
+    python scripts/bench_pipeline.py --quick          # tiny workloads, the smoke test's run
 
 The Driver, StalenessBuffer and StalenessController are the real ones; the sampler,
 learner and weight sync are rljax.testing.fakes whose device work is a ``time.sleep`` from a
@@ -18,16 +19,16 @@ lognormal with a long tail. Figures, each a ratio taken in this run:
   (c) host overhead per trajectory in microseconds: the driver (eta = 4) with every cost set
       to zero, wall time / trajectories consumed, and the process's CPU time / trajectories
       (wall includes the threads' wake-up latency; CPU time is the Python work itself).
-(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}.
   (d) lending inside a step, on vs off (rljax.testing.fake_lending: the runtime's lending
-      policy, meter, replica set and driver hooks, each loan's costs slept), on two workloads
+      policy, meter, replica set and driver hooks, each loan's costs slept), on workloads
       of counted chips (a sampler of one-chip replicas, a learner whose step spreads over its
       chips): IDLE_LEARNER, where the learner waits for the sampler (Rollout-on-TrainPool can
       pay), and HELD_SAMPLER, where the staleness window holds a fast sampler back while a slow
-      learner trains (Trainer-on-RollPool can pay). Each ratio is lending-on samples/s over
+      learner trains (Trainer-on-RollPool can pay); and BALANCED, short responses with neither
+      side idle, where the policy should decline. Each ratio is lending-on samples/s over
       lending-off, median over --seeds, printed beside the simulator's prediction for the same
       workload and costs (rljax.sim with MeasuredCosts set to the fakes' cost models).
-Rates are steady-state: taken between the learner steps after a warm-up (the pipeline fill is
+(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}. Rates are steady-state: taken between the learner steps after a warm-up (the pipeline fill is
 excluded), the same way for every run. The last line printed is one JSON object holding every
 figure.
 """
@@ -259,9 +260,21 @@ IDLE_LEARNER = LendWorkload(
 HELD_SAMPLER = dataclasses.replace(
     IDLE_LEARNER, name="held_sampler", decode_s=0.001, learn_per_token_s=6e-5, eta=1
 )
+# Short responses, the learner and sampler about equally busy: nothing idles long enough to
+# pay for a loan, and the policy should decline.
+BALANCED = dataclasses.replace(
+    IDLE_LEARNER,
+    name="balanced_short",
+    median_len=16,
+    max_len=64,
+    decode_s=0.004,
+    learn_per_token_s=2.2e-5,
+    eta=1,
+)
+LENDING = [IDLE_LEARNER, HELD_SAMPLER, BALANCED]
 LEND_QUICK = [
     dataclasses.replace(w, batch_groups=4, median_len=8, max_len=64, steps=8, warmup=3)
-    for w in (IDLE_LEARNER, HELD_SAMPLER)
+    for w in LENDING
 ]
 
 
@@ -322,13 +335,17 @@ def bench_lending(workloads: list[LendWorkload], seeds: list[int]) -> dict:
             for lend in (False, True):  # in turn, so drift hits both alike
                 runs[lend].append(run_lending(w, lend, seed))
         ratios = [on["samples_per_s"] / off["samples_per_s"] for off, on in zip(*runs.values())]
-        sims = [w.simulate(True, s, 200) / w.simulate(False, s, 200) for s in seeds]
+        sim_off = [w.simulate(False, seed, 200) for seed in seeds]
+        sim_on = [w.simulate(True, seed, 200) for seed in seeds]
+        sims = [on / off for on, off in zip(sim_on, sim_off)]
         lent = [r["lent_steps"] for r in runs[True]]
         out[w.name] = {
             "off_samples_per_s": statistics.median(r["samples_per_s"] for r in runs[False]),
             "on_samples_per_s": statistics.median(r["samples_per_s"] for r in runs[True]),
             "ratio": statistics.median(ratios),
             "ratio_range": [min(ratios), max(ratios)],
+            "simulator_off_samples_per_s": statistics.median(sim_off),
+            "simulator_on_samples_per_s": statistics.median(sim_on),
             "simulator_ratio": statistics.median(sims),
             "simulator_range": [min(sims), max(sims)],
             "lent_steps": lent,
@@ -424,9 +441,7 @@ def main(argv: list[str] | None = None) -> dict:
         w = dataclasses.replace(w, steps=args.steps)
     figures = {} if args.only_lending else bench_pipeline(w, args.quick)
     seeds = [int(x) for x in args.seeds.split(",")]
-    figures["lending"] = bench_lending(
-        LEND_QUICK if args.quick else [IDLE_LEARNER, HELD_SAMPLER], seeds
-    )
+    figures["lending"] = bench_lending(LEND_QUICK if args.quick else LENDING, seeds)
     print(json.dumps(figures))
     return figures
 

@@ -32,7 +32,7 @@ def bench():
 def quick_run(bench):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        figures = bench.main(["--quick"])
+        figures = bench.main(["--quick", "--seeds=0,1"])
     return buf.getvalue().strip().splitlines(), figures
 
 
@@ -55,6 +55,14 @@ def test_figures_are_consistent(quick_run, bench):
         assert 0 < row["slot_occupancy"] <= 1
     assert f["host_overhead_us_per_trajectory"] > 0 and f["host_cpu_us_per_trajectory"] > 0
     assert f["trajectories_per_step"] == bench.QUICK.batch_groups * bench.QUICK.group_size
+    assert (
+        set(f["lending"]) == {w.name for w in bench.LEND_QUICK} == {w.name for w in bench.LENDING}
+    )
+    for row in f["lending"].values():
+        assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
+        assert row["simulator_range"][0] <= row["simulator_ratio"] <= row["simulator_range"][1]
+        assert row["off_samples_per_s"] > 0 and row["on_samples_per_s"] > 0
+        assert len(row["lent_steps"]) == 2  # one record per seed
 
 
 def test_limits_are_the_cost_model_at_full_occupancy(bench):
