@@ -310,16 +310,11 @@ class BufferConfig:
     max_staleness: int = 0  # eta: 0 is synchronous on-policy training
     overprovision: int = 0  # redundant rollout: launch B + k groups per batch, abort surplus
     dynamic_sampling: bool = False  # drop groups whose rewards all match (no signal)
-    # Consume every group eta versions after its dispatch (k-step off-policy), whichever side
-    # is faster; off: the freshest groups the buffer holds (rljax.policy.staleness).
-    fixed_lag: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
             _fail("buffer.max_staleness", self.max_staleness, "an integer eta >= 0")
         _positive("buffer.overprovision", self.overprovision, allow_zero=True)
-        if not isinstance(self.fixed_lag, bool):
-            _fail("buffer.fixed_lag", self.fixed_lag, "True or False")
 
 
 @dataclasses.dataclass(frozen=True)

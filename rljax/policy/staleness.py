@@ -30,13 +30,6 @@ groups to complete fill it; its still-pending reservations are surplus, returned
 its abort lands is discarded by ``occupy`` (its buffer is already full); counted in
 ``discarded``.
 
-Fixed lag (``fixed_lag=True``, the k-step-off-policy schedule): ``reserve`` takes the *latest*
-buffer the sampler's version reaches and ``occupy`` keeps a group in its reserved buffer, so once
-the first eta buffers are consumed every group is consumed exactly eta versions after the version
-that dispatched it, whichever side is faster. The default takes the earliest buffer, so a learner
-that waits on its sampler consumes fresher groups, at a staleness that depends on the two sides'
-speeds.
-
 Admission (AReaL): ``StalenessController.capacity`` says how many new requests the sampler may
 dispatch; ``StalenessBuffer.reserve`` says where each one goes and may still deny one (see
 ``StalenessController``).
@@ -95,8 +88,6 @@ class StalenessBuffer:
       max_staleness: eta >= 0; every consumed group satisfies ``version - min_version <= eta``.
         eta = 0 is synchronous on-policy training.
       overprovision: k >= 0 extra reservations per buffer (redundant rollout, B' = B + k).
-      fixed_lag: reserve the latest reachable buffer and never move a group earlier (see the
-        module docstring).
 
     Attributes:
       lost_reservations: request ids whose reservations ``from_state_dict`` dropped (empty on a
@@ -106,23 +97,13 @@ class StalenessBuffer:
     simulator calls it from one thread.
     """
 
-    def __init__(
-        self,
-        *,
-        batch_groups: int,
-        max_staleness: int,
-        overprovision: int = 0,
-        fixed_lag: bool = False,
-    ):
+    def __init__(self, *, batch_groups: int, max_staleness: int, overprovision: int = 0):
         _check_int("batch_groups", batch_groups, 1, "use an int >= 1 (groups per learner step)")
         _check_int("max_staleness", max_staleness, 0, "use an int eta >= 0 (0 is on-policy)")
         _check_int("overprovision", overprovision, 0, "use an int k >= 0 (0 disables it)")
-        if not isinstance(fixed_lag, bool):
-            raise ValueError(f"fixed_lag={fixed_lag!r}: use True or False")
         self.batch_groups = batch_groups
         self.max_staleness = max_staleness
         self.overprovision = overprovision
-        self.fixed_lag = fixed_lag
         self._version = 0
         self._slots: dict[int, _Slot] = {}
         self._pending: dict[RequestId, int] = {}  # request id -> buffer version it holds a seat in
@@ -175,10 +156,9 @@ class StalenessBuffer:
             partial rollout. At most the learner version.
 
         Returns:
-          The earliest (with ``fixed_lag``, the latest) buffer version s >= ``version`` with a
-          free seat and ``s - sampler_version <= eta``, or None when there is none: the sampler
-          must wait for a seat or, when ``sampler_version + eta < version``, sync newer params
-          first.
+          The earliest buffer version s >= ``version`` with a free seat and
+          ``s - sampler_version <= eta``, or None when there is none: the sampler must wait for
+          a seat or, when ``sampler_version + eta < version``, sync newer params first.
         """
         _check_request_id(request_id)
         if request_id in self._pending or request_id in self._surplus:
@@ -192,8 +172,7 @@ class StalenessBuffer:
                 f"sampler_version={sampler_version} is ahead of the learner version "
                 f"{self._version}; pass the version of the params the sampler actually holds"
             )
-        reachable = range(self._version, sampler_version + self.max_staleness + 1)
-        for s in reversed(reachable) if self.fixed_lag else reachable:
+        for s in range(self._version, sampler_version + self.max_staleness + 1):
             if self._has_free_seat(s):
                 self._slots.setdefault(s, _Slot()).reserved[request_id] = sampler_version
                 self._pending[request_id] = s
@@ -206,7 +185,6 @@ class StalenessBuffer:
         Placement: the earliest buffer with a free seat at or before the reserved one. Moving
         earlier is always staleness-safe (an earlier buffer means less staleness) and fills the
         buffer the learner waits on first; the group's reserved seat is freed for a new request.
-        With ``fixed_lag`` the group stays in its reserved buffer (whose seat it holds).
 
         Args:
           request_id: an id returned a seat by ``reserve`` (or returned as surplus, in which case
@@ -246,10 +224,7 @@ class StalenessBuffer:
             )
         del self._slots[reserved_at].reserved[request_id]
         del self._pending[request_id]
-        target = reserved_at
-        if not self.fixed_lag:
-            free = (s for s in range(self._version, reserved_at + 1) if self._has_free_seat(s))
-            target = next(free)
+        target = next(s for s in range(self._version, reserved_at + 1) if self._has_free_seat(s))
         slot = self._slots.setdefault(target, _Slot())
         slot.groups.append((request_id, min_version, group))
         self._accepted += 1
@@ -352,7 +327,6 @@ class StalenessBuffer:
             "batch_groups": self.batch_groups,
             "max_staleness": self.max_staleness,
             "overprovision": self.overprovision,
-            "fixed_lag": self.fixed_lag,
             "version": self._version,
             "accepted": self._accepted,
             "discarded": self._discarded,
@@ -376,7 +350,6 @@ class StalenessBuffer:
                 batch_groups=state["batch_groups"],
                 max_staleness=state["max_staleness"],
                 overprovision=state["overprovision"],
-                fixed_lag=state.get("fixed_lag", False),  # absent before the knob existed
             )
             version = state["version"]
             _check_int("state['version']", version, 0, "restore a state_dict() output")

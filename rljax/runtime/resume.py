@@ -151,7 +151,6 @@ def driver_state(meta: dict[str, Any] | None, cfg: RunConfig, *, version: int):
         "batch_groups": b,
         "max_staleness": cfg.buffer.max_staleness,
         "overprovision": cfg.buffer.overprovision,
-        "fixed_lag": cfg.buffer.fixed_lag,
         "version": version,
         "accepted": version * b,
         "discarded": 0,
