@@ -32,7 +32,7 @@ def bench():
 def quick_run(bench):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        figures = bench.main(["--quick", "--seeds=0,1"])
+        figures = bench.main(["--quick", "--seeds=0"])
     return buf.getvalue().strip().splitlines(), figures
 
 
@@ -62,7 +62,7 @@ def test_figures_are_consistent(quick_run, bench):
         assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
         assert row["simulator_range"][0] <= row["simulator_ratio"] <= row["simulator_range"][1]
         assert row["off_samples_per_s"] > 0 and row["on_samples_per_s"] > 0
-        assert len(row["lent_steps"]) == 2  # one record per seed
+        assert len(row["lent_steps"]) == 1  # one record per seed
 
 
 def test_limits_are_the_cost_model_at_full_occupancy(bench):
