@@ -1,7 +1,7 @@
 """Benchmarks the async pipeline (the real Driver) with fake engines, against baselines.
 
-    python scripts/bench_pipeline.py                  # full run, about 9 minutes on 2 cores
-    python scripts/bench_pipeline.py --only-lending   # (d) alone, about 7 minutes
+    python scripts/bench_pipeline.py                  # full run, about 8 minutes on 2 cores
+    python scripts/bench_pipeline.py --only-lending   # (d) alone, about 6 minutes
     python scripts/bench_pipeline.py --quick          # tiny workloads, the smoke test's run
 
 The Driver, StalenessBuffer and StalenessController are the real ones; the sampler,
@@ -28,9 +28,9 @@ lognormal with a long tail. Figures, each a ratio taken in this run:
       side idle, where the policy should decline. Each ratio is lending-on samples/s over
       lending-off, median over --seeds, printed beside the simulator's prediction for the same
       workload and costs (rljax.sim with MeasuredCosts set to the fakes' cost models).
-(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}. Rates are steady-state: taken between the learner steps after a warm-up (the pipeline fill is
-excluded), the same way for every run. The last line printed is one JSON object holding every
-figure.
+(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}. Rates are steady-state: taken
+between the learner steps after a warm-up (the pipeline fill is excluded), the same way for
+every run. The last line printed is one JSON object holding every figure.
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ to lend during the next step (``lending.*`` keys; ``Lending.force`` pins a decis
   ``sampling.dtype`` and ``device_put`` into the engine's layout on the same chips; its KV pool
   takes the memory the learner leaves free (``memory_stats``; on the CPU, which reports none,
   the sampler's own ``sampling.num_pages``); the engine is built once per mesh. The driver's
-  sampler is a :class:`ReplicaSet`: admission counts the lent replica's slots and
-  :func:`rljax.policy.routing.route` sends each group to one replica. The learner thread steps
-  the lent replica while it waits. When the batch is ready, the replica's requests are
-  interrupted and handed to the sampler, which resumes them as partial rollouts: their tokens
-  keep the versions that produced them, so the staleness buffer's accounting holds (the lent
-  replica's version is the learner's, never older than the sampler's).
+  sampler is a :class:`~rljax.runtime.replica_set.ReplicaSet`: admission counts the lent
+  replica's slots and :func:`rljax.policy.routing.route` sends each group to one replica. The
+  learner thread steps the lent replica while it waits. When the batch is ready, the replica's
+  requests are interrupted and handed to the sampler, which resumes them as partial rollouts:
+  their tokens keep the versions that produced them, so the staleness buffer's accounting holds
+  (the lent replica's version is the learner's, never older than the sampler's).
 - **Trainer-on-RollPool** (any mode): the learner's step computes the gradients of a share of
   its micro-batches on the sampler's chips (:class:`rljax.learner.learner.GradLoan`) and sums
   them into its own update; it stays the only optimiser and version authority.
