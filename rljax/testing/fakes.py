@@ -262,9 +262,11 @@ class FakeSampler:
         with self._lock:
             finished = []
             version = self.version
+            advanced = 0  # fewer than ``active`` when a replica was parked during the sleep
             for slot, s in enumerate(self._slots):
                 if s is None:
                     continue
+                advanced += 1
                 s.versions.append(version)
                 if s.done:
                     self._slots[slot] = None
@@ -274,7 +276,7 @@ class FakeSampler:
             if finished:
                 self._live &= self.request_ids()
         self.stats["steps"] += 1
-        self.stats["tokens"] += active
+        self.stats["tokens"] += advanced
         self.stats["finished"] += len(finished)
         return finished
 
