@@ -48,11 +48,10 @@ import numpy as np
 
 from rljax.engine.sampler import Request
 from rljax.policy.lending import LendDirection, LendingConfig
-from rljax.policy.reallocation import Split
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.runtime import lending
 from rljax.runtime.driver import Driver
-from rljax.testing.fake_lending import FakeLending, LendWorkload
+from rljax.testing.fake_lending import LendWorkload
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -289,17 +288,7 @@ def run_lending(w: LendWorkload, lend: bool, seed: int) -> dict:
         seed=seed,
         params=learner.params,
     )
-    lender = None
-    if lend:
-        lender = FakeLending(
-            w.lending,
-            sampler,
-            split=Split(w.sampler_chips, w.learner_chips),
-            tp=w.tp,
-            batch_groups=w.batch_groups,
-            micro_batches=w.micro_batches,
-            param_bytes=w.cost_model().weight_bytes,
-        )
+    lender = w.lender(sampler) if lend else None
     times: list[float] = []
     driver = _driver(
         w,

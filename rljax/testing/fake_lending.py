@@ -178,6 +178,18 @@ class LendWorkload:
             publish_s=self.sync_s,
         )
 
+    def lender(self, sampler: FakeSampler) -> FakeLending:
+        """Lending over ``sampler`` (``sampler_chips // tp`` replicas) on this workload's chips."""
+        return FakeLending(
+            self.lending,
+            sampler,
+            split=Split(self.sampler_chips, self.learner_chips),
+            tp=self.tp,
+            batch_groups=self.batch_groups,
+            micro_batches=self.micro_batches,
+            param_bytes=self.cost_model().weight_bytes,
+        )
+
     def simulate(self, lend: bool, seed: int, steps: int) -> float:
         """The simulator's samples/s on this workload, lending by the policy or off."""
         sim = SimConfig(

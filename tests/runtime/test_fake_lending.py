@@ -149,15 +149,7 @@ def _run(decision: LendingDecision, *, eta: int, learn_s: float, seed: int) -> d
         length_sampler=lambda rng: int(rng.integers(1, 16)),
         seed=seed,
     )
-    lend = FakeLending(
-        w.lending,
-        sampler,
-        split=Split(4, 4),
-        tp=1,
-        batch_groups=B,
-        micro_batches=4,
-        param_bytes=w.cost_model().weight_bytes,
-    )
+    lend = w.lender(sampler)
     lend.force = decision
     consumed, staleness = [], []
 
