@@ -22,8 +22,8 @@ group's seat and counts it in ``dropped_reward_failure``; see ``rljax.runtime.dr
 
 A verifier is per completion, ``fn(completion, example) -> float``, or, with ``batched=True``,
 per call, ``fn(completions, examples) -> sequence of floats`` over everything one
-:meth:`RewardPool.submit` holds (the driver submits one group at a time when threaded, one
-step's groups when lock-step); ``timeout_s`` then bounds the whole call.
+:meth:`RewardPool.submit` holds (the driver submits the groups waiting for its reward thread when
+threaded, one step's groups when lock-step); ``timeout_s`` then bounds the whole call.
 
 How a hang is handled depends on ``mode``:
 

@@ -316,7 +316,10 @@ class Driver(SafePoints):
         self.clocks.learner_wait(start, time.perf_counter())
         return groups
 
-    def _score_and_place(self, done: list[list]) -> None:
+    def _score_and_place(self, done: list[list], taken: int = 0) -> None:
+        """Scores ``done`` (groups) in one call and places them; ``taken``: the reward-queue
+        items they came from, marked done under the lock (a reader seeing none unfinished sees
+        every group placed)."""
         if not done:
             return
         done = [sorted(g, key=lambda t: t.sample_index) for g in sorted(done, key=_group_id)]
@@ -330,6 +333,9 @@ class Driver(SafePoints):
             for g in done:
                 self._place(g, rewards[offset : offset + len(g)])
                 offset += len(g)
+            for _ in range(taken):
+                self._rewards_q.task_done()
+            self._cond.notify_all()
 
     # -- threaded schedule ------------------------------------------------------------------
 
@@ -358,20 +364,13 @@ class Driver(SafePoints):
 
     def _reward_loop(self) -> None:
         while True:
-            trajs = self._rewards_q.get()
-            if trajs is None:
+            items = [self._rewards_q.get()]
+            while items[-1] is not None and not self._rewards_q.empty():
+                items.append(self._rewards_q.get_nowait())  # every group waiting: one call
+            done = [trajs for trajs in items if trajs is not None]
+            self._score_and_place(done, taken=len(done))
+            if items[-1] is None:
                 return
-            # Completion order is not sample order: sort first, so rewards[i] is trajs[i]'s.
-            trajs = sorted(trajs, key=lambda t: t.sample_index)
-            start = time.perf_counter()
-            rewards = self._score(trajs)
-            self.clocks.reward(start, time.perf_counter())
-            self.timeline.add("reward", start, time.perf_counter(), track="rewards")
-            with self._cond:
-                self._place(trajs, rewards)
-                # Under the lock: a reader that sees no unfinished task sees the group placed.
-                self._rewards_q.task_done()
-                self._cond.notify_all()
 
     def _threaded_batch(self) -> list[Group] | None:
         start = time.perf_counter()

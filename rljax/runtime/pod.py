@@ -7,11 +7,11 @@ hosts), each process owns devices of one mesh only, so each plays one role:
   :class:`~rljax.runtime.driver.Driver`, threaded (mode='async') or lock-step (mode='sync'),
   with the same policies as one host. It takes every decision once: which requests enter the
   sampler, when weights swap and to which version, which groups the buffer hands the learner,
-  when to checkpoint and stop. It scores the rewards (its reward pool isolates failures as on
-  one host) and writes the metrics.
+  when to checkpoint and stop. It writes the metrics, and shares each scoring call with the
+  other sampler hosts (:mod:`rljax.runtime.pod_scoring`).
 - **Sampler followers** replay the leader's sampler operations in the same order (submit,
   swap, generate, interrupt, ...), so their engine state stays identical; each generate is one
-  program over the whole sampler mesh.
+  program over the whole sampler mesh. Each scores the share of the groups the leader posts it.
 - **Learner processes** replay the learner operations: train on the groups the leader chose,
   send weights, save checkpoints (orbax on the learner processes only).
 

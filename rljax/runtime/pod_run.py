@@ -52,6 +52,7 @@ from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import check_reward_fn, get_reward
 from rljax.runtime import pod, pod_resize, resizing, resume
 from rljax.runtime.clocks import compile_seconds
+from rljax.runtime.pod_scoring import PodScorer, ScoreServer
 from rljax.runtime.run import Run
 
 
@@ -123,7 +124,7 @@ class PodRun(Run):
     def _build_pod(self, cfg, workdir, reward_fn, loss, devices) -> None:
         distributed.check_same_config(cfg)
         self.cfg = cfg
-        self.shard_index, self.shard_count = 0, 1  # the leader reads and scores every prompt
+        self.shard_index, self.shard_count = 0, 1  # the leader reads every prompt
         self.workdir = str(io.ensure_writable_dir(workdir))
         self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
         self._scale = resolve_scale(cfg.learner, self.loss)
@@ -155,6 +156,7 @@ class PodRun(Run):
         self.initial_accuracy = float("nan")
         self._last_saved = -1
         self._reward, self.rewards, self._ticks = reward, None, None
+        self.scored_by_host: dict[int, int] = {}  # trajectories each sampler host scored
         self.engines, self.learners = MeshCache(), MeshCache()  # per mesh, across resizes
         self.tick = 0  # the next tick this process reads (a follower)
         self.build_split()
@@ -178,6 +180,7 @@ class PodRun(Run):
         if self.roles.role == "learner":
             self.learner.params = self.learner.opt_state = None
         self.learner = self.sampler = self.real_sampler = self.engine = self.driver = None
+        self.scorer = self.score_server = None
 
     def _build_role(self, reward) -> None:
         cfg = self.cfg
@@ -194,11 +197,17 @@ class PodRun(Run):
         stop_ids = sorted(self.tokenizer.stop_ids)
         # No weights until the first swap.
         sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids)
+        if self.rewards is None:  # every sampler host scores a share of the groups
+            self.rewards = RewardPool.from_config(reward, cfg.reward)
         if not self.roles.is_leader:
             self.real_sampler = sampler
+            self.score_server = ScoreServer(
+                self.channel, self.roles.me, self.resizes, self.rewards, self.tokenizer
+            )
             return
-        if self.rewards is None:
-            self.rewards = RewardPool.from_config(reward, cfg.reward)
+        self.scorer = PodScorer(
+            self.channel, self.roles.sampler, self.resizes, self.rewards, self.tokenizer
+        )
         self.weight_sync = pod.PodWeightSync()
         self._ticks = self._ticks or pod.Ticks(self.channel)  # one tick count across resizes
         self.sampler = pod.PodSampler(sampler, self._ticks, self.weights, self.weight_sync)
@@ -296,6 +305,11 @@ class PodRun(Run):
 
     def next_prompts(self) -> list[dict]:
         return next(self.prompts)
+
+    def score(self, trajs) -> np.ndarray:
+        """Rewards for ``trajs``, scored across the sampler hosts (runtime.pod_scoring)."""
+        rewards, self.reward_failures = self.scorer.score(trajs)
+        return rewards
 
     def make_batch(self, groups):
         if self.roles.role == "learner":
@@ -414,6 +428,7 @@ class PodRun(Run):
         if self.roles.is_leader:
             summary["pod"] = {**self._shape(), "resizes": self.resizes}
             summary["pod"]["wall_s"] = time.perf_counter() - start
+            summary["pod"]["scored_by_host"] = {str(h): n for h, n in self.scored_by_host.items()}
             digests = [
                 self.channel.get(f"replicas/{p}", waiting_for=f"learner process {p}'s digests")
                 for p in self.roles.learner
@@ -434,6 +449,7 @@ class PodRun(Run):
             self.tick, op, arg = pod.follow_sampler(
                 self, self.channel, self.real_sampler, self.weights, self.tick
             )
+            self.score_server.join()  # the leader stopped it before this tick
             summary = {"role": "sampler"}
         else:
             summary, op, arg = self._lead()
@@ -448,6 +464,9 @@ class PodRun(Run):
             self.publish()  # the restored version, before anything samples
         summary = super()._train()
         resize, self._resize_to = self._resize_to, None
+        for host, n in self.scorer.scored.items():
+            self.scored_by_host[host] = self.scored_by_host.get(host, 0) + n
+        self.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
         if resize is not None and not self._preempted:
             split, cause, decided = resize
             arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}

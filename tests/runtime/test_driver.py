@@ -110,10 +110,14 @@ def _driver(
         record.dispatched[rid] = example["id"]
         return Request([1, 2, 3], GROUP, payload=example, request_id=rid)
 
-    def score(trajs):
+    def score(trajs):  # one call may hold several groups, samples in order within each
         rewards = score_group(trajs)
-        if dynamic and len(set(rewards.tolist())) == 1:
-            record.dropped.add(trajs[0].group_id)
+        groups = collections.defaultdict(list)
+        for t, r in zip(trajs, rewards.tolist(), strict=True):
+            groups[t.group_id].append(r)
+        for rid, values in groups.items():
+            if dynamic and len(set(values)) == 1:
+                record.dropped.add(rid)
         return rewards
 
     def make_batch(groups: list[Group]):

@@ -138,6 +138,9 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     assert all(r["save_s"] > 0 and r["restore_s"] > 0 for r in resizes), resizes
     assert audit.audit_steps(records, steps) == []
     assert audit.audit_staleness(records, ETA) == []
+    # The sampler follower (host 1) scored its share of the groups, before and after the resizes.
+    summary = json.loads([x for x in text[0].splitlines() if x.startswith('{"')][-1])
+    assert summary["pod"]["scored_by_host"]["1"] > 0, summary["pod"]
     meta = audit.read_meta(workdir, steps)
     drawn = audit.drawn_prompts(arith_async.recipe("small"), meta["data"])
     assert audit.audit_prompts(records, audit.leftover_prompts(meta), drawn) == []

@@ -1,0 +1,132 @@
+"""Scoring on a pod: the sampler hosts share the verifier's work, the leader gathers.
+
+Every sampler host ran the same generate steps, so any of them can score a trajectory. The
+leader cuts each scoring call's groups by group id over the sampler hosts (``group_id % n``,
+so a single group moves between hosts too), posts each follower its share, scores its own share
+meanwhile, then gathers the followers' rewards through the coordination service. A share
+travels as response tokens and the example, a few hundred bytes a group; the follower decodes
+and scores it in its own :class:`~rljax.rewards.pool.RewardPool`, on a thread beside the steps
+it replays, so a verifier that raises, hangs or returns NaN is isolated and counted on the host
+that ran it. Each result carries that host's failure counts, which the leader sums.
+
+Keys: ``score/<epoch>/<host>/<n>`` (a share; null tells the follower to stop) and
+``scored/<epoch>/<host>/<n>``; the epoch is the pod's resize count, so a rebuilt pod never
+meets an earlier build's keys. Each key is deleted by its reader.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from rljax.engine.sampler import Trajectory
+from rljax.mesh.control import Channel
+from rljax.rewards.pool import FAILURE_KINDS, RewardPool
+from rljax.runtime.scoring import completion_text
+
+
+def owners(group_ids: list[int], hosts: int) -> list[int]:
+    """The sampler host (an index into the sampler's processes) that scores each trajectory."""
+    return [g % hosts for g in group_ids]
+
+
+def _share(trajs: list[Trajectory]) -> dict[str, list]:
+    return {
+        "tokens": [t.response_tokens for t in trajs],
+        "finish": [t.finish_reason for t in trajs],
+        "examples": [t.payload for t in trajs],
+    }
+
+
+class PodScorer:
+    """The leader's side: :meth:`score` has the signature of ``scoring.score``'s result."""
+
+    def __init__(self, channel: Channel, hosts: tuple[int, ...], epoch: int, pool, tokenizer):
+        self.channel, self.hosts, self.epoch = channel, hosts, epoch
+        self.pool, self.tokenizer = pool, tokenizer
+        self._sent = dict.fromkeys(hosts[1:], 0)
+        self._failures = {h: dict.fromkeys(FAILURE_KINDS, 0) for h in hosts[1:]}
+        self.scored = dict.fromkeys(hosts, 0)  # trajectories each host scored, this build
+
+    def _key(self, kind: str, host: int, n: int) -> str:
+        return f"{kind}/{self.epoch}/{host}/{n}"
+
+    def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
+        """(rewards of ``trajs`` in order, failures by kind summed over the sampler hosts)."""
+        owner = owners([t.group_id for t in trajs], len(self.hosts))
+        posted = []
+        for i, host in enumerate(self.hosts[1:], start=1):
+            mine = [t for t, o in zip(trajs, owner, strict=True) if o == i]
+            if mine:
+                self.channel.post(self._key("score", host, self._sent[host]), _share(mine))
+                posted.append((i, host, self._sent[host]))
+                self._sent[host] += 1
+        rewards = np.zeros(len(trajs), np.float32)
+        local = [j for j, o in enumerate(owner) if o == 0]
+        if local:
+            texts = [completion_text(self.tokenizer, trajs[j]) for j in local]
+            rewards[local] = self.pool.score(texts, [trajs[j].payload for j in local])
+        for i, host, n in posted:
+            key = self._key("scored", host, n)
+            result = self.channel.get(key, waiting_for=f"sampler host {host}'s rewards")
+            self.channel.delete(key)
+            rewards[[j for j, o in enumerate(owner) if o == i]] = result["rewards"]
+            self._failures[host] = result["failures"]
+        for i, host in enumerate(self.hosts):
+            self.scored[host] += owner.count(i)
+        for t, r in zip(trajs, rewards, strict=True):
+            t.reward = float(r)
+        return rewards, self.failures()
+
+    def failures(self) -> dict[str, int]:
+        mine = self.pool.stats.by_kind()
+        return {k: mine[k] + sum(f[k] for f in self._failures.values()) for k in FAILURE_KINDS}
+
+    def stop(self) -> None:
+        """Tell every follower's server to stop (before the pod ends or resizes)."""
+        for host, n in self._sent.items():
+            self.channel.post(self._key("score", host, n), None)
+
+
+class ScoreServer:
+    """A sampler follower's side: a thread scoring the shares the leader posts, until told to
+    stop. An error here fails the pod (:meth:`Channel.fail`), naming this process."""
+
+    def __init__(
+        self, channel: Channel, me: int, epoch: int, pool: RewardPool, tokenizer: Any
+    ) -> None:
+        self.channel, self.me, self.epoch = channel, me, epoch
+        self.pool, self.tokenizer = pool, tokenizer
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._serve, name="pod-scoring", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        n = 0
+        try:
+            while True:
+                key = f"score/{self.epoch}/{self.me}/{n}"
+                share = self.channel.get(key, waiting_for="the leader's next scoring share")
+                self.channel.delete(key)
+                if share is None:
+                    return
+                pairs = zip(share["tokens"], share["finish"], strict=True)
+                rewards = self.pool.score([self._text(*p) for p in pairs], share["examples"])
+                result = {"rewards": rewards.tolist(), "failures": self.pool.stats.by_kind()}
+                self.channel.post(f"scored/{self.epoch}/{self.me}/{n}", result)
+                n += 1
+        except BaseException as e:  # the leader is waiting for this result: tell it why not
+            self.error = e
+            self.channel.fail(e)
+
+    def _text(self, tokens: list[int], finish: str) -> str:
+        t = Trajectory([], tokens, [], [], finish, group_id=-1, sample_index=0)
+        return completion_text(self.tokenizer, t)
+
+    def join(self) -> None:
+        """Wait for the stop the leader posts at the end of a build; re-raise a failure."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
