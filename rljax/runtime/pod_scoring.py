@@ -41,7 +41,8 @@ def _share(trajs: list[Trajectory]) -> dict[str, list]:
 
 
 class PodScorer:
-    """The leader's side: :meth:`score` has the signature of ``scoring.score``'s result."""
+    """The leader's side: :meth:`score` returns what ``scoring.score`` does (rewards, failures
+    by kind), with the work shared among the sampler hosts ``hosts`` (the leader first)."""
 
     def __init__(self, channel: Channel, hosts: tuple[int, ...], epoch: int, pool, tokenizer):
         self.channel, self.hosts, self.epoch = channel, hosts, epoch
