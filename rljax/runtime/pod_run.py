@@ -206,7 +206,12 @@ class PodRun(Run):
             )
             return
         self.scorer = PodScorer(
-            self.channel, self.roles.sampler, self.resizes, self.rewards, self.tokenizer
+            self.channel,
+            self.roles.sampler,
+            self.resizes,
+            self.rewards,
+            self.tokenizer,
+            scored=self.scored_by_host,
         )
         self.weight_sync = pod.PodWeightSync()
         self._ticks = self._ticks or pod.Ticks(self.channel)  # one tick count across resizes
@@ -464,8 +469,6 @@ class PodRun(Run):
             self.publish()  # the restored version, before anything samples
         summary = super()._train()
         resize, self._resize_to = self._resize_to, None
-        for host, n in self.scorer.scored.items():
-            self.scored_by_host[host] = self.scored_by_host.get(host, 0) + n
         self.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
         if resize is not None and not self._preempted:
             split, cause, decided = resize

@@ -24,12 +24,17 @@ import numpy as np
 from rljax.engine.sampler import Trajectory
 from rljax.mesh.control import Channel
 from rljax.rewards.pool import FAILURE_KINDS, RewardPool
-from rljax.runtime.scoring import completion_text
+from rljax.runtime.scoring import completion_text, response_text
 
 
 def owners(group_ids: list[int], hosts: int) -> list[int]:
     """The sampler host (an index into the sampler's processes) that scores each trajectory."""
     return [g % hosts for g in group_ids]
+
+
+def _key(kind: str, epoch: int, host: int, n: int) -> str:
+    """``score/...`` (a share) or ``scored/...`` (its rewards), the n-th of ``host``."""
+    return f"{kind}/{epoch}/{host}/{n}"
 
 
 def _share(trajs: list[Trajectory]) -> dict[str, list]:
@@ -42,41 +47,51 @@ def _share(trajs: list[Trajectory]) -> dict[str, list]:
 
 class PodScorer:
     """The leader's side: :meth:`score` returns what ``scoring.score`` does (rewards, failures
-    by kind), with the work shared among the sampler hosts ``hosts`` (the leader first)."""
+    by kind), with the work shared among the sampler hosts ``hosts`` (the leader first).
 
-    def __init__(self, channel: Channel, hosts: tuple[int, ...], epoch: int, pool, tokenizer):
+    ``scored`` (``{host: trajectories}``) is added to as hosts score; a run passes one dict to
+    every build's scorer, so it counts across resizes.
+    """
+
+    def __init__(
+        self,
+        channel: Channel,
+        hosts: tuple[int, ...],
+        epoch: int,
+        pool,
+        tokenizer,
+        scored: dict[int, int] | None = None,
+    ):
         self.channel, self.hosts, self.epoch = channel, hosts, epoch
         self.pool, self.tokenizer = pool, tokenizer
         self._sent = dict.fromkeys(hosts[1:], 0)
         self._failures = {h: dict.fromkeys(FAILURE_KINDS, 0) for h in hosts[1:]}
-        self.scored = dict.fromkeys(hosts, 0)  # trajectories each host scored, this build
-
-    def _key(self, kind: str, host: int, n: int) -> str:
-        return f"{kind}/{self.epoch}/{host}/{n}"
+        self.scored = {} if scored is None else scored
 
     def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
         """(rewards of ``trajs`` in order, failures by kind summed over the sampler hosts)."""
         owner = owners([t.group_id for t in trajs], len(self.hosts))
+        shares = [[j for j, o in enumerate(owner) if o == i] for i in range(len(self.hosts))]
         posted = []
-        for i, host in enumerate(self.hosts[1:], start=1):
-            mine = [t for t, o in zip(trajs, owner, strict=True) if o == i]
-            if mine:
-                self.channel.post(self._key("score", host, self._sent[host]), _share(mine))
-                posted.append((i, host, self._sent[host]))
+        for host, share in zip(self.hosts[1:], shares[1:], strict=True):
+            if share:
+                n = self._sent[host]
+                key = _key("score", self.epoch, host, n)
+                self.channel.post(key, _share([trajs[j] for j in share]))
+                posted.append((host, share, n))
                 self._sent[host] += 1
         rewards = np.zeros(len(trajs), np.float32)
-        local = [j for j, o in enumerate(owner) if o == 0]
-        if local:
-            texts = [completion_text(self.tokenizer, trajs[j]) for j in local]
-            rewards[local] = self.pool.score(texts, [trajs[j].payload for j in local])
-        for i, host, n in posted:
-            key = self._key("scored", host, n)
+        if shares[0]:
+            texts = [completion_text(self.tokenizer, trajs[j]) for j in shares[0]]
+            rewards[shares[0]] = self.pool.score(texts, [trajs[j].payload for j in shares[0]])
+        for host, share, n in posted:
+            key = _key("scored", self.epoch, host, n)
             result = self.channel.get(key, waiting_for=f"sampler host {host}'s rewards")
             self.channel.delete(key)
-            rewards[[j for j, o in enumerate(owner) if o == i]] = result["rewards"]
+            rewards[share] = result["rewards"]
             self._failures[host] = result["failures"]
-        for i, host in enumerate(self.hosts):
-            self.scored[host] += owner.count(i)
+        for host, share in zip(self.hosts, shares, strict=True):
+            self.scored[host] = self.scored.get(host, 0) + len(share)
         for t, r in zip(trajs, rewards, strict=True):
             t.reward = float(r)
         return rewards, self.failures()
@@ -88,7 +103,7 @@ class PodScorer:
     def stop(self) -> None:
         """Tell every follower's server to stop (before the pod ends or resizes)."""
         for host, n in self._sent.items():
-            self.channel.post(self._key("score", host, n), None)
+            self.channel.post(_key("score", self.epoch, host, n), None)
 
 
 class ScoreServer:
@@ -108,23 +123,20 @@ class ScoreServer:
         n = 0
         try:
             while True:
-                key = f"score/{self.epoch}/{self.me}/{n}"
+                key = _key("score", self.epoch, self.me, n)
                 share = self.channel.get(key, waiting_for="the leader's next scoring share")
                 self.channel.delete(key)
                 if share is None:
                     return
                 pairs = zip(share["tokens"], share["finish"], strict=True)
-                rewards = self.pool.score([self._text(*p) for p in pairs], share["examples"])
+                texts = [response_text(self.tokenizer, *p) for p in pairs]
+                rewards = self.pool.score(texts, share["examples"])
                 result = {"rewards": rewards.tolist(), "failures": self.pool.stats.by_kind()}
-                self.channel.post(f"scored/{self.epoch}/{self.me}/{n}", result)
+                self.channel.post(_key("scored", self.epoch, self.me, n), result)
                 n += 1
         except BaseException as e:  # the leader is waiting for this result: tell it why not
             self.error = e
             self.channel.fail(e)
-
-    def _text(self, tokens: list[int], finish: str) -> str:
-        t = Trajectory([], tokens, [], [], finish, group_id=-1, sample_index=0)
-        return completion_text(self.tokenizer, t)
 
     def join(self) -> None:
         """Wait for the stop the leader posts at the end of a build; re-raise a failure."""

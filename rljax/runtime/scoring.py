@@ -22,8 +22,12 @@ log = logging.getLogger(__name__)
 
 def completion_text(tokenizer, t: Trajectory) -> str:
     """The response the reward sees: decoded, without its stop token."""
-    tokens = t.response_tokens
-    if t.finish_reason == FINISH_STOP and tokens:
+    return response_text(tokenizer, t.response_tokens, t.finish_reason)
+
+
+def response_text(tokenizer, tokens: list[int], finish_reason: str) -> str:
+    """:func:`completion_text` from a trajectory's response tokens and finish reason."""
+    if finish_reason == FINISH_STOP and tokens:
         tokens = tokens[:-1]
     # A checkpoint's embedding may be padded past the tokenizer; such ids decode to nothing.
     return tokenizer.decode([i for i in tokens if i < tokenizer.vocab_size])
