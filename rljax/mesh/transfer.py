@@ -4,31 +4,38 @@ On one process ``jax.device_put`` moves arrays between any two meshes. In a mult
 program (several hosts, one ``jax.distributed`` world) the pinned JAX refuses a reshard between
 different device sets ("input and target sharding should have the same set of devices"), and a
 ``jit`` cannot write outputs onto devices its inputs do not use. :func:`transfer` is therefore
-one computation over the **union** of the two meshes' devices:
+one computation over the **union** of the two meshes' devices, a ``shard_map`` in which every
+device holds one block: its shard of the source if it has one, zeros of that shape if not.
 
-1. every device of the union contributes one block: a source device that owns a distinct shard
-   of a leaf contributes that shard, every other device zeros of the same shape (so a shard
-   replicated over several source devices is counted once);
-2. inside a ``shard_map`` over the union, each device writes its block at the shard's offset
-   into a buffer of the leaf's full shape, and a ``psum`` over the union gives every device
-   the whole leaf (on a TPU slice, an all-reduce over ICI);
-3. each destination device slices out its target shard, and the destination array is
-   assembled from those per-device slices, with no further copy.
+**Point to point** (the weight sync's case). Cut every dimension at every shard boundary of
+either sharding; when the cells this makes are all one shape, each destination device needs a
+list of whole cells, and each cell sits whole in some source device's shard. Each destination
+cell is fetched from one source device (itself if it holds one, else the holder sending least
+so far), and the sends are packed into rounds in which every device sends at most one cell
+and receives at most one, each round one ``ppermute``. Every destination device receives its
+shard's bytes once, as a reshard on one process would move them: a learner sharded 4 ways
+feeding 4 sampler replicas is 4 rounds, each learner device sending its shard to a different
+replica (on a TPU slice, point-to-point transfers over ICI).
 
-Every process that owns a device of either mesh must call :func:`transfer` with the same
+**All-reduce** (any other pair of shardings, such as fsdp 4 -> 6 in a resize, whose cells are
+of several sizes). A device that holds the first copy of a distinct source shard writes it at
+the shard's offset into a zero buffer of the leaf's full shape, a ``psum`` over the union gives
+every device the whole leaf, and each destination device slices out its shard: about twice the
+leaf's bytes through every device of the union, but one code path for every pair.
+
+Either way the destination array is assembled from the per-device results, with no further
+copy. Every process that owns a device of either mesh must call :func:`transfer` with the same
 arguments, in the same order as every other collective; a process that owns no source device
 passes the source as ``jax.ShapeDtypeStruct(shape, dtype, sharding=...)``. On a process that
 owns no destination device the result's leaves are None; a process that owns no device of
 either mesh enters nothing and gets None leaves too.
-
-Bytes on the wire: the all-reduce moves about twice the leaf's bytes through every device of
-the union, against the leaf's bytes once for an ideal point-to-point reshard; the simplicity
-buys one code path for every pair of shardings (weight sync, and resizing a mesh across hosts).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+from collections import Counter
 from collections.abc import Sequence
 
 import jax
@@ -70,7 +77,7 @@ def _starts(sharding, shape) -> dict[jax.Device, tuple[int, ...]]:
 
 
 def _plan(leaf, src, dst, union):
-    """Per-union-device tables: shard offsets in the source and target, and owned shards."""
+    """The all-reduce path's tables: shard offsets in the source and target, owned shards."""
     shape = tuple(leaf.shape)
     src_starts, dst_starts = _starts(src, shape), _starts(dst, shape)
     owned, seen = set(), set()
@@ -84,39 +91,139 @@ def _plan(leaf, src, dst, union):
     return owned, src_off, dst_off
 
 
+def _boxes(sharding, shape) -> dict[jax.Device, tuple[tuple[int, int], ...]]:
+    """Each device's shard as [start, stop) per dimension."""
+    return {
+        d: tuple(
+            (sl.start or 0, n if sl.stop is None else sl.stop)
+            for sl, n in zip(idx, shape, strict=True)
+        )
+        for d, idx in sharding.devices_indices_map(shape).items()
+    }
+
+
+def _cell(src_boxes, dst_boxes, shape) -> tuple[int, ...] | None:
+    """The shape of the cells both shardings' boundaries cut, or None if they differ in size."""
+    cell = []
+    for k, n in enumerate(shape):
+        cuts = {0, n} | {c for b in (*src_boxes.values(), *dst_boxes.values()) for c in b[k]}
+        sizes = {b - a for a, b in itertools.pairwise(sorted(cuts))}
+        if len(sizes) != 1:
+            return None
+        cell.append(sizes.pop())
+    return tuple(cell)
+
+
+def _p2p_plan(shape, src, dst, union):
+    """Point-to-point tables for one leaf, or None when its cells are of several sizes.
+
+    Returns (cell shape, perms, send offsets [R, U, ndim], receive offsets [R, U, ndim],
+    receive mask [R, U]): in round r, device ``perm[r]``'s senders ship the cell at their send
+    offset, and each receiver writes it at its receive offset.
+    """
+    src_boxes, dst_boxes = _boxes(src, shape), _boxes(dst, shape)
+    cell = _cell(src_boxes, dst_boxes, shape)
+    if cell is None:
+        return None
+    pos = {d: i for i, d in enumerate(union)}
+
+    def cells(box):
+        return itertools.product(*(range(lo, hi, c) for (lo, hi), c in zip(box, cell)))
+
+    holders: dict[tuple[int, ...], list[jax.Device]] = {}
+    for d in union:
+        if d in src_boxes:
+            for c in cells(src_boxes[d]):
+                holders.setdefault(c, []).append(d)
+    sends: Counter = Counter()
+    rounds: list[dict] = []  # per round: {sender: (receiver, send offset, receive offset)}
+    for d in union:
+        if d not in dst_boxes:
+            continue
+        for c in cells(dst_boxes[d]):
+            owners = holders[c]
+            sender = d if d in owners else min(owners, key=lambda s: (sends[s], pos[s]))
+            sends[sender] += 1
+            piece = (
+                pos[d],
+                tuple(a - b[0] for a, b in zip(c, src_boxes[sender])),
+                tuple(a - b[0] for a, b in zip(c, dst_boxes[d])),
+            )
+            for r in rounds:  # the first round where both ends are free
+                if pos[sender] not in r and all(p[0] != pos[d] for p in r.values()):
+                    r[pos[sender]] = piece
+                    break
+            else:
+                rounds.append({pos[sender]: piece})
+    n, ndim = len(union), len(shape)
+    send_off = np.zeros((len(rounds), n, ndim), np.int32)
+    recv_off = np.zeros((len(rounds), n, ndim), np.int32)
+    recv = np.zeros((len(rounds), n), bool)
+    perms = []
+    for r, moves in enumerate(rounds):
+        perms.append(tuple(sorted((s, p[0]) for s, p in moves.items())))
+        for s, (to, so, ro) in moves.items():
+            send_off[r, s], recv_off[r, to], recv[r, to] = so, ro, True
+    return cell, tuple(perms), send_off, recv_off, recv
+
+
+def _offsets(table, i):
+    return tuple(table[i, k] for k in range(table.shape[-1]))
+
+
 @functools.lru_cache(maxsize=64)
 def _mover(mesh: Mesh, specs: tuple):
     """One jitted shard_map over the union for leaves described by ``specs``.
 
-    ``specs``: per leaf (shape, src shard shape, dst shard shape); offsets are traced inputs.
+    ``specs``: per leaf (shape, src shard shape, dst shard shape, cell shape and perms or
+    None for the all-reduce); offsets are traced inputs.
     """
 
-    def body(blocks, src_offs, dst_offs):
+    def all_reduce(spec, x, so, do, i):
+        shape, _, dst_shard, _ = spec
+        full = jax.lax.dynamic_update_slice(jnp.zeros(shape, x.dtype), x[0], _offsets(so, i))
+        full = jax.lax.psum(full, "u")
+        return jax.lax.dynamic_slice(full, _offsets(do, i), dst_shard)
+
+    def point_to_point(spec, x, tables, i):
+        _, _, dst_shard, (cell, perms) = spec
+        send_off, recv_off, recv = tables
+        out = jnp.zeros(dst_shard, x.dtype)
+        for r, perm in enumerate(perms):
+            got = jax.lax.ppermute(
+                jax.lax.dynamic_slice(x[0], _offsets(send_off[r], i), cell), "u", perm
+            )
+            at = _offsets(recv_off[r], i)
+            kept = jax.lax.dynamic_slice(out, at, cell)
+            out = jax.lax.dynamic_update_slice(out, jnp.where(recv[r, i], got, kept), at)
+        return out
+
+    def body(blocks, tables):
         i = jax.lax.axis_index("u")
         out = []
-        for (shape, _, dst_shard), x, so, do in zip(specs, blocks, src_offs, dst_offs, strict=True):
-            full = jax.lax.dynamic_update_slice(jnp.zeros(shape, x.dtype), x[0], tuple(so[i]))
-            full = jax.lax.psum(full, "u")
-            out.append(jax.lax.dynamic_slice(full, tuple(do[i]), dst_shard)[None])
+        for spec, x, t in zip(specs, blocks, tables, strict=True):
+            y = all_reduce(spec, x, *t, i) if spec[3] is None else point_to_point(spec, x, t, i)
+            out.append(y[None])
         return out
 
     n = len(specs)
     fn = jax.shard_map(
         body,
         mesh=mesh,
-        in_specs=([P("u")] * n, [P()] * n, [P()] * n),
+        in_specs=([P("u")] * n, [P()] * n),
         out_specs=[P("u")] * n,
         check_vma=False,
     )
     return jax.jit(fn)
 
 
-def transfer(tree, dst_shardings, *, force_union: bool = False):
+def transfer(tree, dst_shardings, *, force_union: bool = False, force_all_reduce: bool = False):
     """``tree`` moved onto ``dst_shardings`` (a matching pytree of shardings).
 
     A plain ``jax.device_put`` when it can (one process, or the same devices); otherwise the
     union computation described in the module docstring, which every process must enter.
-    ``force_union`` takes the union path on one process too (tests compare the two).
+    ``force_union`` takes the union path on one process too (tests compare the two), and
+    ``force_all_reduce`` the all-reduce for every leaf (the baseline the benchmark measures).
     """
     leaves, treedef = jax.tree.flatten(tree)
     # Shardings may stand where a leaf's wrapper node is (an nnx.State of shardings has no
@@ -137,11 +244,19 @@ def transfer(tree, dst_shardings, *, force_union: bool = False):
     if all(d.process_index != me for d in union):  # not this process's move: nothing to enter
         return jax.tree.unflatten(treedef, [None] * len(leaves))
     mesh = Mesh(np.array(union), ("u",))
-    blocks, src_offs, dst_offs, specs = [], [], [], []
+    blocks, tables, specs = [], [], []
     for x, s, d in zip(leaves, src, dst, strict=True):
-        owned, so, do = _plan(x, s, d, union)
-        src_shard = tuple(s.shard_shape(tuple(x.shape)))
-        specs.append((tuple(x.shape), src_shard, tuple(d.shard_shape(tuple(x.shape)))))
+        shape, src_shard = tuple(x.shape), tuple(s.shard_shape(tuple(x.shape)))
+        p2p = None if force_all_reduce else _p2p_plan(shape, s, d, union)
+        if p2p is None:
+            owned, so, do = _plan(x, s, d, union)
+            tables.append((so, do))
+            route = None
+        else:  # any holder of a shard may be asked to send it
+            owned = set(s.device_set)
+            tables.append(p2p[2:])
+            route = p2p[:2]
+        specs.append((shape, src_shard, tuple(d.shard_shape(shape)), route))
         local = {}
         if isinstance(x, jax.Array):
             local = {sh.device: sh.data for sh in x.addressable_shards}
@@ -157,11 +272,9 @@ def transfer(tree, dst_shardings, *, force_union: bool = False):
                 (len(union), *src_shard), NamedSharding(mesh, P("u")), parts
             )
         )
-        src_offs.append(so)
-        dst_offs.append(do)
-    moved = _mover(mesh, tuple(specs))(blocks, src_offs, dst_offs)
+    moved = _mover(mesh, tuple(specs))(blocks, tables)
     out = []
-    for y, d, (shape, _, dst_shard) in zip(moved, dst, specs, strict=True):
+    for y, d, (shape, _, dst_shard, _) in zip(moved, dst, specs, strict=True):
         mine = {sh.device: sh.data for sh in y.addressable_shards}
         targets = [dev for dev in d._addressable_device_assignment]  # noqa: SLF001
         if not targets:
