@@ -114,8 +114,11 @@ def _cell(src_boxes, dst_boxes, shape) -> tuple[int, ...] | None:
     return tuple(cell)
 
 
+@functools.lru_cache(maxsize=1024)
 def _p2p_plan(shape, src, dst, union):
     """Point-to-point tables for one leaf, or None when its cells are of several sizes.
+
+    Cached: a pod's weight sync plans the same moves every publish.
 
     Returns (cell shape, perms, send offsets [R, U, ndim], receive offsets [R, U, ndim],
     receive mask [R, U]): in round r, device ``perm[r]``'s senders ship the cell at their send
@@ -247,7 +250,7 @@ def transfer(tree, dst_shardings, *, force_union: bool = False, force_all_reduce
     blocks, tables, specs = [], [], []
     for x, s, d in zip(leaves, src, dst, strict=True):
         shape, src_shard = tuple(x.shape), tuple(s.shard_shape(tuple(x.shape)))
-        p2p = None if force_all_reduce else _p2p_plan(shape, s, d, union)
+        p2p = None if force_all_reduce else _p2p_plan(shape, s, d, tuple(union))
         if p2p is None:
             owned, so, do = _plan(x, s, d, union)
             tables.append((so, do))

@@ -51,7 +51,7 @@ def test_union_path_equals_device_put_on_one_process(all_reduce):
 
 def _plan(shape, src_sharding, dst_sharding):
     union = transfer_lib.union_devices([src_sharding], [dst_sharding])
-    return transfer_lib._p2p_plan(shape, src_sharding, dst_sharding, union)
+    return transfer_lib._p2p_plan(shape, src_sharding, dst_sharding, tuple(union))
 
 
 def test_weight_sync_is_point_to_point_each_replica_receiving_the_leaf_once():
