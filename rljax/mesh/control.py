@@ -10,8 +10,11 @@ A process that fails posts its error (:meth:`Channel.fail`); every second a wait
 looks for such posts and raises :class:`ProcessLost` naming the failed process. A process that
 dies without a word (``kill -9``, a lost host) stops sending heartbeats: JAX then stops every
 survivor after ``RLJAX_HEARTBEAT_TIMEOUT_S`` seconds with a message naming it (see
-``rljax.mesh.distributed``). (``get_live_nodes`` is no liveness probe here: it waits for every
-live process to call it.)
+``rljax.mesh.distributed``), either as the heartbeat timeout itself or as the shutdown barrier
+failing on it. A survivor that was in a collective with the dead process fails first, with
+gloo's "Connection closed by peer"; the others are told that process lost a peer, not asked to
+fix its error. (``get_live_nodes`` is no liveness probe here: it waits for every live process
+to call it.)
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from typing import Any
 
 # How often a waiting process checks that every process is still alive.
 LIVENESS_EVERY_S = 1.0
+
+# What a collective raises when the process at the other end died (gloo over TCP): a process
+# that posts one of these failed only because another died first.
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 class ProcessLost(RuntimeError):
@@ -107,11 +114,17 @@ class Channel:
     def check_alive(self, waiting_for: str = "the pod") -> None:
         """Raises :class:`ProcessLost` if a process posted a failure."""
         failed = self.keys("failed")
-        if failed:
-            pid = failed[0].rsplit("/", 1)[1]
+        if not failed:
+            return
+        pid, error = failed[0].rsplit("/", 1)[1], self.try_get(failed[0])
+        if any(s in str(error) for s in LOST_PEER):  # a symptom, not the cause
             raise ProcessLost(
-                f"process {pid} of {self.count} failed ({self.try_get(failed[0])}) while this one "
-                f"waited for {waiting_for}; fix that error, then relaunch every process"
+                f"process {pid} of {self.count} lost a peer in a collective ({error}) while this "
+                f"one waited for {waiting_for}: another process of the pod died, and JAX names it "
+                "once its heartbeats time out; relaunch every process to resume from the last "
+                "checkpoint"
             )
-
-
+        raise ProcessLost(
+            f"process {pid} of {self.count} failed ({error}) while this one "
+            f"waited for {waiting_for}; fix that error, then relaunch every process"
+        )
