@@ -121,8 +121,9 @@ def _p2p_plan(shape, src, dst, union):
     Cached: a pod's weight sync plans the same moves every publish.
 
     Returns (cell shape, perms, send offsets [R, U, ndim], receive offsets [R, U, ndim],
-    receive mask [R, U]): in round r, device ``perm[r]``'s senders ship the cell at their send
-    offset, and each receiver writes it at its receive offset.
+    receive mask [R, U]): in round r each (sender, receiver) pair of ``perms[r]`` moves one
+    cell, which the sender cuts at its send offset and the receiver writes at its receive
+    offset (a device may be both ends: a cell it keeps).
     """
     src_boxes, dst_boxes = _boxes(src, shape), _boxes(dst, shape)
     cell = _cell(src_boxes, dst_boxes, shape)
