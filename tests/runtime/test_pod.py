@@ -3,8 +3,9 @@ on hosts 0-1 and the learner on hosts 2-3, running configs/arith_async.py with e
 
 One sequence of launches covers the pod's life: SIGTERM to all four (each exits 0 after a
 checkpoint), a relaunch that resumes, ``kill -9`` of a learner host (the others exit non-zero
-naming it), and a last relaunch that resizes the pod from 2+2 hosts to 1+3 and back mid-run
-(``mesh.resize_schedule``) before it finishes. The audits read the metrics it left: every train
+within 60 s, naming it unless gloo aborted one of them first), and a last relaunch that
+resizes the pod from 2+2 hosts to 1+3 and back mid-run (``mesh.resize_schedule``) before it
+finishes. The audits read the metrics it left: every train
 step once, no consumed group staler than eta, every prompt drawn consumed once or still held
 (no group lost or duplicated, resizes included), weights moved across hosts every step.
 """
@@ -85,9 +86,14 @@ def _names_lost_process(log: str, pid: int) -> bool:
     )
 
 
+def _gloo_aborted(log: str) -> bool:
+    return "terminate called after throwing an instance of 'gloo::" in log
+
+
 def _error_lines(log: str) -> str:
-    keep = ("E1", "F1", "Error", "error", "terminate", "what()", "Fatal", "Traceback")
-    return "\n".join(x for x in log.splitlines() if x.startswith(keep) or "Gloo" in x)[-4000:]
+    keep = ("E1", "F1", "Error", "error", "terminate", "Fatal", "Traceback")
+    lines = log.splitlines()
+    return "\n".join(x for x in lines if x.startswith(keep) or "what()" in x or "Gloo" in x)[-4000:]
 
 
 def test_pod_survives_preemption_and_a_lost_host(tmp_path):
@@ -129,8 +135,14 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     assert "resumed from checkpoint" in text[0]
     assert all(c != 0 for c in codes), codes
     assert waited < 60
-    for t in text[:3]:  # each survivor's last words name the lost process
-        assert _names_lost_process(t, 3), _error_lines(t)
+    # Each survivor's last words name the lost process, unless gloo aborted a survivor first:
+    # a survivor with a collective in flight to the dead process can die at once from an
+    # exception in gloo's own thread, before JAX's heartbeat check runs (and if that survivor
+    # is process 0, the coordination service dies with it, so no one is left to name process
+    # 3). rljax cannot catch that; the bound on the exit above still holds.
+    if not any(_gloo_aborted(t) for t in text[:3]):
+        for t in text[:3]:
+            assert _names_lost_process(t, 3), _error_lines(t)
 
     # 3. Relaunch again: it resizes to 1+3 hosts after its first step, back to 2+2 after its
     # second, and finishes with a third.
