@@ -68,12 +68,20 @@ def needs_union(src: Sequence[jax.sharding.Sharding], dst: Sequence[jax.sharding
     return any(set(a.device_set) != set(b.device_set) for a, b in zip(src, dst, strict=True))
 
 
+def _boxes(sharding, shape) -> dict[jax.Device, tuple[tuple[int, int], ...]]:
+    """Each device's shard as [start, stop) per dimension."""
+    return {
+        d: tuple(
+            (sl.start or 0, n if sl.stop is None else sl.stop)
+            for sl, n in zip(idx, shape, strict=True)
+        )
+        for d, idx in sharding.devices_indices_map(shape).items()
+    }
+
+
 def _starts(sharding, shape) -> dict[jax.Device, tuple[int, ...]]:
     """Each device's shard offset in a leaf of ``shape``."""
-    return {
-        d: tuple(sl.start or 0 for sl in idx)
-        for d, idx in sharding.devices_indices_map(tuple(shape)).items()
-    }
+    return {d: tuple(lo for lo, _ in box) for d, box in _boxes(sharding, tuple(shape)).items()}
 
 
 def _plan(leaf, src, dst, union):
@@ -89,17 +97,6 @@ def _plan(leaf, src, dst, union):
     src_off = np.array([src_starts.get(d, zero) for d in union], np.int32).reshape(len(union), -1)
     dst_off = np.array([dst_starts.get(d, zero) for d in union], np.int32).reshape(len(union), -1)
     return owned, src_off, dst_off
-
-
-def _boxes(sharding, shape) -> dict[jax.Device, tuple[tuple[int, int], ...]]:
-    """Each device's shard as [start, stop) per dimension."""
-    return {
-        d: tuple(
-            (sl.start or 0, n if sl.stop is None else sl.stop)
-            for sl, n in zip(idx, shape, strict=True)
-        )
-        for d, idx in sharding.devices_indices_map(shape).items()
-    }
 
 
 def _cell(src_boxes, dst_boxes, shape) -> tuple[int, ...] | None:
@@ -250,7 +247,8 @@ def transfer(tree, dst_shardings, *, force_union: bool = False, force_all_reduce
     mesh = Mesh(np.array(union), ("u",))
     blocks, tables, specs = [], [], []
     for x, s, d in zip(leaves, src, dst, strict=True):
-        shape, src_shard = tuple(x.shape), tuple(s.shard_shape(tuple(x.shape)))
+        shape = tuple(x.shape)
+        src_shard = tuple(s.shard_shape(shape))
         p2p = None if force_all_reduce else _p2p_plan(shape, s, d, tuple(union))
         if p2p is None:
             owned, so, do = _plan(x, s, d, union)
