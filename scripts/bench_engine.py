@@ -44,6 +44,7 @@ from rljax.engine.engine import Engine
 from rljax.engine.sampler import Request, Sampler
 from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
+from rljax.testing import pod
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)  # scripts/ is not a package
@@ -320,11 +321,7 @@ def bench_bound(args, figures, models) -> None:
 
 def child_environment() -> dict[str, str]:
     """The (d) child's environment: 8 fake CPU devices (a forced count would override them)."""
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(weight_sync_bandwidth.DEVICES))
-    env["JAX_PLATFORMS"] = "cpu"
-    xla = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(xla)
-    return env
+    return pod.cpu_env(weight_sync_bandwidth.DEVICES)
 
 
 def bench_weight_sync(args, figures, batching, smollm2) -> None:

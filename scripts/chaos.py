@@ -47,7 +47,7 @@ import tempfile
 import time
 from typing import Any
 
-from rljax.testing import audit
+from rljax.testing import audit, pod
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 POLL_S = 0.02  # how often the supervisor looks for a new checkpoint
@@ -111,10 +111,7 @@ def command(sc: Scenario, workdir: pathlib.Path, num_steps: int) -> list[str]:
 
 def environment(devices: int, cache_dir: pathlib.Path | None) -> dict[str, str]:
     """The launched process's environment: ``devices`` fake CPU devices, a shared compile cache."""
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
-    # A forced device count (tests/conftest.py sets one) would override JAX_NUM_CPU_DEVICES.
-    xla = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(xla)
+    env = pod.cpu_env(devices)
     if cache_dir is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"

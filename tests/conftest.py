@@ -25,6 +25,16 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` run first (a stable sort: the rest keep their order).
+
+    Under pytest-xdist (the README's test command), a long multi-process test collected late
+    would end the run alone on one worker; started first, it runs while the other workers take
+    the short tests. Every worker sorts the same collection the same way, as xdist requires.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 _EXIT_STATUS = pytest.StashKey[int]()
 
 

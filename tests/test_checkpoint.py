@@ -387,6 +387,7 @@ def test_bad_input_messages(tmp_path):
         abstract_like({"w": np.zeros(3)}, {"v": SingleDeviceSharding(jax.devices()[0])})
 
 
+@pytest.mark.slow
 def test_save_resume_and_fall_back_on_gcs():
     """A gs:// checkpoint directory (GCS emulator on 127.0.0.1): orbax's metadata goes through
     gcsfs, its array chunks through tensorstore's gcs driver; a new Checkpointer resumes."""

@@ -222,6 +222,7 @@ def _data_events(log: str) -> list[tuple[str, dict]]:
     ]
 
 
+@pytest.mark.slow
 def test_two_processes_run_the_launcher(tmp_path):
     """Two CPU processes x 2 devices form one 4-device program; only process 0 writes.
 

@@ -29,6 +29,7 @@ def _launch(*args, devices=8, timeout=300):
     )
 
 
+@pytest.mark.slow
 def test_launcher_runs_the_small_config_end_to_end(tmp_path):
     proc = _launch(f"--config={CONFIG}", f"--workdir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]

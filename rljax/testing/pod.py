@@ -25,12 +25,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_env(devices: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) for a child with ``devices`` CPU devices.
+
+    A forced device count in ``XLA_FLAGS`` (tests/conftest.py sets one) would override
+    ``JAX_NUM_CPU_DEVICES``, so it is dropped; every other XLA flag is inherited.
+    """
+    env = dict(os.environ if base is None else base)
+    xla = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), XLA_FLAGS=" ".join(xla))
+    return env
+
+
 def pod_env(pid: int, processes: int, devices: int, port: int, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = cpu_env(devices)
     env.update(
-        JAX_PLATFORMS="cpu",
-        JAX_NUM_CPU_DEVICES=str(devices),
-        XLA_FLAGS="",
         JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
         JAX_NUM_PROCESSES=str(processes),
         JAX_PROCESS_ID=str(pid),

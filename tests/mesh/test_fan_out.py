@@ -131,6 +131,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_pod_moves_weights_in_two_stages_across_processes(tmp_path):
     """Two slices of two processes each: the sampler slice's first process receives the one
     copy, the other takes it from there; the same bytes as the one-stage union transfer."""

@@ -24,6 +24,8 @@ from rljax.policy.meter import Generate, Learn, LearnerWait, SamplerIdle, StepEn
 from rljax.policy.reallocation import PhaseStats, Split
 from rljax.runtime import Run
 
+pytestmark = pytest.mark.slow
+
 GROUP, BATCH_GROUPS = 8, 4
 
 

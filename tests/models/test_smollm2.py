@@ -17,6 +17,8 @@ from rljax.models.gguf import find_smollm2_gguf, load_gguf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.models.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 32
 LOGIT_ATOL = 1e-3
 # Five prompts of one token length (37 with the chat template), so transformers runs them as one

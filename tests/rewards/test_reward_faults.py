@@ -209,6 +209,7 @@ class RunVerifier:
         return float(completion.strip() == example["answer"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_failure", ["drop"])
 def test_reward_faults_in_a_tiny_real_run(tmp_path, on_failure):
     verifier = RunVerifier()

@@ -18,6 +18,8 @@ from rljax.policy.lending import LendDirection, LendingDecision
 from rljax.runtime import Run
 from rljax.testing import audit
 
+pytestmark = pytest.mark.slow
+
 
 def _cfg(**changes):
     return replace(

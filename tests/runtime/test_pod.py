@@ -96,6 +96,7 @@ def _error_lines(log: str) -> str:
     return "\n".join(x for x in lines if x.startswith(keep) or "what()" in x or "Gloo" in x)[-4000:]
 
 
+@pytest.mark.slow
 def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     workdir = tmp_path / "w"
     argv = [*ARGV, f"--workdir={workdir}"]

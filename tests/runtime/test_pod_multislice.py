@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rljax.testing import pod
 
 ETA = 2
@@ -27,6 +29,7 @@ ARGV = [
 ]
 
 
+@pytest.mark.slow
 def test_multislice_pod_runs_and_syncs_in_two_stages(tmp_path):
     workdir = tmp_path / "run"
     codes, logs = pod.run(
