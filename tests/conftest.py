@@ -30,7 +30,9 @@ def pytest_collection_modifyitems(config, items):
 
     Under pytest-xdist (the README's test command), a long multi-process test collected late
     would end the run alone on one worker; started first, it runs while the other workers take
-    the short tests. Every worker sorts the same collection the same way, as xdist requires.
+    the short tests. Every worker sorts the same collection the same way, as xdist requires;
+    ``--dist loadscope`` then keeps each module on one worker, so a module's fixtures (a real
+    checkpoint loaded, an engine compiled) are built once, not once per worker.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

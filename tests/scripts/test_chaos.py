@@ -181,8 +181,8 @@ def test_too_few_steps_for_the_interruptions(chaos, tmp_path):
 @pytest.mark.slow
 def test_quick_chaos_run(chaos, tmp_path):
     """A SIGTERM and a SIGKILL of the small sync run, each resumed; every audit passes,
-    bitwise against an uninterrupted run included. (``--quick`` adds the async scenario; CI
-    leaves it to tests/runtime/test_run_async.py and the pod's kill and resume in
+    bitwise against an uninterrupted run included. (``--quick`` adds the async scenario, which
+    CI leaves to tests/runtime/test_run_async.py and the pod's kill and resume in
     tests/runtime/test_pod.py, for time.)"""
     out = io.StringIO()
     argv = ["--scenarios=sync", "--kills=1", "--terms=1", "--no_baseline", "--num_steps=5"]
