@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workdir", default="", help="where the runs go (default: a temporary dir)")
     p.add_argument("--no_baseline", action="store_true", help="skip async baselines (no figure)")
     p.add_argument("--no_compile_cache", action="store_true", help="every launch compiles")
-    p.add_argument("--quick", action="store_true", help="sync and async, a SIGKILL and a SIGTERM each")
+    p.add_argument("--quick", action="store_true", help="sync, async: 1 SIGKILL, 1 SIGTERM")
     args = p.parse_args(argv)
     if args.quick:
         args.scenarios, args.kills, args.terms, args.no_baseline = "sync,async", 1, 1, True
