@@ -32,7 +32,9 @@ def pytest_collection_modifyitems(config, items):
     would end the run alone on one worker; started first, it runs while the other workers take
     the short tests. Every worker sorts the same collection the same way, as xdist requires;
     ``--dist loadscope`` then keeps each module on one worker, so a module's fixtures (a real
-    checkpoint loaded, an engine compiled) are built once, not once per worker.
+    checkpoint loaded, an engine compiled) are built once, not once per worker, and
+    ``--no-loadscope-reorder`` keeps this order (by default xdist hands out the modules with
+    the most tests first, which left the one-test pod module to end the run alone).
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

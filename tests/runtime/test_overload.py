@@ -69,10 +69,12 @@ class ProbedSampler(FakeSampler):
     probe: QueueProbe
     controller: ProbedController
     idle_at: tuple[int, int | None] | None = None
+    idle_calls = 0  # how many admissions left it idle so far
 
     def has_work(self) -> bool:
         work = super().has_work()
         self.idle_at = None if work else (self.version, self.controller.seen)
+        self.idle_calls += not work
         return work
 
     def step(self):
@@ -90,14 +92,29 @@ class SaturatedLearner(FakeLearner):
 
     def step(self, batch):
         driver = self.driver_box[0]
+        sampler = driver.sampler
         deadline = time.monotonic() + WATCHDOG_S  # a watchdog, not an interleaving
-        with driver._cond:
-            while not (
-                driver.sampler.idle_at == (self.version, driver.buffer.version)
+
+        def quiet() -> bool:
+            return (
+                sampler.idle_at == (self.version, driver.buffer.version)
                 and driver.buffer.num_pending == 0
                 and driver._rewards_q.unfinished_tasks == 0  # none queued or being scored
-            ):
+            )
+
+        # ``idle_at`` can be older than the last placement: a group placed or released after
+        # the admission that left the sampler idle may have freed a seat the sampler has not
+        # yet seen. So the quiet state must hold across two more idle admissions, the second
+        # of them wholly after it was first seen: nothing but the sampler moves by then, and
+        # an admission that finds a free seat makes it busy again.
+        first_seen = None
+        with driver._cond:
+            while first_seen is None or not (quiet() and sampler.idle_calls >= first_seen + 2):
                 assert time.monotonic() < deadline, "the sampler never saturated"
+                if not quiet():
+                    first_seen = None
+                elif first_seen is None:
+                    first_seen = sampler.idle_calls
                 driver._cond.wait(timeout=0.01)
             rows = driver.buffer.snapshot()
         self.held_when_saturated.append(sum(r["occupied"] for r in rows))
