@@ -25,13 +25,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_env(devices: int, base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this process's environment) for a child with ``devices`` CPU devices.
+def cpu_env(devices: int) -> dict[str, str]:
+    """This process's environment for a child with ``devices`` CPU devices.
 
     A forced device count in ``XLA_FLAGS`` (tests/conftest.py sets one) would override
-    ``JAX_NUM_CPU_DEVICES``, so it is dropped; every other XLA flag is inherited.
+    ``JAX_NUM_CPU_DEVICES``, so it is dropped; every other XLA flag (the suite's LLVM ``-O0``)
+    is inherited.
     """
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     xla = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
     env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices), XLA_FLAGS=" ".join(xla))
     return env
