@@ -84,9 +84,8 @@ def _starts(sharding, shape) -> dict[jax.Device, tuple[int, ...]]:
     return {d: tuple(lo for lo, _ in box) for d, box in _boxes(sharding, tuple(shape)).items()}
 
 
-def _plan(leaf, src, dst, union):
+def _plan(shape, src, dst, union):
     """The all-reduce path's tables: shard offsets in the source and target, owned shards."""
-    shape = tuple(leaf.shape)
     src_starts, dst_starts = _starts(src, shape), _starts(dst, shape)
     owned, seen = set(), set()
     for d in union:  # the first device holding each distinct shard contributes it
@@ -168,8 +167,25 @@ def _p2p_plan(shape, src, dst, union):
     return cell, tuple(perms), send_off, recv_off, recv
 
 
-def _offsets(table, i):
-    return tuple(table[i, k] for k in range(table.shape[-1]))
+def _mine(table, i):
+    """Device ``i``'s rows of ``table`` [..., U, ndim] as nested lists of scalar offsets.
+
+    One dynamic index per table, then static slices: far fewer operations to trace and
+    compile than indexing each offset with ``i``."""
+    rows = jax.lax.dynamic_index_in_dim(table, i, axis=table.ndim - 2, keepdims=False)
+
+    def unstack(x):
+        return [unstack(y) for y in x] if x.ndim > 1 else list(x)
+
+    return unstack(rows)
+
+
+def _slice(x, at, size):
+    return jax.lax.dynamic_slice(x, at, size, allow_negative_indices=False)
+
+
+def _update(x, y, at):
+    return jax.lax.dynamic_update_slice(x, y, at, allow_negative_indices=False)
 
 
 @functools.lru_cache(maxsize=64)
@@ -182,21 +198,18 @@ def _mover(mesh: Mesh, specs: tuple):
 
     def all_reduce(spec, x, so, do, i):
         shape, _, dst_shard, _ = spec
-        full = jax.lax.dynamic_update_slice(jnp.zeros(shape, x.dtype), x[0], _offsets(so, i))
-        full = jax.lax.psum(full, "u")
-        return jax.lax.dynamic_slice(full, _offsets(do, i), dst_shard)
+        full = jax.lax.psum(_update(jnp.zeros(shape, x.dtype), x, _mine(so, i)), "u")
+        return _slice(full, _mine(do, i), dst_shard)
 
     def point_to_point(spec, x, tables, i):
         _, _, dst_shard, (cell, perms) = spec
-        send_off, recv_off, recv = tables
+        sends, receives = _mine(tables[0], i), _mine(tables[1], i)
+        keeps = jax.lax.dynamic_index_in_dim(tables[2], i, axis=1, keepdims=False)
         out = jnp.zeros(dst_shard, x.dtype)
         for r, perm in enumerate(perms):
-            got = jax.lax.ppermute(
-                jax.lax.dynamic_slice(x[0], _offsets(send_off[r], i), cell), "u", perm
-            )
-            at = _offsets(recv_off[r], i)
-            kept = jax.lax.dynamic_slice(out, at, cell)
-            out = jax.lax.dynamic_update_slice(out, jnp.where(recv[r, i], got, kept), at)
+            got = jax.lax.ppermute(_slice(x, sends[r], cell), "u", perm)
+            kept = _slice(out, receives[r], cell)
+            out = _update(out, jnp.where(keeps[r], got, kept), receives[r])
         return out
 
     def body(blocks, tables):
@@ -204,7 +217,7 @@ def _mover(mesh: Mesh, specs: tuple):
         out = []
         for spec, x, t in zip(specs, blocks, tables, strict=True):
             y = all_reduce(spec, x, *t, i) if spec[3] is None else point_to_point(spec, x, t, i)
-            out.append(y[None])
+            out.append(y)
         return out
 
     n = len(specs)
@@ -247,11 +260,11 @@ def transfer(tree, dst_shardings, *, force_union: bool = False, force_all_reduce
     mesh = Mesh(np.array(union), ("u",))
     blocks, tables, specs = [], [], []
     for x, s, d in zip(leaves, src, dst, strict=True):
-        shape = tuple(x.shape)
+        shape = tuple(x.shape) or (1,)  # a scalar moves as one element
         src_shard = tuple(s.shard_shape(shape))
         p2p = None if force_all_reduce else _p2p_plan(shape, s, d, tuple(union))
         if p2p is None:
-            owned, so, do = _plan(x, s, d, union)
+            owned, so, do = _plan(shape, s, d, union)
             tables.append((so, do))
             route = None
         else:  # any holder of a shard may be asked to send it
@@ -261,27 +274,36 @@ def transfer(tree, dst_shardings, *, force_union: bool = False, force_all_reduce
         specs.append((shape, src_shard, tuple(d.shard_shape(shape)), route))
         local = {}
         if isinstance(x, jax.Array):
-            local = {sh.device: sh.data for sh in x.addressable_shards}
+            local = {sh.device: _as_shape(sh.data, src_shard) for sh in x.addressable_shards}
         parts = [
-            local[dev][None]
-            if dev in owned
-            else jax.device_put(np.zeros((1, *src_shard), x.dtype), dev)
+            local[dev] if dev in owned else jax.device_put(np.zeros(src_shard, x.dtype), dev)
             for dev in union
             if dev.process_index == me
         ]
+        # The devices' blocks stacked along the first axis: each device's shard is its block
+        # as it is, so no per-device reshape is compiled on the way in or out.
         blocks.append(
             jax.make_array_from_single_device_arrays(
-                (len(union), *src_shard), NamedSharding(mesh, P("u")), parts
+                (len(union) * src_shard[0], *src_shard[1:]), NamedSharding(mesh, P("u")), parts
             )
         )
     moved = _mover(mesh, tuple(specs))(blocks, tables)
     out = []
-    for y, d, (shape, _, dst_shard, _) in zip(moved, dst, specs, strict=True):
+    for x, y, d in zip(leaves, moved, dst, strict=True):
         mine = {sh.device: sh.data for sh in y.addressable_shards}
         targets = [dev for dev in d._addressable_device_assignment]  # noqa: SLF001
         if not targets:
             out.append(None)
             continue
-        parts = [mine[dev].reshape(dst_shard) for dev in targets]
+        shape = tuple(x.shape)
+        parts = [_as_shape(mine[dev], d.shard_shape(shape)) for dev in targets]
         out.append(jax.make_array_from_single_device_arrays(shape, d, parts))
     return jax.tree.unflatten(treedef, out)
+
+
+def _as_shape(data: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """A single-device array as ``shape``, which differs only for a scalar moved as one element
+    (through the host: a reshape on the device would compile a program per device)."""
+    if tuple(data.shape) == tuple(shape):
+        return data
+    return jax.device_put(np.asarray(data).reshape(shape), data.devices().pop())

@@ -35,16 +35,19 @@ def test_union_path_equals_device_put_on_one_process(all_reduce):
             jnp.linspace(-1, 1, 24, dtype=jnp.bfloat16).reshape(4, 6),
             NamedSharding(learner, P(None, "fsdp")),
         ),
+        # A scalar, as an optimizer's step count is: it moves as one element.
+        "count": jax.device_put(jnp.int32(7), NamedSharding(learner, P())),
     }
     dst = {
         "w": NamedSharding(sampler, P(None, "tensor")),
         "ids": NamedSharding(sampler, P("tensor")),
         "bf": NamedSharding(sampler, P()),
+        "count": NamedSharding(sampler, P()),
     }
     moved = transfer(src, dst, force_union=True, force_all_reduce=all_reduce)
     for k in src:
         assert moved[k].sharding == dst[k]
-        assert moved[k].dtype == src[k].dtype
+        assert moved[k].dtype == src[k].dtype and moved[k].shape == src[k].shape
         # A replicated source shard counted once per device would double the values.
         np.testing.assert_array_equal(np.asarray(moved[k]), np.asarray(src[k]))
 
