@@ -89,3 +89,18 @@ def test_ensure_writable_dir_remote(gcs):
     assert not io.exists(gcs)  # the probe is gone (object stores hold no empty folders)
     with pytest.raises(ConfigError, match="gs://no-such-bucket/run.*not writable"):
         io.ensure_writable_dir("gs://no-such-bucket/run")
+
+
+def test_emulator_reads_carry_the_generation_a_conditional_write_needs(gcs):
+    """tensorstore (orbax's array store) rewrites OCDBT's manifest with a write conditioned on
+    the generation it read; the emulator must send that generation, as GCS does (without it
+    the write failed with "Malformed StorageGeneration", an intermittent CI failure)."""
+    ts = pytest.importorskip("tensorstore")
+    bucket, prefix = gcs.removeprefix("gs://").split("/", 1)
+    spec = {"driver": "gcs", "bucket": bucket, "path": f"{prefix}/"}
+    ts.KvStore.open(spec).result().write("manifest", b"one").result()
+    store = ts.KvStore.open(spec).result()  # a fresh store: it reads from the server
+    read = store.read("manifest").result()
+    assert read.value == b"one" and read.stamp.generation != b"\x00" * 9
+    store.write("manifest", b"two", if_equal=read.stamp.generation).result()
+    assert store.read("manifest").result().value == b"two"

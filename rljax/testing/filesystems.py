@@ -23,10 +23,12 @@ import functools
 import importlib
 import logging
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterator
 from http import server
+from urllib import parse
 
 BUCKET = "rljax-test"
 # A loopback port nothing listens on: a stray metadata-server probe fails at once, locally.
@@ -45,13 +47,48 @@ def _handler(storage, lock: threading.Lock):
     from gcp_storage_emulator.server import RequestHandler
 
     class LockedHandler(RequestHandler):
-        """Serialises requests: the emulator's in-memory store is not thread-safe."""
+        """Serialises requests: the emulator's in-memory store is not thread-safe.
+
+        It also sends an object's generation with its bytes (``x-goog-generation``), as GCS
+        does and the emulator does not: without it tensorstore reads generation 0, and the
+        conditional write that follows such a read (OCDBT updating its manifest after a
+        retried write) fails with "Malformed StorageGeneration".
+        """
 
         def handle_one_request(self):
             with lock:
                 super().handle_one_request()
 
+        _status = 0
+
+        def send_response(self, code, message=None):
+            self._status = code
+            super().send_response(code, message)
+
+        def end_headers(self):
+            generation = _media_generation(storage, self.command, self.path, self._status)
+            if generation is not None:
+                self.send_header("x-goog-generation", generation)
+            super().end_headers()
+
     return functools.partial(LockedHandler, storage)
+
+
+_OBJECT = re.compile(r"/b/(?P<bucket>[^/]+)/o/(?P<name>[^?]+)")
+
+
+def _media_generation(storage, method: str, path: str, status: int) -> str | None:
+    """The generation of the object a successful media GET returned, else None."""
+    url = parse.urlsplit(path)
+    media = url.path.startswith("/download/") or "media" in parse.parse_qs(url.query).get("alt", [])
+    match = _OBJECT.search(url.path)
+    if method != "GET" or status not in (200, 206) or not media or match is None:
+        return None
+    try:
+        obj = storage.get_file_obj(match["bucket"], parse.unquote(match["name"]))
+    except Exception:  # noqa: BLE001 - the emulator's NotFound; the response says so already
+        return None
+    return str(obj["generation"])
 
 
 @contextlib.contextmanager
