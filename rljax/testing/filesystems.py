@@ -55,11 +55,11 @@ def _handler(storage, lock: threading.Lock):
         retried write) fails with "Malformed StorageGeneration".
         """
 
+        _status = 0  # the status of the response being sent
+
         def handle_one_request(self):
             with lock:
                 super().handle_one_request()
-
-        _status = 0
 
         def send_response(self, code, message=None):
             self._status = code
@@ -74,11 +74,13 @@ def _handler(storage, lock: threading.Lock):
     return functools.partial(LockedHandler, storage)
 
 
-_OBJECT = re.compile(r"/b/(?P<bucket>[^/]+)/o/(?P<name>[^?]+)")
+_OBJECT = re.compile(r"/b/(?P<bucket>[^/]+)/o/(?P<name>.+)")
 
 
 def _media_generation(storage, method: str, path: str, status: int) -> str | None:
     """The generation of the object a successful media GET returned, else None."""
+    from gcp_storage_emulator.exceptions import NotFound
+
     url = parse.urlsplit(path)
     media = url.path.startswith("/download/") or "media" in parse.parse_qs(url.query).get("alt", [])
     match = _OBJECT.search(url.path)
@@ -86,7 +88,7 @@ def _media_generation(storage, method: str, path: str, status: int) -> str | Non
         return None
     try:
         obj = storage.get_file_obj(match["bucket"], parse.unquote(match["name"]))
-    except Exception:  # noqa: BLE001 - the emulator's NotFound; the response says so already
+    except NotFound:  # deleted since: the response says so already
         return None
     return str(obj["generation"])
 
