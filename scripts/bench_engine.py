@@ -241,6 +241,21 @@ def bench_tiny_hf(args, figures, torch, transformers) -> None:
     figures["hf_tiny_llama"] = {**row, "loader": how}
 
 
+def layout_conversion_s(engine, state, repeats) -> dict | None:
+    """What each weight swap adds on a per_layer engine: the stacked params -> serving layout."""
+    if engine.weights_layout != "per_layer":
+        return None
+    jax.block_until_ready(engine.serving_params(state))  # warm-up: compiles the conversion
+    times = []
+    for _ in range(max(repeats, 3)):
+        start = time.perf_counter()
+        jax.block_until_ready(engine.serving_params(state))
+        times.append(time.perf_counter() - start)
+    row = spread(times)
+    log(f"(b) SmolLM2-135M: stacked -> per_layer weights on a swap {fmt(row)} s")
+    return row
+
+
 def bench_smollm2(args, figures, torch, transformers):
     """SmolLM2-135M on both sides; returns (engine, params, model config, graphdef) for (c)
     and (d), or None when skipped."""
@@ -283,6 +298,8 @@ def bench_smollm2(args, figures, torch, transformers):
         **row,
         "loader": "rljax.models.gguf.load_gguf",
         "weights": f"{name} dequantised to f32",
+        "weights_layout": engine.weights_layout,
+        "layout_conversion_s": layout_conversion_s(engine, state, args.repeats),
     }
     del model, tensors
     return engine, params, cfg, graphdef

@@ -14,9 +14,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from rljax.kernels.paged_attention.ops import XLA_BLOCK_TOKENS
 
 from rljax.engine.engine import Engine
+from rljax.models.serving import ServingDecoder, to_serving
 
 
 def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
@@ -31,41 +33,45 @@ def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
     return 2 * src.nbytes / best / 1e9
 
 
-def matmul_floor_s(params, batch: int, repeats: int) -> float:
-    """Median time of one jit that multiplies a [batch, d] input by every weight matrix once.
+def weight_matrices(engine: Engine, params) -> list[jax.Array]:
+    """Every weight matrix of the model as its own 2-D [out, in] array, the head included."""
+    if not isinstance(params, ServingDecoder):  # the stacked layout: convert it here
+        params = to_serving(nnx.merge(engine._graphdef, params))
+    mats = [params.embed if params.head_t is None else params.head_t]
+    for layer in params.layers:
+        for name, w in layer.items():
+            if name == "wo_t":  # [D, N, H]: out D, in N * H
+                mats.append(w.reshape(w.shape[0], -1))
+            elif name.endswith("_t"):  # [out..., D or F]
+                mats.append(w.reshape(-1, w.shape[-1]))
+    return [jnp.array(m) for m in mats]  # each its own contiguous buffer
 
-    Every layer's every weight is first copied out of the stacked [L, d, ...] arrays into its
-    own contiguous [d, n] matrix (outside the timing), and the embedding is the [V, D] matrix
-    the tied head reads: the matmuls a decode step cannot avoid, in the layout this CPU's dot
-    kernels like best, with nothing else. Its fraction of the bound is a limit of those
-    kernels for this model and batch, measured on its own.
+
+def matmul_floor_s(engine: Engine, params, batch: int, repeats: int) -> float:
+    """Median time of one jit that multiplies every weight matrix once by a [in, batch] input.
+
+    Each matrix is its own contiguous [out, in] array and the left operand of its product,
+    the form XLA's CPU dots stream fastest (rljax.models.serving), and the products are
+    independent, so XLA may run them side by side: the matmuls a decode step cannot avoid,
+    with nothing else. Its fraction of the bound is a limit of those kernels for this model
+    and batch, measured on its own.
     """
-    mats, heads = [], []  # heads: the [V, D] matrices, contracted over their last axis
-    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = jax.tree_util.keystr(path)
-        if "embed" in name or "lm_head" in name:
-            mats.append(jnp.asarray(x.T if "lm_head" in name else x))
-            heads.append(True)
-        elif x.ndim > 2:
-            for i in range(x.shape[0]):  # wo [N, H, D] contracts N*H; the rest their first axis
-                w = np.asarray(x[i])
-                w = w.reshape(-1, w.shape[-1]) if "wo" in name else w.reshape(w.shape[0], -1)
-                mats.append(jnp.asarray(w))
-                heads.append(False)
+    mats = weight_matrices(engine, params)
+    rng = np.random.default_rng(0)
+    inputs = {
+        n: jnp.asarray(rng.standard_normal((n, batch)), mats[0].dtype)
+        for n in {m.shape[1] for m in mats}
+    }
 
     @jax.jit
-    def dots(ws):
-        total = 0.0
-        for w, head in zip(ws, heads, strict=True):
-            x = jnp.ones((batch, w.shape[1] if head else w.shape[0]), w.dtype)
-            total += (x @ w.T if head else x @ w).sum()
-        return total
+    def dots(ws, xs):
+        return sum(jax.lax.optimization_barrier(w @ xs[w.shape[1]]).sum() for w in ws)
 
-    dots(mats).block_until_ready()
+    dots(mats, inputs).block_until_ready()
     times = []
     for _ in range(max(repeats, 3)):
         start = time.perf_counter()
-        dots(mats).block_until_ready()
+        dots(mats, inputs).block_until_ready()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -113,7 +119,7 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
         f"{bound * 1e3:.2f} ms; achieved {bound / step:.3f} of the bound",
         flush=True,
     )
-    floor = matmul_floor_s(params, b, steps)
+    floor = matmul_floor_s(engine, params, b, steps)
     print(
         f"(c) {label}: the weight matmuls alone, batch {b}: {floor * 1e3:.2f} ms, "
         f"{bound / floor:.3f} of the bound (a limit of this CPU's dot kernels for this model)",

@@ -9,6 +9,7 @@ DTYPES = ("float32", "bfloat16")
 FAMILIES = ("llama", "qwen2", "qwen3")
 LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
 SWAP_MODES = ("inflight", "recompute", "drain")
+WEIGHTS_LAYOUTS = ("auto", "stacked", "per_layer")
 TASKS = ("arithmetic", "gsm8k", "math")
 MESH_MODES = ("colocated", "split")
 SLICE_LAYOUTS = ("by_role", "spread")  # multislice: whole slices per role, or both on every one

@@ -20,6 +20,7 @@ from rljax.config.checks import (
     SLICE_LAYOUTS,
     SWAP_MODES,
     TASKS,
+    WEIGHTS_LAYOUTS,
     _fail,
     _one_of,
     _positive,
@@ -118,6 +119,11 @@ class SamplingConfig:
     # log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory; the
     # learner logs the mismatch it brings (mismatch/* metrics, docs/runtime.md).
     dtype: str = "float32"
+    # How the sampler holds its weights: 'stacked' (the learner's layout, layers scanned),
+    # 'per_layer' (one array per layer, matrices [out, in]: the layout XLA's CPU dots decode
+    # from fastest, rebuilt at every swap; rljax.models.serving), or 'auto' (per_layer when
+    # the sampler's devices are CPUs, stacked on accelerators).
+    weights_layout: str = "auto"
 
     def __post_init__(self):
         _positive_float("sampling.temperature", self.temperature, allow_zero=True)
@@ -134,6 +140,7 @@ class SamplingConfig:
         _positive("sampling.page_size", self.page_size)
         _positive("sampling.num_pages", self.num_pages, allow_zero=True)
         _one_of("sampling.swap_mode", self.swap_mode, SWAP_MODES)
+        _one_of("sampling.weights_layout", self.weights_layout, WEIGHTS_LAYOUTS)
         for b in self.prefill_buckets:
             _positive("sampling.prefill_buckets[]", b)
         if self.prefill_buckets and max(self.prefill_buckets) != self.max_prefill_length:

@@ -59,6 +59,7 @@ from rljax.engine.state import (
 from rljax.engine.steps import build_steps
 from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
 from rljax.engine.weights import load_checkpoint
+from rljax.models.serving import ServingDecoder, serving_converter
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
@@ -133,6 +134,14 @@ class Engine:
         self._parked = False  # host slots freed since the device state last saw the table
         self._base_key = jax.random.key(seed)
         self._prefills = itertools.count()
+        layout = sampling_cfg.weights_layout
+        if layout == "auto":
+            on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
+            layout = "per_layer" if on_cpu else "stacked"
+        self.weights_layout = layout
+        self._to_serving = None
+        if layout == "per_layer":
+            self._to_serving = serving_converter(model_cfg, graphdef, mesh, rules)
         self._steps = build_steps(self)
 
     # -- JetStream properties ---------------------------------------------------------------
@@ -211,13 +220,32 @@ class Engine:
         """
         del args, kwargs  # JetStream passes loader-specific options; none apply here
         if params is None and self.checkpoint is not None:
-            return load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
+            params = load_checkpoint(self.checkpoint, self.model_cfg, self._mesh, self._rules)
+            return self.serving_params(params)
         if params is None:
             raise ValueError(
                 "load_params() needs the params to serve: pass a params state, e.g. "
                 "load_params(learner.params), or build the Engine with checkpoint=PATH"
             )
-        return jax.device_put(params, self.param_shardings(params), may_alias=False)
+        if isinstance(params, ServingDecoder):
+            raise ValueError(
+                "load_params() takes a params state (the learner's layout), not params this "
+                "engine already serves; pass those to prefill/generate as they are"
+            )
+        moved = jax.device_put(params, self.param_shardings(params), may_alias=False)
+        return self.serving_params(moved)
+
+    def serving_params(self, params):
+        """``params`` (on the sampler mesh) in the layout this engine serves from.
+
+        With ``weights_layout='per_layer'`` a params state becomes a new
+        :class:`~rljax.models.serving.ServingDecoder`; anything else (a ServingDecoder, None,
+        or any params under 'stacked') is returned as it is. prefill and generate take either
+        layout.
+        """
+        if self._to_serving is None or not isinstance(params, nnx.State):
+            return params
+        return self._to_serving(params)
 
     def get_tokenizer(self) -> TokenizerParameters:
         """Where the tokenizer lives (JetStream's ``TokenizerParameters``)."""

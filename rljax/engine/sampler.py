@@ -122,7 +122,7 @@ class Sampler:
         if stop_strings and detokenize is None:
             raise ValueError("stop_strings need a detokenize function to read the text")
         self.engine = engine
-        self.params = params
+        self.params = engine.serving_params(params)
         self.version = version
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.stop_strings = tuple(stop_strings)
@@ -202,7 +202,7 @@ class Sampler:
 
         With no sequence in flight there is no boundary to wait for: they apply at once.
         """
-        self._staged = (params, version)
+        self._staged = (self.engine.serving_params(params), version)
         if not self.busy_slots:
             self._apply_staged()
 

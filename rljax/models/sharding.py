@@ -99,7 +99,7 @@ SAMPLER_RULES = ShardingRules(
 RULES = {"learner": LEARNER_RULES, "sampler": SAMPLER_RULES}
 
 
-def _degrade(mesh: Mesh, rules: ShardingRules, logical, shape, name) -> NamedSharding:
+def fitted_sharding(mesh: Mesh, rules: ShardingRules, logical, shape, name) -> NamedSharding:
     """Like ``rules.sharding`` but replicates a dimension its mesh axes do not divide.
 
     Small models (a 2-kv-head toy on a 4-way tensor axis) must still run; a real model whose
@@ -118,7 +118,7 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: ShardingRules) -> nnx.S
     def one(path, var):
         logical = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
         name = "/".join(str(p) for p in path)
-        return _degrade(mesh, rules, tuple(logical), var.shape, name)
+        return fitted_sharding(mesh, rules, tuple(logical), var.shape, name)
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable)

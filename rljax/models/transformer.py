@@ -6,7 +6,8 @@ tied input/output embeddings (SmolLM2).
 
 Per-layer weights are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``: one block is compiled however deep the model is, and a checkpoint's layer
-tensors map onto one array per kind.
+tensors map onto one array per kind. The computation lives in :class:`CallPaths`, so a CPU
+sampler can run it over the same weights in another layout (:mod:`rljax.models.serving`).
 
 Two call paths share the weights:
 - :meth:`Decoder.__call__` runs packed training sequences (segment ids + positions) and can
@@ -111,6 +112,27 @@ def _swiglu_bwd(residuals, dy_btd):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
+def dense(x: jax.Array, p: dict[str, jax.Array], name: str, spec: str) -> jax.Array:
+    """``x`` times layer weight ``name`` of ``p``, cast to x's dtype.
+
+    The stacked layout holds ``name`` as [in..., out...] and the product is the einsum
+    ``spec``. The serving layout (:mod:`rljax.models.serving`) holds ``name + '_t'`` as
+    [out..., in...], and the product is one matmul with the weight as its left operand,
+    ``[out, in] @ [in, rows]``: at the few rows of a decode step, the form XLA's CPU dot
+    kernels stream the weight through fastest. The barriers keep XLA from folding the
+    transposes into the dot, which would turn it back into the slow operand order.
+    """
+    if name + "_t" not in p:
+        return jnp.einsum(spec, x, p[name].astype(x.dtype))
+    w = p[name + "_t"].astype(x.dtype)
+    ins, out = spec.split("->")
+    contracted = len(set(ins.split(",")[0]) - set(out))  # x's trailing dims the product sums
+    lead, inner = x.shape[: x.ndim - contracted], x.shape[x.ndim - contracted :]
+    rows_in = jax.lax.optimization_barrier(x.reshape(-1, math.prod(inner)).T)
+    out_rows = jax.lax.optimization_barrier(w.reshape(-1, rows_in.shape[0]) @ rows_in)
+    return out_rows.T.reshape(*lead, *w.shape[: w.ndim - contracted])
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """RMSNorm computed in float32, cast back to the input dtype."""
     x32 = x.astype(jnp.float32)
@@ -148,76 +170,40 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     return out.astype(x_bthd.dtype)
 
 
-class Decoder(nnx.Module):
-    """The decoder. Parameters carry logical axis names in their ``out_sharding`` metadata."""
+def run_layers(block, carry, layers, *, unroll: int = 1):
+    """``block(carry, (p, i))`` over layer ``i``'s weights ``p``: a ``jax.lax.scan`` over
+    stacked weights (a dict), or straight-line code over a sequence of per-layer dicts, whose
+    ``i`` is then a Python int. Returns the carry and the blocks' outputs stacked by layer.
+    """
+    if isinstance(layers, dict):
+        depth = jax.tree.leaves(layers)[0].shape[0]
+        return jax.lax.scan(block, carry, (layers, jnp.arange(depth)), unroll=unroll)
+    outs = []
+    for i, p in enumerate(layers):
+        carry, out = block(carry, (p, i))
+        outs.append(out)
+    return carry, None if outs[0] is None else jax.tree.map(lambda *x: jnp.stack(x), *outs)
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        dtype = jnp.dtype(cfg.param_dtype)
-        d, f, n, k, h, l_ = (
-            cfg.hidden_size,
-            cfg.intermediate_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.num_layers,
-        )
 
-        def param(name, shape, init):
-            value = init(rngs.params(), shape, jnp.float32).astype(dtype)
-            return nnx.Param(value, out_sharding=PARAM_AXES[name], eager_sharding=False)
+class CallPaths:
+    """The decoder's computation, over weights its subclass holds.
 
-        def fan_in(scale_dims):
-            def init(key, shape, dt):
-                fan = math.prod(shape[i] for i in scale_dims)
-                return jax.random.normal(key, shape, dt) / math.sqrt(fan)
+    A subclass gives ``cfg``, ``_layers()`` (the per-layer weights: a dict of arrays stacked
+    along a leading layer axis, run under ``jax.lax.scan``, or a sequence of per-layer dicts,
+    run as straight-line code), ``_embed(tokens)``, ``_final_norm()`` and ``logits(hidden)``.
+    :class:`Decoder` holds the stacked layout the learner trains;
+    :class:`rljax.models.serving.ServingDecoder` holds the per-layer layout a CPU sampler
+    decodes from fastest.
+    """
 
-            return init
-
-        ones = lambda key, shape, dt: jnp.ones(shape, dt)
-        zeros = lambda key, shape, dt: jnp.zeros(shape, dt)
-        embed_std = 1.0 / math.sqrt(d) if cfg.tie_embeddings else 1.0
-        self.embed = param(
-            "embed", (cfg.vocab_size, d), lambda k_, s, dt: embed_std * jax.random.normal(k_, s, dt)
-        )
-        if not cfg.tie_embeddings:
-            self.lm_head = param("lm_head", (d, cfg.vocab_size), fan_in([0]))
-        self.final_norm = param("final_norm", (d,), ones)
-        self.attn_norm = param("attn_norm", (l_, d), ones)
-        self.mlp_norm = param("mlp_norm", (l_, d), ones)
-        self.wq = param("wq", (l_, d, n, h), fan_in([1]))
-        self.wk = param("wk", (l_, d, k, h), fan_in([1]))
-        self.wv = param("wv", (l_, d, k, h), fan_in([1]))
-        self.wo = param("wo", (l_, n, h, d), fan_in([1, 2]))
-        if cfg.qkv_bias:
-            self.bq = param("bq", (l_, n, h), zeros)
-            self.bk = param("bk", (l_, k, h), zeros)
-            self.bv = param("bv", (l_, k, h), zeros)
-        if cfg.qk_norm:
-            self.q_norm = param("q_norm", (l_, h), ones)
-            self.k_norm = param("k_norm", (l_, h), ones)
-        self.w_gate = param("w_gate", (l_, d, f), fan_in([1]))
-        self.w_up = param("w_up", (l_, d, f), fan_in([1]))
-        self.w_down = param("w_down", (l_, f, d), fan_in([1]))
-
-    # -- pieces -----------------------------------------------------------------------------
-
-    def _layers(self) -> dict[str, jax.Array]:
-        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
-
-    @property
-    def unembed_dv(self) -> jax.Array:
-        """The output projection [D, V] (the transposed embedding when tied)."""
-        if self.cfg.tie_embeddings:
-            return self.embed[...].T
-        return self.lm_head[...]
+    cfg: ModelConfig
 
     def _qkv(self, p, x_btd, positions_bt):
         cfg = self.cfg
         h_btd = rms_norm(x_btd, p["attn_norm"], cfg.norm_eps)
-        q = jnp.einsum("BTD,DNH->BTNH", h_btd, p["wq"].astype(h_btd.dtype))
-        k = jnp.einsum("BTD,DKH->BTKH", h_btd, p["wk"].astype(h_btd.dtype))
-        v = jnp.einsum("BTD,DKH->BTKH", h_btd, p["wv"].astype(h_btd.dtype))
+        q = dense(h_btd, p, "wq", "BTD,DNH->BTNH")
+        k = dense(h_btd, p, "wk", "BTD,DKH->BTKH")
+        v = dense(h_btd, p, "wv", "BTD,DKH->BTKH")
         if cfg.qkv_bias:
             dt = h_btd.dtype  # f32 biases must not promote bf16 activations
             q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
@@ -229,15 +215,16 @@ class Decoder(nnx.Module):
 
     def _finish_block(self, p, x_btd, attn_btnh):
         cfg = self.cfg
-        x_btd = x_btd + jnp.einsum("BTNH,NHD->BTD", attn_btnh, p["wo"].astype(x_btd.dtype))
+        x_btd = x_btd + dense(attn_btnh, p, "wo", "BTNH,NHD->BTD")
         h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
+        if "w_down_t" in p:  # the serving layout: inference only, no custom backward
+            gate = dense(h_btd, p, "w_gate", "BTD,DF->BTF")
+            up = dense(h_btd, p, "w_up", "BTD,DF->BTF")
+            return x_btd + dense(jax.nn.silu(gate) * up, p, "w_down", "BTF,FD->BTD")
         dt = h_btd.dtype
         return x_btd + swiglu(
             h_btd, p["w_gate"].astype(dt), p["w_up"].astype(dt), p["w_down"].astype(dt)
         )
-
-    def _embed(self, tokens):
-        return self.embed[...][tokens].astype(jnp.dtype(self.cfg.dtype))
 
     # -- call paths -------------------------------------------------------------------------
 
@@ -287,7 +274,8 @@ class Decoder(nnx.Module):
                 mesh, batch_axes, head_axis, q, k, v, segment_ids_bt, causal=True, impl=impl
             )
 
-        def block(x_btd, p):
+        def block(x_btd, layer):
+            p, _ = layer
             q, k, v = self._qkv(p, x_btd, positions_bt)
             attn = attend(q, k, v)
             return self._finish_block(p, x_btd, attn), (k, v) if return_kv else None
@@ -298,15 +286,9 @@ class Decoder(nnx.Module):
             # Inside a rolled scan XLA cannot CSE the recomputation away, so prevent_cse costs
             # nothing there; unrolled blocks are straight-line code, where it keeps the remat.
             block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=unroll > 1)
-        x_btd, kv = jax.lax.scan(block, self._embed(tokens_bt), self._layers(), unroll=unroll)
-        hidden = rms_norm(x_btd, self.final_norm[...], self.cfg.norm_eps)
+        x_btd, kv = run_layers(block, self._embed(tokens_bt), self._layers(), unroll=unroll)
+        hidden = rms_norm(x_btd, self._final_norm(), self.cfg.norm_eps)
         return (hidden, kv) if return_kv else hidden
-
-    def logits(self, hidden: jax.Array) -> jax.Array:
-        """Vocabulary logits in float32 for hidden states [..., D]."""
-        return jnp.einsum(
-            "...D,DV->...V", hidden.astype(jnp.float32), self.unembed_dv.astype(jnp.float32)
-        )
 
     def decode(
         self,
@@ -414,11 +396,87 @@ class Decoder(nnx.Module):
             attn = attend(q[:, 0], kp[i], vp[i])
             return (self._finish_block(p, x_btd, attn[:, None]), kp, vp), None
 
-        layers = (self._layers(), jnp.arange(k_pages.shape[0]))
         carry = (self._embed(tokens_b[:, None]), k_pages, v_pages)
-        (x_b1d, k_pages, v_pages), _ = jax.lax.scan(block, carry, layers)
-        hidden = rms_norm(x_b1d[:, 0], self.final_norm[...], self.cfg.norm_eps)
+        (x_b1d, k_pages, v_pages), _ = run_layers(block, carry, self._layers())
+        hidden = rms_norm(x_b1d[:, 0], self._final_norm(), self.cfg.norm_eps)
         return hidden, k_pages, v_pages
+
+
+class Decoder(CallPaths, nnx.Module):
+    """The decoder. Parameters carry logical axis names in their ``out_sharding`` metadata."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = jnp.dtype(cfg.param_dtype)
+        d, f, n, k, h, l_ = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.num_layers,
+        )
+
+        def param(name, shape, init):
+            value = init(rngs.params(), shape, jnp.float32).astype(dtype)
+            return nnx.Param(value, out_sharding=PARAM_AXES[name], eager_sharding=False)
+
+        def fan_in(scale_dims):
+            def init(key, shape, dt):
+                fan = math.prod(shape[i] for i in scale_dims)
+                return jax.random.normal(key, shape, dt) / math.sqrt(fan)
+
+            return init
+
+        ones = lambda key, shape, dt: jnp.ones(shape, dt)
+        zeros = lambda key, shape, dt: jnp.zeros(shape, dt)
+        embed_std = 1.0 / math.sqrt(d) if cfg.tie_embeddings else 1.0
+        self.embed = param(
+            "embed", (cfg.vocab_size, d), lambda k_, s, dt: embed_std * jax.random.normal(k_, s, dt)
+        )
+        if not cfg.tie_embeddings:
+            self.lm_head = param("lm_head", (d, cfg.vocab_size), fan_in([0]))
+        self.final_norm = param("final_norm", (d,), ones)
+        self.attn_norm = param("attn_norm", (l_, d), ones)
+        self.mlp_norm = param("mlp_norm", (l_, d), ones)
+        self.wq = param("wq", (l_, d, n, h), fan_in([1]))
+        self.wk = param("wk", (l_, d, k, h), fan_in([1]))
+        self.wv = param("wv", (l_, d, k, h), fan_in([1]))
+        self.wo = param("wo", (l_, n, h, d), fan_in([1, 2]))
+        if cfg.qkv_bias:
+            self.bq = param("bq", (l_, n, h), zeros)
+            self.bk = param("bk", (l_, k, h), zeros)
+            self.bv = param("bv", (l_, k, h), zeros)
+        if cfg.qk_norm:
+            self.q_norm = param("q_norm", (l_, h), ones)
+            self.k_norm = param("k_norm", (l_, h), ones)
+        self.w_gate = param("w_gate", (l_, d, f), fan_in([1]))
+        self.w_up = param("w_up", (l_, d, f), fan_in([1]))
+        self.w_down = param("w_down", (l_, f, d), fan_in([1]))
+
+    # -- the weights the call paths read --------------------------------------------------------
+
+    def _layers(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
+
+    @property
+    def unembed_dv(self) -> jax.Array:
+        """The output projection [D, V] (the transposed embedding when tied)."""
+        if self.cfg.tie_embeddings:
+            return self.embed[...].T
+        return self.lm_head[...]
+
+    def _embed(self, tokens):
+        return self.embed[...][tokens].astype(jnp.dtype(self.cfg.dtype))
+
+    def _final_norm(self) -> jax.Array:
+        return self.final_norm[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Vocabulary logits in float32 for hidden states [..., D]."""
+        return jnp.einsum(
+            "...D,DV->...V", hidden.astype(jnp.float32), self.unembed_dv.astype(jnp.float32)
+        )
 
 
 def abstract_decoder(cfg: ModelConfig) -> Decoder:

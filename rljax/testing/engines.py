@@ -19,18 +19,23 @@ from rljax.testing.configs import TINY_MODEL
 
 @dataclasses.dataclass
 class TinyEngine:
-    """An Engine over a randomly initialised tiny model, plus a reference greedy decoder."""
+    """An Engine over a randomly initialised tiny model, plus a reference greedy decoder.
+
+    ``params`` is what the engine serves (in its ``weights_layout``); ``state`` the same
+    weights as the Decoder's params state, which the reference decodes from.
+    """
 
     engine: Engine
     graphdef: nnx.GraphDef
-    params: nnx.State
+    params: object
+    state: nnx.State
 
     def next_logits(self, seq: list[int]) -> np.ndarray:
         """Logits [V] after ``seq``, by a full forward pass over the whole sequence."""
         width = self.engine.max_seq_len
         buf = np.zeros((1, width), np.int32)
         buf[0, : len(seq)] = seq
-        return np.asarray(self._last_logits(self.params, jnp.asarray(buf), len(seq)))
+        return np.asarray(self._last_logits(self.state, jnp.asarray(buf), len(seq)))
 
     @functools.cached_property
     def _last_logits(self):
@@ -73,4 +78,4 @@ def tiny_engine(
     mesh = make_mesh(devices, {"data": data, "tensor": -1})
     graphdef, params = init_sharded(model, mesh, SAMPLER_RULES, seed)
     engine = Engine(model, cfg, mesh, graphdef, impl=impl)
-    return TinyEngine(engine, graphdef, engine.load_params(params))
+    return TinyEngine(engine, graphdef, engine.load_params(params), params)

@@ -39,7 +39,7 @@ def tiny(tmp_path_factory):
     base = tiny_engine(temperature=0.0)
     e = base.engine
     eng = Engine(e.model_cfg, e.sampling_cfg, e.mesh, base.graphdef, tokenizer=path)
-    return TinyEngine(eng, base.graphdef, eng.load_params(base.params))
+    return TinyEngine(eng, base.graphdef, eng.load_params(base.state), base.state)
 
 
 def _check_greedy(tiny, requests):
@@ -316,7 +316,7 @@ def test_load_params_with_no_params_reads_the_engines_checkpoint(tiny, tmp_path)
     from rljax.models.hf import save_hf
 
     e = tiny.engine
-    save_hf(tmp_path, e.model_cfg, tiny.params, Tokenizer.char_level())
+    save_hf(tmp_path, e.model_cfg, tiny.state, Tokenizer.char_level())
 
     def build(cfg, path):
         return Engine(cfg, e.sampling_cfg, e.mesh, tiny.graphdef, tokenizer=path, checkpoint=path)

@@ -84,7 +84,7 @@ def test_unknown_impl_is_a_one_line_error():
 
 def test_model_attention_runs_under_shard_map_only_on_the_pallas_path(tiny):
     mesh = _learner_mesh()
-    model = nnx.merge(tiny.graphdef, tiny.params)
+    model = nnx.merge(tiny.graphdef, tiny.state)
     tokens = jnp.ones((4, 8), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(8), (4, 8))
 
@@ -131,7 +131,7 @@ def _learners(tiny, **kw):
     mesh = _learner_mesh()
     cfg = LearnerConfig(group_size=2, batch_groups=2, micro_batches=2, learning_rate=1e-2)
     return {
-        impl: Learner(cfg, tiny.graphdef, tiny.params, mesh, kernel_impl=impl, **kw)
+        impl: Learner(cfg, tiny.graphdef, tiny.state, mesh, kernel_impl=impl, **kw)
         for impl in ("pallas", "xla")
     }
 

@@ -46,7 +46,7 @@ def test_sampler_logprobs_equal_learner_logprobs(temperature):
     learner = Learner(
         LearnerConfig(group_size=4, batch_groups=2),
         tiny.graphdef,
-        tiny.params,
+        tiny.state,
         mesh,
         temperature=temperature,
     )
@@ -66,7 +66,7 @@ def test_learner_step_reduces_sft_loss_and_advances_version():
     learner = Learner(
         LearnerConfig(group_size=2, batch_groups=2, micro_batches=2, learning_rate=1e-2),
         tiny.graphdef,
-        tiny.params,
+        tiny.state,
         mesh,
         loss="sft",
     )
@@ -97,7 +97,7 @@ def _on_policy_learner(cfg: LearnerConfig, **kw):
     """A learner on 2 devices and a batch whose behaviour log-probs are its own (staleness 0)."""
     tiny = tiny_engine()
     mesh = make_mesh(jax.devices()[:2], {"fsdp": 2, "tensor": 1})
-    learner = Learner(cfg, tiny.graphdef, tiny.params, mesh, **kw)
+    learner = Learner(cfg, tiny.graphdef, tiny.state, mesh, **kw)
     seqs = [
         TrainSequence([1, 3, 5, 7, 9, 11], 2, advantage=1.0),
         TrainSequence([1, 4, 8, 12, 2], 1, advantage=-1.0),

@@ -31,8 +31,8 @@ def _sequences(seed: int, n: int = 16) -> list[TrainSequence]:
 def _learner(tiny, **cfg) -> Learner:
     mesh = make_mesh(jax.devices()[6:8], {"fsdp": 2, "tensor": 1})
     config = LearnerConfig(group_size=4, batch_groups=4, micro_batches=4, **cfg)
-    ref = tiny.params if config.beta > 0 else None
-    return Learner(config, tiny.graphdef, tiny.params, mesh, ref_params=ref)
+    ref = tiny.state if config.beta > 0 else None
+    return Learner(config, tiny.graphdef, tiny.state, mesh, ref_params=ref)
 
 
 def _batches(learner: Learner):

@@ -39,7 +39,7 @@ def learner(tiny):
     mesh = make_mesh(jax.devices()[:2], {"fsdp": 2, "tensor": 1})
     # A large rate: the second epoch's params differ from the first's.
     cfg = LearnerConfig(group_size=2, batch_groups=2, learning_rate=0.05, ppo_epochs=2)
-    return Learner(cfg, tiny.graphdef, tiny.params, mesh)
+    return Learner(cfg, tiny.graphdef, tiny.state, mesh)
 
 
 def _batch(learner, logprobs, versions):

@@ -1,0 +1,129 @@
+"""The decoder's weights in the layout a CPU sampler decodes from fastest.
+
+A decode step reads every weight once for a few rows of activations, so its speed is the rate
+at which the matmuls stream the weights. On the CPU two things slow the learner's layout
+down (measured in docs/benchmarks.md, engine section):
+
+- a ``jax.lax.scan`` over weights stacked by layer slices each layer's weights out of the
+  stack, a copy of every weight in every step (XLA's CPU dots cannot read a slice in place);
+- XLA's CPU dot kernels stream a weight fastest as the left operand of ``[out, in] @ [in,
+  rows]``, and the learner keeps its weights [in, out] (``x @ W``).
+
+:class:`ServingDecoder` holds each layer's weights as their own arrays, every matrix
+transposed to [out..., in...] (stored under ``name + '_t'``), and runs the decoder's
+computation (:class:`rljax.models.transformer.CallPaths`) over them with the layers as
+straight-line code. Its values are the Decoder's, up to float summation order. Built by
+:func:`serving_converter` from the learner's params on every weight swap; a TPU sampler keeps
+the stacked layout (``sampling.weights_layout``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from rljax.config import ModelConfig
+from rljax.models.sharding import ShardingRules, fitted_sharding
+from rljax.models.transformer import PARAM_AXES, CallPaths, Decoder, dense
+
+# Each stacked matrix's per-layer axes, reordered to [out..., in...] for the serving layout.
+TRANSPOSED = {
+    "wq": (1, 2, 0),  # [D, N, H] -> [N, H, D]
+    "wk": (1, 2, 0),
+    "wv": (1, 2, 0),
+    "wo": (2, 0, 1),  # [N, H, D] -> [D, N, H]
+    "w_gate": (1, 0),  # [D, F] -> [F, D]
+    "w_up": (1, 0),
+    "w_down": (1, 0),  # [F, D] -> [D, F]
+}
+
+
+@struct.dataclass
+class ServingDecoder(CallPaths):
+    """The decoder's weights, one set of arrays per layer, matrices [out..., in...].
+
+    ``layers[i]`` holds layer i's norms and biases as the Decoder does and its matrices under
+    ``name + '_t'``; ``head_t`` is the untied output projection [V, D] (None when tied: the
+    embedding [V, D] is already in that layout).
+    """
+
+    cfg: ModelConfig = struct.field(pytree_node=False)
+    embed: jax.Array
+    final_norm: jax.Array
+    head_t: jax.Array | None
+    layers: tuple[dict[str, jax.Array], ...]
+
+    def _layers(self) -> tuple[dict[str, jax.Array], ...]:
+        return self.layers
+
+    def _embed(self, tokens):
+        return self.embed[tokens].astype(jnp.dtype(self.cfg.dtype))
+
+    def _final_norm(self) -> jax.Array:
+        return self.final_norm
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Vocabulary logits in float32 for hidden states [..., D]."""
+        head = {"head_t": self.embed if self.head_t is None else self.head_t}
+        return dense(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
+
+
+def to_serving(model) -> ServingDecoder:
+    """A Decoder's weights in the serving layout (traceable; new arrays, never views)."""
+    cfg = model.cfg
+    stacked = model._layers()
+
+    def layer(i):
+        out = {}
+        for name, w in stacked.items():
+            if name in TRANSPOSED:
+                out[name + "_t"] = jnp.transpose(w[i], TRANSPOSED[name])
+            else:
+                out[name] = w[i]
+        return out
+
+    head = None if cfg.tie_embeddings else model.lm_head[...].T
+    layers = tuple(layer(i) for i in range(cfg.num_layers))
+    return ServingDecoder(cfg, model.embed[...], model.final_norm[...], head, layers)
+
+
+def _layer_axes(name: str) -> tuple[str, ...]:
+    """The logical axes of one layer's array ``name`` in the serving layout."""
+    base = name.removesuffix("_t")
+    axes = PARAM_AXES[base][1:]  # drop 'layers'
+    return tuple(axes[i] for i in TRANSPOSED[base]) if name.endswith("_t") else axes
+
+
+def serving_shardings(abstract: ServingDecoder, mesh: Mesh, rules: ShardingRules):
+    """NamedShardings for a ServingDecoder's arrays, from the logical axes of their layout."""
+
+    def place(logical, x, name):
+        return fitted_sharding(mesh, rules, logical, x.shape, name)
+
+    head = None
+    if abstract.head_t is not None:
+        head = place(("vocab", "embed"), abstract.head_t, "head_t")
+    layers = tuple(
+        {k: place(_layer_axes(k), x, f"layers/{i}/{k}") for k, x in layer.items()}
+        for i, layer in enumerate(abstract.layers)
+    )
+    return abstract.replace(
+        embed=place(PARAM_AXES["embed"], abstract.embed, "embed"),
+        final_norm=place(PARAM_AXES["final_norm"], abstract.final_norm, "final_norm"),
+        head_t=head,
+        layers=layers,
+    )
+
+
+def serving_converter(
+    cfg: ModelConfig, graphdef: nnx.GraphDef, mesh: Mesh, rules: ShardingRules
+) -> Callable[[nnx.State], ServingDecoder]:
+    """One compiled conversion from a params state (placed on ``mesh``) to a ServingDecoder
+    on the same mesh; build it once per engine, call it on every weight swap."""
+    abstract = jax.eval_shape(lambda: to_serving(Decoder(cfg, rngs=nnx.Rngs(0))))
+    convert = lambda params: to_serving(nnx.merge(graphdef, params))  # noqa: E731
+    return jax.jit(convert, out_shardings=serving_shardings(abstract, mesh, rules))
