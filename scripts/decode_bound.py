@@ -7,6 +7,7 @@ of that bound a step achieves.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -76,30 +77,70 @@ def matmul_floor_s(engine: Engine, params, batch: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: int) -> dict:
-    """Median generate time with every slot busy, against (param + held KV bytes) / bandwidth."""
-    cfg = engine.model_cfg
-    state = engine.init_decode_state()
+def time_busy_steps(label, engine: Engine, params, steps: int) -> tuple[list[float], list[int]]:
+    """Seconds of up to ``steps`` generate calls with every slot busy, and the tokens held.
+
+    One prompt of max_prefill_length tokens is prefilled into every slot first (untimed), and
+    two untimed steps compile generate.
+    """
     b = engine.max_concurrent_decodes
-    prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32) % cfg.vocab_size
+    prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32)
+    prompt %= engine.model_cfg.vocab_size
     prefix, _ = engine.prefill_multisampling(
         params=params, padded_tokens=prompt, true_length=len(prompt), num_samples=b
     )
-    state = engine.bulk_insert(prefix, state, list(range(b)))
+    state = engine.bulk_insert(prefix, engine.init_decode_state(), list(range(b)))
     # The prompt fills max_prefill_length; the cache holds max_new_tokens more: stay inside.
     steps = min(steps, engine.sampling_cfg.max_new_tokens - 2)
     if steps < 1:
         raise ValueError(f"{label}: max_new_tokens must be >= 3 to time a decode step")
     for _ in range(2):  # warm-up: compiles generate for this engine
         state, _ = engine.generate(params, state)
-    times = []
-    held = []
+    times, held = [], []
     for _ in range(steps):
         held.append(sum(engine.slot_length(s) for s in range(b)))
         start = time.perf_counter()
         state, result = engine.generate(params, state)
         jax.block_until_ready((state, result))
         times.append(time.perf_counter() - start)
+    return times, held
+
+
+def layouts_ab(label, engine: Engine, state, steps: int, rounds: int) -> dict:
+    """The decode step of ``engine``'s model served stacked and per_layer, interleaved.
+
+    ``state`` is the params state (the learner's layout). Each round times both layouts, the
+    order alternating, so that a drift in the machine's speed does not favour one; the ratio
+    stacked / per_layer is taken within each round.
+    """
+    engines = {}
+    for layout in ("stacked", "per_layer"):
+        sampling = dataclasses.replace(engine.sampling_cfg, weights_layout=layout)
+        other = Engine(engine.model_cfg, sampling, engine.mesh, engine._graphdef)
+        engines[layout] = (other, other.load_params(state))
+    medians = {layout: [] for layout in engines}
+    for r in range(rounds):
+        for layout in sorted(engines, reverse=r % 2 == 1):
+            eng, params = engines[layout]
+            medians[layout].append(statistics.median(time_busy_steps(label, eng, params, steps)[0]))
+    ratios = [a / b for a, b in zip(medians["stacked"], medians["per_layer"], strict=True)]
+    print(
+        f"(c) {label}: decode step stacked / per_layer, {rounds} interleaved rounds: median "
+        f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]; per_layer "
+        f"{statistics.median(medians['per_layer']) * 1e3:.1f} ms, stacked "
+        f"{statistics.median(medians['stacked']) * 1e3:.1f} ms",
+        flush=True,
+    )
+    ms = {k: [round(v * 1e3, 3) for v in vals] for k, vals in medians.items()}
+    ratios = [round(x, 4) for x in ratios]
+    return {"rounds": rounds, "step_ms": ms, "stacked_over_per_layer": ratios}
+
+
+def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: int) -> dict:
+    """Median generate time with every slot busy, against (param + held KV bytes) / bandwidth."""
+    cfg = engine.model_cfg
+    b = engine.max_concurrent_decodes
+    times, held = time_busy_steps(label, engine, params, steps)
     kv_per_token = (
         2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
     )

@@ -55,6 +55,7 @@ def test_last_line_is_json_of_all_figures(quick_run):
         "hf_smollm2",
         "copy_bandwidth_gbs",
         "decode_vs_bandwidth_bound",
+        "decode_layouts",
         "weight_sync",
         "load_average_start",
         "load_average_end",
@@ -62,6 +63,14 @@ def test_last_line_is_json_of_all_figures(quick_run):
     ):
         assert key in parsed, key
     assert not any(line.startswith("{") for line in lines[:-1])
+
+
+def test_layouts_are_timed_in_interleaved_rounds(quick_run):
+    ab = quick_run[1]["decode_layouts"]["batching_model"]
+    assert ab["rounds"] == 2  # two per repeat, the order alternating
+    assert len(ab["step_ms"]["stacked"]) == len(ab["step_ms"]["per_layer"]) == 2
+    for (a, b), ratio in zip(zip(*ab["step_ms"].values()), ab["stacked_over_per_layer"]):
+        assert ratio == pytest.approx(a / b, rel=1e-3)
 
 
 def test_batching_is_a_distribution_over_seeds_and_shapes(quick_run):
