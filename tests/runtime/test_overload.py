@@ -207,4 +207,6 @@ def test_saturated_sampler_is_held_by_backpressure(eta, overprovision):
 def test_lockstep_queues_are_bounded(overprovision):
     _, _, probe, bounds = _run(lockstep=True, eta=0, overprovision=overprovision, steps=12)
     assert probe.peak["reserved"] <= BATCH + overprovision
-    assert probe.peak["threads"] == bounds["threads"]
+    # Lockstep starts no thread: the count never exceeds the one before the run. (It may fall
+    # below it: a thread another test left winding down in this process can end meanwhile.)
+    assert probe.peak["threads"] <= bounds["threads"]
