@@ -121,8 +121,9 @@ class SamplingConfig:
     dtype: str = "float32"
     # How the sampler holds its weights: 'stacked' (the learner's layout, layers scanned),
     # 'per_layer' (one array per layer, matrices [out, in]: the layout XLA's CPU dots decode
-    # from fastest, rebuilt at every swap; rljax.models.serving), or 'auto' (per_layer when
-    # the sampler's devices are CPUs, stacked on accelerators).
+    # from fastest, rebuilt at every swap beside the published copy the weight sync keeps, so
+    # the sampler side holds the weights twice; rljax.models.serving), or 'auto' (per_layer
+    # when the sampler's devices are CPUs, stacked on accelerators).
     weights_layout: str = "auto"
 
     def __post_init__(self):
