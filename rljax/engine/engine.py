@@ -211,9 +211,11 @@ class Engine:
 
     # -- params, tokenizer, state -----------------------------------------------------------
 
-    def load_params(self, params: nnx.State | None = None, *args, **kwargs) -> nnx.State:
-        """``params`` (e.g. the learner's) copied onto the sampler mesh; never a jit. With
-        none, the engine's ``checkpoint`` read into the sampler's shardings.
+    def load_params(self, params: nnx.State | None = None, *args, **kwargs):
+        """``params`` (e.g. the learner's) copied onto the sampler mesh by ``device_put``
+        (never a jit, which could not write to another mesh), then put in the layout this
+        engine serves from (:meth:`serving_params`, a jit on the sampler mesh). With none, the
+        engine's ``checkpoint`` read into the sampler's shardings.
 
         Always a copy: the learner donates its buffers to the next step, so the sampler must
         never alias them, even when both roles share devices.
