@@ -4,8 +4,8 @@ A request asks for ``num_samples`` responses to one prompt (a GRPO group). Its p
 prefilled once, which draws every sample's first token, each from its own PRNG stream; the
 groups that fit the free slots are prefilled together in one call (``Engine.prefill_batch``,
 at most ``sampling.prefill_batch`` prompts; one alone goes through
-``Engine.prefill_multisampling``). Each sample then takes the next free slot
-(``Engine.bulk_insert``). Slots are refilled as soon as a sequence finishes and is freed
+``Engine.prefill_multisampling``). Each sample then takes the next free slot of its home
+(``Engine.bulk_insert``; homes: :mod:`rljax.engine.homes`). Slots are refilled as soon as a sequence finishes and is freed
 (``Engine.free_resource``), so a long-tailed response length distribution does not idle the
 batch the way static batching does. The Sampler drives the engine only through JetStream's
 engine API.
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.engine.engine import Engine
+from rljax.engine.homes import SlotHomes
 from rljax.engine.pages import OutOfPages
 from rljax.engine.prefill import PrefillRequest
 from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
@@ -57,6 +58,7 @@ class Request:
     sampling: SlotSampling | None = None
     payload: Any = None  # carried to the Trajectory (e.g. the task example)
     request_id: int = -1  # assigned by submit() unless the caller sets a unique id >= 0
+    home: int | None = None  # the slots it may take (rljax.engine.homes); None: any
 
 
 @dataclasses.dataclass
@@ -118,6 +120,7 @@ class Sampler:
         stop_strings: Sequence[str] = (),
         detokenize: Callable[[list[int]], str] | None = None,
         swap_mode: str | None = None,
+        slot_homes: Sequence[int] | None = None,
     ):
         if stop_strings and detokenize is None:
             raise ValueError("stop_strings need a detokenize function to read the text")
@@ -130,6 +133,7 @@ class Sampler:
         self.swap_mode = swap_mode or engine.sampling_cfg.swap_mode
         self.state: DecodeState = engine.init_decode_state()
         self._slots: list[_Sample | None] = [None] * engine.max_concurrent_decodes
+        self.homes = SlotHomes(slot_homes, len(self._slots))
         self._queue: collections.deque[_Sample] = collections.deque()  # resumable samples
         # Samples waiting for slots with the prefix they share (prefix sample i = samples[i]).
         self._pending: collections.deque[tuple[Prefix, list[_Sample]]] = collections.deque()
@@ -161,6 +165,7 @@ class Sampler:
                 )
             if r.num_samples < 1:
                 raise ValueError(f"num_samples={r.num_samples} must be >= 1")
+            self.homes.check(r.home)
         ids = []
         for r in requests:
             # A caller may name its requests (e.g. by buffer reservation); ids must be unique.
@@ -233,11 +238,10 @@ class Sampler:
                 self.engine.free_resource(slot)
                 self._slots[slot] = None
                 held.append(s)
-        for q in (self._queue,):
-            keep = [s for s in q if s.request.request_id != request_id]
-            held.extend(s for s in q if s.request.request_id == request_id)
-            q.clear()
-            q.extend(keep)
+        held.extend(s for s in self._queue if s.request.request_id == request_id)
+        keep = [s for s in self._queue if s.request.request_id != request_id]
+        self._queue.clear()
+        self._queue.extend(keep)
         pending = list(self._pending)
         self._pending.clear()
         for prefix, samples in pending:
@@ -369,13 +373,13 @@ class Sampler:
     def _fill_slots(self, finished: list[Trajectory]) -> None:
         if self._staged is not None and self.swap_mode == "drain":
             return
-        free = [slot for slot, s in enumerate(self._slots) if s is None]
-        while free:
-            nxt = self._next_batch(len(free), finished)
+        while True:
+            free = [slot for slot, s in enumerate(self._slots) if s is None]
+            nxt = self._next_batch(free, finished) if free else None
             if nxt is None:
                 return
             prefix, samples = nxt
-            slots, free = free[: len(samples)], free[len(samples) :]
+            slots = self.homes.usable(samples[0].request.home, free)[: len(samples)]
             try:
                 self.state = self.engine.bulk_insert(prefix, self.state, slots)
             except OutOfPages:
@@ -385,40 +389,50 @@ class Sampler:
                 s.order = next(self._order)
                 self._slots[slot] = s
 
-    def _next_batch(self, room: int, finished) -> tuple[Prefix, list[_Sample]] | None:
-        """Up to ``room`` running samples that share one prefix: a group's pending samples,
-        or one resumed sample with its own prefix."""
+    def _next_batch(self, free: list[int], finished) -> tuple[Prefix, list[_Sample]] | None:
+        """Running samples that share one prefix and fit free slots of their home: the first
+        waiting group's with room, or one resumed sample with its own prefix."""
         while True:
-            if self._pending:
-                prefix, samples = self._pending.popleft()
+            for i, (prefix, samples) in enumerate(self._pending):
+                room = len(self.homes.usable(samples[0].request.home, free))
+                if not room:
+                    continue
+                del self._pending[i]
                 if len(samples) > room:
                     rest = list(range(room, len(samples)))
-                    self._pending.appendleft((prefix.select(rest), samples[room:]))
+                    self._pending.insert(i, (prefix.select(rest), samples[room:]))
                     prefix, samples = prefix.select(list(range(room))), samples[:room]
                 return prefix, samples
-            batch = self._take_prompts(room)
+            batch = self._take_prompts(free)
             if not batch:
                 return None
             self._prefill(batch, finished)
 
-    def _take_prompts(self, room: int) -> list[list[_Sample]]:
+    def _take_prompts(self, free: list[int]) -> list[list[_Sample]]:
         """The next prompts to prefill together: resumed samples first (each its own prompt),
-        then new groups; at least one, then more while their samples fit in ``room`` slots."""
+        then new groups; at least one, then more while their samples fit the free slots of
+        their homes. One whose home has no free slot waits without holding up the others."""
+        left = self.homes.rooms(free)
         batch: list[list[_Sample]] = []
-        taken = 0
-        while len(batch) < self.engine.sampling_cfg.prefill_batch:
-            if self._queue:
-                samples = [self._queue[0]]
-            elif self._requests:
-                r = self._requests[0]
-                samples = [_Sample(r, i) for i in range(r.num_samples)]
-            else:
-                break
-            if batch and taken + len(samples) > room:
-                break
-            (self._queue if self._queue else self._requests).popleft()
-            batch.append(samples)
-            taken += len(samples)
+        for source in (self._queue, self._requests):
+            i = 0
+            while i < len(source) and len(batch) < self.engine.sampling_cfg.prefill_batch:
+                item = source[i]
+                resumed = source is self._queue
+                samples = [item] if resumed else [_Sample(item, k) for k in range(item.num_samples)]
+                home = self.homes.key(samples[0].request.home)
+                if not left.get(home):
+                    if not any(left.values()):
+                        return batch
+                    i += 1
+                    continue
+                if batch and len(samples) > left[home]:
+                    return batch
+                del source[i]
+                batch.append(samples)
+                left[home] -= min(len(samples), left[home])
+                if home is not None:
+                    left[None] -= min(len(samples), left[None])
         return batch
 
     def _preempt_youngest(self) -> None:
