@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
@@ -416,3 +417,34 @@ class Checkpointer:
             log.warning("moved checkpoint step %d aside to %s", step, dst)
         ocp.multihost.sync_global_processes(f"rljax_checkpoint_quarantine_{step}")
         self._manager.reload()
+
+
+def save_shardings(tree, devices):
+    """The checkpoint layout of ``tree``: over every device (one axis), each leaf split along
+    its first dimension that the device count divides, else replicated."""
+    mesh = Mesh(np.array(devices), ("all",))
+    n = len(devices)
+
+    def one(x):
+        dims = [None] * len(x.shape)
+        for i, size in enumerate(x.shape):
+            if size % n == 0:
+                dims[i] = "all"
+                break
+        return NamedSharding(mesh, PartitionSpec(*dims))
+
+    return jax.tree.map(one, tree)
+
+
+def use_orbax_distributed_barriers() -> None:
+    """Orbax's barriers through the coordination service, not device collectives.
+
+    A collective barrier from orbax's background save thread would interleave with the
+    sampler's generate calls in a different order on each host and hang the pod.
+    """
+    from absl import flags
+
+    holder = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    holder.value = True

@@ -5,10 +5,10 @@ prefilled once, which draws every sample's first token, each from its own PRNG s
 groups that fit the free slots are prefilled together in one call (``Engine.prefill_batch``,
 at most ``sampling.prefill_batch`` prompts; one alone goes through
 ``Engine.prefill_multisampling``). Each sample then takes the next free slot of its home
-(``Engine.bulk_insert``; homes: :mod:`rljax.engine.homes`). Slots are refilled as soon as a sequence finishes and is freed
-(``Engine.free_resource``), so a long-tailed response length distribution does not idle the
-batch the way static batching does. The Sampler drives the engine only through JetStream's
-engine API.
+(``Engine.bulk_insert``; homes: :mod:`rljax.engine.homes`). Slots are refilled as soon as a
+sequence finishes and is freed (``Engine.free_resource``), so a long-tailed response length
+distribution does not idle the batch the way static batching does. The Sampler drives the
+engine only through JetStream's engine API.
 
 Every sampled token is tagged with the params version that produced it. Params can be swapped
 between ``generate`` calls (:meth:`Sampler.set_params`):

@@ -11,7 +11,8 @@ hosts), each process owns devices of one mesh only, so each plays one role:
   other sampler hosts (:mod:`rljax.runtime.pod_scoring`).
 - **Sampler followers** replay the leader's sampler operations in the same order (submit,
   swap, generate, interrupt, ...), so their engine state stays identical; each generate is one
-  program over the whole sampler mesh. Each scores the share of the groups the leader posts it.
+  program over the whole sampler mesh. Each reads its stride of the prompt stream
+  (:mod:`rljax.runtime.pod_prompts`), whose groups take its slots, and scores them.
 - **Learner processes** replay the learner operations: train on the groups the leader chose,
   send weights, save checkpoints (orbax on the learner processes only).
 
@@ -122,6 +123,7 @@ def encode_request(r: Request) -> dict[str, Any]:
         "sampling": None if r.sampling is None else dataclasses.asdict(r.sampling),
         "request_id": r.request_id,
         "max_new_tokens": r.max_new_tokens,
+        "home": r.home,
     }
 
 
@@ -134,6 +136,7 @@ def decode_request(d: dict[str, Any]) -> Request:
         sampling=sampling,
         request_id=d["request_id"],
         max_new_tokens=d["max_new_tokens"],
+        home=d["home"],
     )
 
 

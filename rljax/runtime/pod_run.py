@@ -20,15 +20,13 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from rljax import io
-from rljax.checkpoint import Checkpointer
+from rljax.checkpoint import Checkpointer, save_shardings, use_orbax_distributed_barriers
 from rljax.config import ConfigError, RunConfig
-from rljax.data.pipeline import prompt_iterator
 from rljax.data.tasks import check_prompts, load_task
 from rljax.engine.engine import Engine
+from rljax.engine.homes import process_homes
 from rljax.engine.sampler import Sampler
 from rljax.learner.advantages import resolve_scale
 from rljax.learner.learner import Learner
@@ -50,41 +48,10 @@ from rljax.models.loading import (
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import pod, pod_resize, resizing, resume
+from rljax.runtime import pod, pod_prompts, pod_resize, resizing, resume
 from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.pod_scoring import PodScorer, ScoreServer
 from rljax.runtime.run import Run
-
-
-def save_shardings(tree, devices):
-    """The checkpoint layout of ``tree``: over every device (one axis), each leaf split along
-    its first dimension that the device count divides, else replicated."""
-    mesh = Mesh(np.array(devices), ("all",))
-    n = len(devices)
-
-    def one(x):
-        dims = [None] * len(x.shape)
-        for i, size in enumerate(x.shape):
-            if size % n == 0:
-                dims[i] = "all"
-                break
-        return NamedSharding(mesh, P(*dims))
-
-    return jax.tree.map(one, tree)
-
-
-def use_orbax_distributed_barriers() -> None:
-    """Orbax's barriers through the coordination service, not device collectives.
-
-    A collective barrier from orbax's background save thread would interleave with the
-    sampler's generate calls in a different order on each host and hang the pod.
-    """
-    from absl import flags
-
-    holder = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-    holder.value = True
 
 
 def check_pod(cfg: RunConfig) -> None:
@@ -124,7 +91,7 @@ class PodRun(Run):
     def _build_pod(self, cfg, workdir, reward_fn, loss, devices) -> None:
         distributed.check_same_config(cfg)
         self.cfg = cfg
-        self.shard_index, self.shard_count = 0, 1  # the leader reads every prompt
+        self.shard_index, self.shard_count = 0, 1  # one stream; each sampler host reads a share
         self.workdir = str(io.ensure_writable_dir(workdir))
         self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
         self._scale = resolve_scale(cfg.learner, self.loss)
@@ -157,6 +124,7 @@ class PodRun(Run):
         self._last_saved = -1
         self._reward, self.rewards, self._ticks = reward, None, None
         self.scored_by_host: dict[int, int] = {}  # trajectories each sampler host scored
+        self.read_by_host: dict[int, int] = {}  # prompts each sampler host read
         self.engines, self.learners = MeshCache(), MeshCache()  # per mesh, across resizes
         self.tick = 0  # the next tick this process reads (a follower)
         self.build_split()
@@ -180,7 +148,7 @@ class PodRun(Run):
         if self.roles.role == "learner":
             self.learner.params = self.learner.opt_state = None
         self.learner = self.sampler = self.real_sampler = self.engine = self.driver = None
-        self.scorer = self.score_server = None
+        self.scorer = self.score_server = self.prompts = None
 
     def _build_role(self, reward) -> None:
         cfg = self.cfg
@@ -195,8 +163,10 @@ class PodRun(Run):
             ),
         )
         stop_ids = sorted(self.tokenizer.stop_ids)
+        homes = process_homes(self.engine, self.roles.sampler)  # each host's prompts, its slots
         # No weights until the first swap.
-        sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids)
+        sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids, slot_homes=homes)
+        self.prompts = pod_prompts.open_stream(self, cfg.learner.batch_groups, self.read_by_host)
         if self.rewards is None:  # every sampler host scores a share of the groups
             self.rewards = RewardPool.from_config(reward, cfg.reward)
         if not self.roles.is_leader:
@@ -217,11 +187,7 @@ class PodRun(Run):
         self._ticks = self._ticks or pod.Ticks(self.channel)  # one tick count across resizes
         self.sampler = pod.PodSampler(sampler, self._ticks, self.weights, self.weight_sync)
         self.learner = pod.RemoteLearner(self.sampler, self.channel, version)
-        self.prompts = prompt_iterator(
-            self.train_examples, batch_size=cfg.learner.batch_groups, seed=cfg.seed
-        )
         if self.resumed_meta is not None:
-            self.prompts.set_state(distributed.process_data_state(self.resumed_meta, 0, 1))
             self.initial_accuracy = self.resumed_meta["initial_accuracy"]
             self.metrics.rewind(self.resumed_meta.get("metrics_offset"))
         elif cfg.checkpoint.enabled:
@@ -310,6 +276,11 @@ class PodRun(Run):
 
     def next_prompts(self) -> list[dict]:
         return next(self.prompts)
+
+    def make_request(self, example: dict, request_id: int, *, greedy: bool = False):
+        request = super().make_request(example, request_id, greedy=greedy)
+        request.home = pod_prompts.home(example, len(self.roles.sampler))
+        return request
 
     def score(self, trajs) -> np.ndarray:
         """Rewards for ``trajs``, scored across the sampler hosts (runtime.pod_scoring)."""
@@ -433,7 +404,8 @@ class PodRun(Run):
         if self.roles.is_leader:
             summary["pod"] = {**self._shape(), "resizes": self.resizes}
             summary["pod"]["wall_s"] = time.perf_counter() - start
-            summary["pod"]["scored_by_host"] = {str(h): n for h, n in self.scored_by_host.items()}
+            for what, counts in (("scored", self.scored_by_host), ("read", self.read_by_host)):
+                summary["pod"][f"{what}_by_host"] = {str(h): n for h, n in counts.items()}
             digests = [
                 self.channel.get(f"replicas/{p}", waiting_for=f"learner process {p}'s digests")
                 for p in self.roles.learner
@@ -454,7 +426,9 @@ class PodRun(Run):
             self.tick, op, arg = pod.follow_sampler(
                 self, self.channel, self.real_sampler, self.weights, self.tick
             )
-            self.score_server.join()  # the leader stopped it before this tick
+            self.score_server.join()  # the leader stopped both before this tick
+            if self.prompts is not None:
+                self.prompts.join()
             summary = {"role": "sampler"}
         else:
             summary, op, arg = self._lead()
@@ -470,6 +444,7 @@ class PodRun(Run):
         summary = super()._train()
         resize, self._resize_to = self._resize_to, None
         self.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
+        self.prompts.stop()
         if resize is not None and not self._preempted:
             split, cause, decided = resize
             arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}

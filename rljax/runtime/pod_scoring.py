@@ -1,9 +1,11 @@
 """Scoring on a pod: the sampler hosts share the verifier's work, the leader gathers.
 
-Every sampler host ran the same generate steps, so any of them can score a trajectory. The
-leader cuts each scoring call's groups by group id over the sampler hosts (``group_id % n``,
-so a single group moves between hosts too), posts each follower its share, scores its own share
-meanwhile, then gathers the followers' rewards through the coordination service. A share
+Every sampler host ran the same generate steps, so any of them can score a trajectory; each
+scores the ones that ran in its own slots, from prompts it read (the example's stream
+position ``p``, host ``p % n``: :mod:`rljax.runtime.pod_prompts`), and a trajectory with no
+position (an evaluation prompt) goes to host ``group_id % n``. The leader cuts each scoring
+call so, posts each follower its share, scores its own share meanwhile, then gathers the
+followers' rewards through the coordination service. A share
 travels as response tokens and the example, a few hundred bytes a group; the follower decodes
 and scores it in its own :class:`~rljax.rewards.pool.RewardPool`, on a thread beside the steps
 it replays, so a verifier that raises, hangs or returns NaN is isolated and counted on the host
@@ -24,12 +26,14 @@ import numpy as np
 from rljax.engine.sampler import Trajectory
 from rljax.mesh.control import Channel
 from rljax.rewards.pool import FAILURE_KINDS, RewardPool
+from rljax.runtime.pod_prompts import home, task_example
 from rljax.runtime.scoring import completion_text, response_text
 
 
-def owners(group_ids: list[int], hosts: int) -> list[int]:
+def owners(trajs: list[Trajectory], hosts: int) -> list[int]:
     """The sampler host (an index into the sampler's processes) that scores each trajectory."""
-    return [g % hosts for g in group_ids]
+    homes = [home(t.payload, hosts) for t in trajs]
+    return [t.group_id % hosts if h is None else h for t, h in zip(trajs, homes, strict=True)]
 
 
 def _key(kind: str, epoch: int, host: int, n: int) -> str:
@@ -41,7 +45,7 @@ def _share(trajs: list[Trajectory]) -> dict[str, list]:
     return {
         "tokens": [t.response_tokens for t in trajs],
         "finish": [t.finish_reason for t in trajs],
-        "examples": [t.payload for t in trajs],
+        "examples": [task_example(t.payload) for t in trajs],
     }
 
 
@@ -70,7 +74,7 @@ class PodScorer:
 
     def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
         """(rewards of ``trajs`` in order, failures by kind summed over the sampler hosts)."""
-        owner = owners([t.group_id for t in trajs], len(self.hosts))
+        owner = owners(trajs, len(self.hosts))
         shares = [[j for j, o in enumerate(owner) if o == i] for i in range(len(self.hosts))]
         posted = []
         for host, share in zip(self.hosts[1:], shares[1:], strict=True):
@@ -83,7 +87,8 @@ class PodScorer:
         rewards = np.zeros(len(trajs), np.float32)
         if shares[0]:
             texts = [completion_text(self.tokenizer, trajs[j]) for j in shares[0]]
-            rewards[shares[0]] = self.pool.score(texts, [trajs[j].payload for j in shares[0]])
+            examples = [task_example(trajs[j].payload) for j in shares[0]]
+            rewards[shares[0]] = self.pool.score(texts, examples)
         for host, share, n in posted:
             key = _key("scored", self.epoch, host, n)
             result = self.channel.get(key, waiting_for=f"sampler host {host}'s rewards")

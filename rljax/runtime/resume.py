@@ -116,7 +116,8 @@ def checkpoint_meta(
     ``data_state`` is this process's prompt-iterator state, read at the same instant as
     anything in ``extra`` that depends on it (the driver's pending prompts). ``config``, the
     run's, is stored flat so a resume can name the keys that changed (:func:`check_resume_config`).
-    ``gather=False``: ``data_state`` is the only prompt stream (a pod's leader reads for all).
+    ``gather=False``: ``data_state`` is the only prompt stream's (a pod's leader: the position
+    it reached in the stream its sampler hosts read).
     """
     states = distributed.allgather_objects(data_state) if gather else [data_state]
     return {

@@ -167,11 +167,15 @@ def audit_same_state(clean: pathlib.Path, killed: pathlib.Path, step: int) -> li
 
 
 def drawn_prompts(cfg, data_state: Any, limit: int = 100_000) -> list[Any]:
-    """Ids of the prompts a run drew to reach ``data_state`` (the iterator's saved state)."""
-    from rljax.data.pipeline import prompt_iterator
+    """Ids of the prompts a run drew to reach ``data_state`` (the iterator's saved state, or a
+    pod's ``{"position": p}``: the first ``p`` examples of the same stream)."""
+    from rljax.data.pipeline import prompt_dataset, prompt_iterator
     from rljax.data.tasks import load_task
 
     train, _ = load_task(cfg.data, cfg.seed)
+    if "position" in data_state:
+        stream = prompt_dataset(train, seed=cfg.seed)
+        return [stream[p]["id"] for p in range(data_state["position"])]
     it = prompt_iterator(train, batch_size=cfg.learner.batch_groups, seed=cfg.seed)
     ids: list[Any] = []
     while len(ids) <= limit:

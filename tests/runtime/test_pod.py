@@ -167,8 +167,11 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     assert all(r["save_s"] > 0 and r["restore_s"] > 0 for r in resizes), resizes
     assert audit.audit_steps(records, steps) == []
     assert audit.audit_staleness(records, ETA) == []
-    # The sampler follower (host 1) scored its share of the groups, before and after the resizes.
+    # The sampler follower (host 1) read its stride of the prompt stream and scored the groups
+    # that ran in its slots, before and after the resizes (1+3 hosts: host 0 alone reads).
     summary = json.loads([x for x in text[0].splitlines() if x.startswith('{"')][-1])
+    assert summary["pod"]["read_by_host"]["1"] > 0, summary["pod"]
+    assert summary["pod"]["read_by_host"]["0"] > summary["pod"]["read_by_host"]["1"]
     assert summary["pod"]["scored_by_host"]["1"] > 0, summary["pod"]
     meta = audit.read_meta(workdir, steps)
     drawn = audit.drawn_prompts(arith_async.recipe("small"), meta["data"])

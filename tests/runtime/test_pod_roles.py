@@ -46,7 +46,7 @@ def test_process_0_must_sample():
 
 def test_requests_cross_the_wire_unchanged():
     r = Request([5, 6, 7], 4, seed=11, sampling=SlotSampling(temperature=0.0), request_id=9)
-    r.max_new_tokens = 12
+    r.max_new_tokens, r.home = 12, 1
     back = pod.decode_request(pod.encode_request(r))
     assert (back.prompt_tokens, back.num_samples, back.seed, back.request_id) == (
         [5, 6, 7],
@@ -54,9 +54,9 @@ def test_requests_cross_the_wire_unchanged():
         11,
         9,
     )
-    assert back.sampling == r.sampling and back.max_new_tokens == 12
+    assert back.sampling == r.sampling and back.max_new_tokens == 12 and back.home == 1
     plain = pod.decode_request(pod.encode_request(Request([1], 2, seed=3)))
-    assert plain.sampling is None
+    assert plain.sampling is None and plain.home is None
 
 
 def test_a_side_that_is_not_whole_hosts_is_refused():

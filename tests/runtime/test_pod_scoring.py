@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from rljax.engine.sampler import FINISH_STOP, Trajectory
+from rljax.runtime.pod_prompts import POSITION
 from rljax.runtime.pod_scoring import owners
 from rljax.testing import pod
 
@@ -85,5 +87,11 @@ def test_the_sampler_hosts_share_the_scoring_and_the_leader_gathers_it(tmp_path)
     assert [f["calls"] for f in followers] == [9, 12]
 
 
-def test_a_single_group_is_scored_by_its_id_s_host():
-    assert owners([0, 0, 1, 5, 6], 3) == [0, 0, 1, 2, 0]
+def test_a_trajectory_is_scored_by_its_prompt_s_reader_else_by_its_id_s_host():
+    def traj(group_id, payload):
+        return Trajectory([1], [2], [0.0], [0], FINISH_STOP, group_id, 0, payload=payload)
+
+    trajs = [traj(g, {"answer": 1}) for g in (0, 0, 1, 5, 6)]  # no stream position: by id
+    assert owners(trajs, 3) == [0, 0, 1, 2, 0]
+    read = [traj(g, {POSITION: p}) for g, p in ((0, 7), (1, 3), (5, 5))]  # host p % 3
+    assert owners(read, 3) == [1, 0, 2]
