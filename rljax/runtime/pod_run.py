@@ -15,6 +15,7 @@ such a checkpoint, in-process (:mod:`rljax.runtime.pod_resize`).
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Any
 
@@ -163,7 +164,8 @@ class PodRun(Run):
             ),
         )
         stop_ids = sorted(self.tokenizer.stop_ids)
-        homes = process_homes(self.engine, self.roles.sampler)  # each host's prompts, its slots
+        # each host's prompts take its own slots (None: slots replicated over the hosts)
+        self.slot_homes = homes = process_homes(self.engine, self.roles.sampler)
         # No weights until the first swap.
         sampler = Sampler(self.engine, None, version=version, stop_ids=stop_ids, slot_homes=homes)
         self.prompts = pod_prompts.open_stream(self, cfg.learner.batch_groups, self.read_by_host)
@@ -406,6 +408,8 @@ class PodRun(Run):
             summary["pod"]["wall_s"] = time.perf_counter() - start
             for what, counts in (("scored", self.scored_by_host), ("read", self.read_by_host)):
                 summary["pod"][f"{what}_by_host"] = {str(h): n for h, n in counts.items()}
+            slots = collections.Counter(self.slot_homes or [])
+            summary["pod"]["slots_by_host"] = {str(h): n for h, n in sorted(slots.items())}
             digests = [
                 self.channel.get(f"replicas/{p}", waiting_for=f"learner process {p}'s digests")
                 for p in self.roles.learner

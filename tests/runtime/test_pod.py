@@ -173,6 +173,7 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     assert summary["pod"]["read_by_host"]["1"] > 0, summary["pod"]
     assert summary["pod"]["read_by_host"]["0"] > summary["pod"]["read_by_host"]["1"]
     assert summary["pod"]["scored_by_host"]["1"] > 0, summary["pod"]
+    assert summary["pod"]["slots_by_host"] == {"0": 16, "1": 16}, summary["pod"]  # kv shards
     meta = audit.read_meta(workdir, steps)
     drawn = audit.drawn_prompts(arith_async.recipe("small"), meta["data"])
     assert audit.audit_prompts(records, audit.leftover_prompts(meta), drawn) == []
