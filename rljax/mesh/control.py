@@ -128,3 +128,36 @@ class Channel:
             f"process {pid} of {self.count} failed ({error}) while this one "
             f"waited for {waiting_for}; fix that error, then relaunch every process"
         )
+
+
+class ChannelThread:
+    """A daemon thread that serves the pod through a :class:`Channel` (a subclass's
+    ``_serve``), started by :meth:`start`. An error it meets fails the pod at once
+    (:meth:`Channel.fail`: a process may be waiting for what this thread posts), and
+    :meth:`join` re-raises it."""
+
+    def __init__(self, channel: Channel, name: str):
+        import threading
+
+        self.channel = channel
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _serve(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:
+            self.error = e
+            self.channel.fail(e)
+
+    def join(self) -> None:
+        """Wait for the thread to end (the leader tells it when); re-raise its failure."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error

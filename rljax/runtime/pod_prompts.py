@@ -20,12 +20,11 @@ reached (``{"position": p}``): examples read ahead but not taken are read again 
 from __future__ import annotations
 
 import collections
-import threading
 from typing import Any
 
 from rljax.config import ConfigError
 from rljax.data.pipeline import prompt_dataset
-from rljax.mesh.control import Channel
+from rljax.mesh.control import Channel, ChannelThread
 
 POSITION = "stream_position"  # the key each pod example carries its position under
 AHEAD = 2  # chunks a feeder posts beyond what the leader took
@@ -125,47 +124,36 @@ def chunk_size(batch_size: int, hosts: int) -> int:
     return -(-batch_size // hosts)
 
 
-class PromptFeeder:
+class PromptFeeder(ChannelThread):
     """A sampler follower's side: a thread posting its shard of the stream, from ``start``,
     until the leader stops it. An error here fails the pod (:meth:`Channel.fail`)."""
 
     def __init__(
         self, dataset, channel: Channel, host: int, hosts: int, epoch: int, start: int, chunk: int
     ):
-        self.dataset, self.channel = dataset, channel
+        super().__init__(channel, "pod-prompts")
+        self.dataset = dataset
         self.host, self.hosts, self.epoch = host, hosts, epoch
-        self.start, self.chunk = start, chunk
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="pod-prompts", daemon=True)
-        self._thread.start()
+        self.start_position, self.chunk = start, chunk
+        self.start()
 
     def _serve(self) -> None:
-        position = first_position(self.start, self.host, self.hosts)
+        position = first_position(self.start_position, self.host, self.hosts)
         k = 0
-        try:
-            while True:
-                if k >= AHEAD:
-                    key = _key("took", self.epoch, self.host, k - AHEAD)
-                    took = self.channel.get(key, waiting_for="the leader to take prompts")
-                    self.channel.delete(key)
-                    if took is None:
-                        break
-                positions = range(position, position + self.chunk * self.hosts, self.hosts)
-                chunk = [_read(self.dataset, p) for p in positions]
-                self.channel.post(_key("prompts", self.epoch, self.host, k), chunk)
-                position += self.chunk * self.hosts
-                k += 1
-            for unread in range(k - AHEAD, k):  # posted, never taken
-                self.channel.delete(_key("prompts", self.epoch, self.host, unread))
-        except BaseException as e:  # the leader may be waiting for a chunk: tell it why not
-            self.error = e
-            self.channel.fail(e)
-
-    def join(self) -> None:
-        """Wait for the leader's stop; re-raise a failure."""
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
+        while True:
+            if k >= AHEAD:
+                key = _key("took", self.epoch, self.host, k - AHEAD)
+                took = self.channel.get(key, waiting_for="the leader to take prompts")
+                self.channel.delete(key)
+                if took is None:
+                    break
+            positions = range(position, position + self.chunk * self.hosts, self.hosts)
+            chunk = [_read(self.dataset, p) for p in positions]
+            self.channel.post(_key("prompts", self.epoch, self.host, k), chunk)
+            position += self.chunk * self.hosts
+            k += 1
+        for unread in range(k - AHEAD, k):  # posted, never taken
+            self.channel.delete(_key("prompts", self.epoch, self.host, unread))
 
 
 def resumed_position(meta: dict[str, Any] | None) -> int:

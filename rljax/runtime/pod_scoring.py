@@ -18,13 +18,12 @@ meets an earlier build's keys. Each key is deleted by its reader.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from rljax.engine.sampler import Trajectory
-from rljax.mesh.control import Channel
+from rljax.mesh.control import Channel, ChannelThread
 from rljax.rewards.pool import FAILURE_KINDS, RewardPool
 from rljax.runtime.pod_prompts import home, task_example
 from rljax.runtime.scoring import completion_text, response_text
@@ -111,40 +110,29 @@ class PodScorer:
             self.channel.post(_key("score", self.epoch, host, n), None)
 
 
-class ScoreServer:
+class ScoreServer(ChannelThread):
     """A sampler follower's side: a thread scoring the shares the leader posts, until told to
     stop. An error here fails the pod (:meth:`Channel.fail`), naming this process."""
 
     def __init__(
         self, channel: Channel, me: int, epoch: int, pool: RewardPool, tokenizer: Any
     ) -> None:
-        self.channel, self.me, self.epoch = channel, me, epoch
+        super().__init__(channel, "pod-scoring")
+        self.me, self.epoch = me, epoch
         self.pool, self.tokenizer = pool, tokenizer
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="pod-scoring", daemon=True)
-        self._thread.start()
+        self.start()
 
     def _serve(self) -> None:
         n = 0
-        try:
-            while True:
-                key = _key("score", self.epoch, self.me, n)
-                share = self.channel.get(key, waiting_for="the leader's next scoring share")
-                self.channel.delete(key)
-                if share is None:
-                    return
-                pairs = zip(share["tokens"], share["finish"], strict=True)
-                texts = [response_text(self.tokenizer, *p) for p in pairs]
-                rewards = self.pool.score(texts, share["examples"])
-                result = {"rewards": rewards.tolist(), "failures": self.pool.stats.by_kind()}
-                self.channel.post(_key("scored", self.epoch, self.me, n), result)
-                n += 1
-        except BaseException as e:  # the leader is waiting for this result: tell it why not
-            self.error = e
-            self.channel.fail(e)
-
-    def join(self) -> None:
-        """Wait for the stop the leader posts at the end of a build; re-raise a failure."""
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
+        while True:
+            key = _key("score", self.epoch, self.me, n)
+            share = self.channel.get(key, waiting_for="the leader's next scoring share")
+            self.channel.delete(key)
+            if share is None:
+                return
+            pairs = zip(share["tokens"], share["finish"], strict=True)
+            texts = [response_text(self.tokenizer, *p) for p in pairs]
+            rewards = self.pool.score(texts, share["examples"])
+            result = {"rewards": rewards.tolist(), "failures": self.pool.stats.by_kind()}
+            self.channel.post(_key("scored", self.epoch, self.me, n), result)
+            n += 1

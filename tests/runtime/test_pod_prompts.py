@@ -109,3 +109,15 @@ def test_a_checkpoint_without_a_stream_position_is_refused():
     assert resumed_position({"data": {"position": 12}}) == 12
     with pytest.raises(ConfigError, match="not a pod's"):
         resumed_position({"data": {"next_index": 3}})
+
+
+def test_a_feeder_that_cannot_read_fails_the_pod():
+    class Broken:
+        def __getitem__(self, position):
+            raise OSError(f"cannot read position {position}")
+
+    channel = MemoryChannel()
+    feeder = PromptFeeder(Broken(), channel, 1, 2, 0, 0, 2)
+    with pytest.raises(OSError, match="cannot read position 1"):
+        feeder.join()
+    assert isinstance(channel.failed, OSError)  # the leader stops waiting for its prompts
