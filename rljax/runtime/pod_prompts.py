@@ -61,8 +61,8 @@ def _key(kind: str, epoch: int, host: int, k: int) -> str:
 class PodPrompts:
     """The leader's prompt stream: positions in order, each from the host that reads it.
 
-    Duck-types the prompt iterator a :class:`~rljax.runtime.run.Run` reads: ``next_batch``
-    and ``get_state``.
+    Duck-types the prompt iterator a :class:`~rljax.runtime.run.Run` reads: ``next()`` gives
+    the next batch, ``get_state()`` the position to resume from.
     """
 
     def __init__(
