@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from typing import Any
 
 # How often a waiting process checks that every process is still alive.
@@ -130,6 +131,12 @@ class Channel:
         )
 
 
+def host_key(kind: str, epoch: int, host: int, n: int) -> str:
+    """The key of a build's ``n``-th message of ``kind`` to or from ``host``; the epoch (the
+    pod's resize count) keeps a rebuilt pod from meeting an earlier build's keys."""
+    return f"{kind}/{epoch}/{host}/{n}"
+
+
 class ChannelThread:
     """A daemon thread that serves the pod through a :class:`Channel` (a subclass's
     ``_serve``), started by :meth:`start`. An error it meets fails the pod at once
@@ -137,8 +144,6 @@ class ChannelThread:
     :meth:`join` re-raises it."""
 
     def __init__(self, channel: Channel, name: str):
-        import threading
-
         self.channel = channel
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

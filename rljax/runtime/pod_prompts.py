@@ -24,7 +24,7 @@ from typing import Any
 
 from rljax.config import ConfigError
 from rljax.data.pipeline import prompt_dataset
-from rljax.mesh.control import Channel, ChannelThread
+from rljax.mesh.control import Channel, ChannelThread, host_key
 
 POSITION = "stream_position"  # the key each pod example carries its position under
 AHEAD = 2  # chunks a feeder posts beyond what the leader took
@@ -52,10 +52,6 @@ def task_example(example: Any) -> Any:
 
 def _read(dataset, position: int) -> dict:
     return {**dataset[position], POSITION: position}
-
-
-def _key(kind: str, epoch: int, host: int, k: int) -> str:
-    return f"{kind}/{epoch}/{host}/{k}"
 
 
 class PodPrompts:
@@ -100,10 +96,10 @@ class PodPrompts:
         chunks = self._chunks[host]
         if not chunks:
             k = self._taken[host]
-            key = _key("prompts", self.epoch, host, k)
+            key = host_key("prompts", self.epoch, host, k)
             chunks.extend(self.channel.get(key, waiting_for=f"sampler host {host}'s prompts"))
             self.channel.delete(key)
-            self.channel.post(_key("took", self.epoch, host, k), True)
+            self.channel.post(host_key("took", self.epoch, host, k), True)
             self._taken[host] = k + 1
         example = chunks.popleft()
         if example[POSITION] != position:
@@ -116,7 +112,7 @@ class PodPrompts:
     def stop(self) -> None:
         """Stop every feeder (at the end of a build, before 'end' or 'resize')."""
         for host, k in self._taken.items():
-            self.channel.post(_key("took", self.epoch, host, k), None)
+            self.channel.post(host_key("took", self.epoch, host, k), None)
 
 
 def chunk_size(batch_size: int, hosts: int) -> int:
@@ -142,18 +138,18 @@ class PromptFeeder(ChannelThread):
         k = 0
         while True:
             if k >= AHEAD:
-                key = _key("took", self.epoch, self.host, k - AHEAD)
+                key = host_key("took", self.epoch, self.host, k - AHEAD)
                 took = self.channel.get(key, waiting_for="the leader to take prompts")
                 self.channel.delete(key)
                 if took is None:
                     break
             positions = range(position, position + self.chunk * self.hosts, self.hosts)
             chunk = [_read(self.dataset, p) for p in positions]
-            self.channel.post(_key("prompts", self.epoch, self.host, k), chunk)
+            self.channel.post(host_key("prompts", self.epoch, self.host, k), chunk)
             position += self.chunk * self.hosts
             k += 1
         for unread in range(k - AHEAD, k):  # posted, never taken
-            self.channel.delete(_key("prompts", self.epoch, self.host, unread))
+            self.channel.delete(host_key("prompts", self.epoch, self.host, unread))
 
 
 def resumed_position(meta: dict[str, Any] | None) -> int:

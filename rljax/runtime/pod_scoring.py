@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rljax.engine.sampler import Trajectory
-from rljax.mesh.control import Channel, ChannelThread
+from rljax.mesh.control import Channel, ChannelThread, host_key
 from rljax.rewards.pool import FAILURE_KINDS, RewardPool
 from rljax.runtime.pod_prompts import home, task_example
 from rljax.runtime.scoring import completion_text, response_text
@@ -33,11 +33,6 @@ def owners(trajs: list[Trajectory], hosts: int) -> list[int]:
     """The sampler host (an index into the sampler's processes) that scores each trajectory."""
     homes = [home(t.payload, hosts) for t in trajs]
     return [t.group_id % hosts if h is None else h for t, h in zip(trajs, homes, strict=True)]
-
-
-def _key(kind: str, epoch: int, host: int, n: int) -> str:
-    """``score/...`` (a share) or ``scored/...`` (its rewards), the n-th of ``host``."""
-    return f"{kind}/{epoch}/{host}/{n}"
 
 
 def _share(trajs: list[Trajectory]) -> dict[str, list]:
@@ -79,7 +74,7 @@ class PodScorer:
         for host, share in zip(self.hosts[1:], shares[1:], strict=True):
             if share:
                 n = self._sent[host]
-                key = _key("score", self.epoch, host, n)
+                key = host_key("score", self.epoch, host, n)
                 self.channel.post(key, _share([trajs[j] for j in share]))
                 posted.append((host, share, n))
                 self._sent[host] += 1
@@ -89,7 +84,7 @@ class PodScorer:
             examples = [task_example(trajs[j].payload) for j in shares[0]]
             rewards[shares[0]] = self.pool.score(texts, examples)
         for host, share, n in posted:
-            key = _key("scored", self.epoch, host, n)
+            key = host_key("scored", self.epoch, host, n)
             result = self.channel.get(key, waiting_for=f"sampler host {host}'s rewards")
             self.channel.delete(key)
             rewards[share] = result["rewards"]
@@ -107,7 +102,7 @@ class PodScorer:
     def stop(self) -> None:
         """Tell every follower's server to stop (before the pod ends or resizes)."""
         for host, n in self._sent.items():
-            self.channel.post(_key("score", self.epoch, host, n), None)
+            self.channel.post(host_key("score", self.epoch, host, n), None)
 
 
 class ScoreServer(ChannelThread):
@@ -125,7 +120,7 @@ class ScoreServer(ChannelThread):
     def _serve(self) -> None:
         n = 0
         while True:
-            key = _key("score", self.epoch, self.me, n)
+            key = host_key("score", self.epoch, self.me, n)
             share = self.channel.get(key, waiting_for="the leader's next scoring share")
             self.channel.delete(key)
             if share is None:
@@ -134,5 +129,5 @@ class ScoreServer(ChannelThread):
             texts = [response_text(self.tokenizer, *p) for p in pairs]
             rewards = self.pool.score(texts, share["examples"])
             result = {"rewards": rewards.tolist(), "failures": self.pool.stats.by_kind()}
-            self.channel.post(_key("scored", self.epoch, self.me, n), result)
+            self.channel.post(host_key("scored", self.epoch, self.me, n), result)
             n += 1
