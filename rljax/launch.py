@@ -1,13 +1,14 @@
 """The rljax launcher: ``rljax --config=configs/<name>.py[:variant] --workdir=DIR``.
 
 With no ``--config`` it runs the default recipe, ``configs/arith_tiny.py`` (installed as
-``rljax.configs.arith_tiny``). Override any key with ``--config.<section>.<key>=<value>``. This
-file only parses flags and calls library code.
+``rljax.configs.arith_tiny``). Override any key with ``--config.<section>.<key>=<value>``, with
+or without ``--config``. This file only parses flags and calls library code.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import importlib.util
 import json
 import re
 import signal
@@ -16,10 +17,13 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+# The installed file of configs/arith_tiny.py, located without importing it.
+DEFAULT_CONFIG = importlib.util.find_spec("rljax.configs.arith_tiny").origin
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,
-    "Experiment file configs/<name>.py[:variant].",
+    "Experiment file configs/<name>.py[:variant]; without it, the default recipe "
+    f"{DEFAULT_CONFIG}.",
     # Not locked: an unknown --config.<key> is let through to rljax.config, which rejects it
     # with a one-line error listing the valid keys (a locked ConfigDict raises a traceback).
     lock_config=False,
@@ -41,6 +45,19 @@ def _cannot_load(error: OSError) -> str:
     )
 
 
+def _with_default_config(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config`` naming the default recipe when it names no file.
+
+    The default is passed as a flag rather than as DEFINE_config_file's default: config_flags
+    loads a default file (and defines the ``--config.<key>`` flags) when this module is
+    imported, where a bad override raises a traceback instead of :func:`_parse_flags`'s one
+    line.
+    """
+    if any(re.match(r"^--?config(=|$)", arg) for arg in argv):  # config_flags' own test
+        return argv
+    return [*argv[:1], f"--config={DEFAULT_CONFIG}", *argv[1:]]
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, ending in one line on bad input.
 
@@ -48,7 +65,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     the traceback's last line is the message.
     """
     try:
-        return flags.FLAGS(argv)
+        return flags.FLAGS(_with_default_config(argv))
     except flags.Error as e:
         message = _last_line(e)
         if isinstance(e, flags.IllegalFlagValueError) and str(e).startswith("flag --config."):
@@ -71,11 +88,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def _run_config(config_lib):
-    """The typed config of --config, or the default recipe with no --config."""
-    if _CONFIG.value is None:
-        from rljax.configs import arith_tiny
-
-        return arith_tiny.recipe()
+    """The typed config of --config (the default recipe when the command line names none)."""
     try:
         return config_lib.from_config_dict(_CONFIG.value)
     except OSError as e:  # config_flags defers a missing file's error to the first access

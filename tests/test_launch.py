@@ -93,9 +93,32 @@ def test_bad_config_file_gets_a_one_line_error(tmp_path, config, message, overri
     assert "Traceback" not in proc.stderr
 
 
-def test_no_config_runs_the_default_recipe():
+def _parsed_run_config(monkeypatch, *args):
+    """The RunConfig the launcher builds from ``rljax *args``, without running it."""
+    argv = ["rljax", *args]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides from sys.argv
     try:
-        flags.FLAGS(["rljax"])
-        assert launch._run_config(config_lib) == arith_tiny.recipe()
+        launch._parse_flags(argv)
+        return launch._run_config(config_lib)
     finally:
         flags.FLAGS.unparse_flags()
+        for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+            delattr(flags.FLAGS, name)  # the override flags parsing defined: the next parse's
+
+
+def test_no_config_runs_the_default_recipe(monkeypatch):
+    assert _parsed_run_config(monkeypatch) == arith_tiny.recipe()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config.learner.loss=dapo"],  # the README's first command, plus an override
+        [f"--config={ROOT / 'configs' / 'arith_tiny.py'}", "--config.learner.loss=dapo"],
+    ],
+    ids=["no_config", "config"],
+)
+def test_overrides_apply_to_the_default_recipe(monkeypatch, args):
+    assert _parsed_run_config(monkeypatch, *args) == config_lib.replace(
+        arith_tiny.recipe(), **{"learner.loss": "dapo"}
+    )
