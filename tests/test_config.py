@@ -8,6 +8,8 @@ from rljax.configs import arith_tiny
 
 from rljax import config as C
 
+SPLIT = {"mesh.mode": "split", "mesh.sampler_devices": 4, "mesh.learner_devices": 4}
+
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:
     msg = str(exc.value)
@@ -55,6 +57,13 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
             "sft.teacher",
             "only sums carry",
         ),
+        ({**SPLIT, "mesh.reallocate": True}, "mesh.reallocate", "set mode='async'"),
+        (
+            {**SPLIT, "mode": "async", "mesh.reallocate": True, "lending.enabled": True},
+            "lending.enabled",
+            "lends or reallocates, not both",
+        ),
+        ({"tokenizer": "init"}, "tokenizer", "or init to a model"),
     ],
 )
 def test_bad_values_name_key_and_fix(changes, key, fix):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rljax.config.checks import RUN_MODES, _fail, _one_of, _positive
+from rljax.config.checks import RUN_MODES, ConfigError, _fail, _one_of, _positive
 from rljax.config.sections import (
     BufferConfig,
     CheckpointConfig,
@@ -89,6 +89,21 @@ class RunConfig:
                 "lending.enabled",
                 self.lending.enabled,
                 "False unless mesh.mode='split' (lending runs work on the other mesh's chips)",
+            )
+        if self.lending.enabled and self.mesh.reallocate:
+            raise ConfigError(
+                "config keys 'lending.enabled' and 'mesh.reallocate' are both True; the runtime "
+                "lends or reallocates, not both yet: turn one off"
+            )
+        if self.mesh.reallocate and self.mode != "async":
+            raise ConfigError(
+                "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
+                "each role idles while the other works); set mode='async' or turn it off"
+            )
+        if self.tokenizer == "init" and self.init == "random":
+            raise ConfigError(
+                "config key 'tokenizer' = 'init' needs a checkpoint in 'init' (it is 'random'); "
+                "set tokenizer='char' or a tokenizer directory, or init to a model"
             )
         if self.sampling.max_concurrent_decodes < self.learner.group_size:
             _fail(

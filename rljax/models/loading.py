@@ -45,12 +45,7 @@ def load_tokenizer(cfg: RunConfig) -> Tokenizer:
     """
     if cfg.tokenizer == "char":
         return Tokenizer.char_level()
-    if cfg.tokenizer == "init":
-        if cfg.init == "random":
-            raise ConfigError(
-                "config key 'tokenizer' = 'init' needs a checkpoint in 'init' (it is 'random'); "
-                "set tokenizer='char' or a tokenizer directory, or init to a model"
-            )
+    if cfg.tokenizer == "init":  # RunConfig refuses it with init='random'
         with io.input_error("init", cfg.init):
             path = resolve_init(cfg.init)
             if path.endswith(".gguf"):

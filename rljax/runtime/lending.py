@@ -19,7 +19,8 @@ to lend during the next step (``lending.*`` keys; ``Lending.force`` pins a decis
   its micro-batches on the sampler's chips (:class:`rljax.learner.learner.GradLoan`) and sums
   them into its own update; it stays the only optimiser and version authority.
 
-Single-process, and not combined with ``mesh.reallocate`` yet (:func:`check_lending`).
+Single-process (:func:`check_lending`), and not combined with ``mesh.reallocate`` yet (the
+config refuses both: :class:`rljax.config.RunConfig`).
 """
 
 from __future__ import annotations
@@ -54,11 +55,6 @@ def check_lending(cfg, process_count: int) -> None:
     """Refuse, with a one-line error, a lending setup this runtime cannot run yet."""
     if not cfg.lending.enabled:
         return
-    if cfg.mesh.reallocate:
-        raise ConfigError(
-            "config keys 'lending.enabled' and 'mesh.reallocate' are both True; the runtime "
-            "lends or reallocates, not both yet: turn one off"
-        )
     if process_count > 1:
         raise ConfigError(
             f"config key 'lending.enabled' = True is single-process for now; turn it off for "

@@ -343,10 +343,9 @@ def test_mesh_config_validates_reallocation(changes, match):
         MeshConfig(**changes)
 
 
-def test_reallocation_needs_async_mode(tmp_path):
-    cfg = _cfg(**{"mode": "sync", "mesh.reallocate": True})
+def test_reallocation_needs_async_mode():
     with pytest.raises(ConfigError, match="'mesh.reallocate' = True needs mode='async'"):
-        Run(cfg, str(tmp_path))
+        _cfg(**{"mode": "sync", "mesh.reallocate": True})
 
 
 def test_mesh_cache_builds_once_per_mesh():

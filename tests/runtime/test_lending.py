@@ -114,9 +114,8 @@ def test_rollout_on_trainpool_loses_nothing_and_keeps_eta(tmp_path):
     assert handed == replicas.stats["adopted_samples"] + replicas.returning_samples
 
 
-def test_lending_refuses_what_it_cannot_run(tmp_path):
+def test_lending_refuses_what_it_cannot_run():
     with pytest.raises(ConfigError, match="lending.enabled"):
         _cfg(**{"mesh.mode": "colocated", "mesh.sampler_devices": 0, "mesh.learner_devices": 0})
-    cfg = _cfg(**{"mode": "async", "buffer.max_staleness": 1, "mesh.reallocate": True})
     with pytest.raises(ConfigError, match="not both"):
-        Run(cfg, str(tmp_path))
+        _cfg(**{"mode": "async", "buffer.max_staleness": 1, "mesh.reallocate": True})
