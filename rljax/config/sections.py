@@ -493,9 +493,5 @@ class CheckpointConfig:
 class MetricsConfig:
     """Where metrics go: JSONL in the workdir, a progress bar, an optional timeline."""
 
-    log_every: int = 1
     progress_bar: bool = True
     trace: bool = False  # Perfetto / Chrome trace JSON of the run's phases
-
-    def __post_init__(self):
-        _positive("metrics.log_every", self.log_every)
