@@ -21,6 +21,11 @@ from rljax.kernels.paged_attention.ops import XLA_BLOCK_TOKENS
 from rljax.engine.engine import Engine
 from rljax.models.serving import ServingDecoder, to_serving
 
+# The decimals the returned figures keep: milliseconds to the microsecond, ratios to 1e-4.
+# A test comparing a ratio with its rounded parts derives its tolerance from these.
+MS_DECIMALS = 3
+RATIO_DECIMALS = 4
+
 
 def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
     """Best numpy copy bandwidth, counting read + write bytes (the STREAM 'Copy' convention)."""
@@ -131,8 +136,8 @@ def layouts_ab(label, engine: Engine, state, steps: int, rounds: int) -> dict:
         f"{statistics.median(medians['stacked']) * 1e3:.1f} ms",
         flush=True,
     )
-    ms = {k: [round(v * 1e3, 3) for v in vals] for k, vals in medians.items()}
-    ratios = [round(x, 4) for x in ratios]
+    ms = {k: [round(v * 1e3, MS_DECIMALS) for v in vals] for k, vals in medians.items()}
+    ratios = [round(x, RATIO_DECIMALS) for x in ratios]
     return {"rounds": rounds, "step_ms": ms, "stacked_over_per_layer": ratios}
 
 
@@ -168,14 +173,14 @@ def decode_step_vs_bound(label, engine: Engine, params, bandwidth_gbs, steps: in
     )
     return {
         "slots": b,
-        "step_ms": round(step * 1e3, 3),
-        "matmul_floor_ms": round(floor * 1e3, 3),
-        "matmul_floor_fraction_of_bound": round(bound / floor, 4),
+        "step_ms": round(step * 1e3, MS_DECIMALS),
+        "matmul_floor_ms": round(floor * 1e3, MS_DECIMALS),
+        "matmul_floor_fraction_of_bound": round(bound / floor, RATIO_DECIMALS),
         "param_bytes": int(param_bytes),
         "kv_bytes_held": int(kv_held),
         "kv_bytes_gathered_by_xla_attention": int(kv_gathered),
-        "bound_ms": round(bound * 1e3, 3),
-        "fraction_of_bound": round(bound / step, 4),
+        "bound_ms": round(bound * 1e3, MS_DECIMALS),
+        "fraction_of_bound": round(bound / step, RATIO_DECIMALS),
     }
 
 
