@@ -187,6 +187,10 @@ class Sampler:
         return len(self._slots)
 
     @property
+    def free_slots(self) -> int:
+        return self.num_slots - self.busy_slots
+
+    @property
     def kv_tokens(self) -> int:
         """Tokens the live slots hold in the KV cache (prompt plus response so far)."""
         return sum(len(s.request.prompt_tokens) + len(s.tokens) for s in self._slots if s)

@@ -11,11 +11,8 @@ checkpoint and log with the same code and metric keys:
   (score, occupy or release) and the learner (calling) thread (wait for a full buffer, consume,
   learn, publish; the sampler swaps weights at its next generate boundary).
 
-The sampler and learner are duck-typed, so tests and benchmarks drive it with fakes
-(``rljax.testing.fakes``): sampler ``version``, ``submit``, ``step() -> finished``,
-``has_work``, ``set_params``, ``abort``, ``interrupt``/``resume`` (safe points), optionally
-``busy_slots`` and ``engine.max_concurrent_decodes`` (occupancy); learner ``version``,
-``step(batch) -> metrics``, ``params``.
+The sampler, learner, weight sync and lender are parts (:mod:`rljax.runtime.parts`): an engine
+or a pod's stand-in at run time, the fakes of ``rljax.testing.fakes`` in tests and benchmarks.
 
 The step boundary (after a learner step, before its weights go out) runs ``on_boundary`` and
 :meth:`Driver.call_at_boundary` work on the learner thread: the safe point for resizes, where
@@ -35,10 +32,12 @@ from typing import Any
 import numpy as np
 
 from rljax.metrics import Timeline
+from rljax.policy.meter import PhaseMeter
 from rljax.policy.routing import ReplicaLoad, route
 from rljax.policy.staleness import StalenessBuffer, StalenessController, has_signal
 from rljax.runtime.boundary import SafePoints
 from rljax.runtime.clocks import RoleClocks, step_metrics
+from rljax.runtime.parts import LearnerPart, LenderPart, SamplerPart, WeightSyncPart
 from rljax.runtime.rollout import Group, lockstep_request_id, make_group
 
 # Counters every step's metrics carry, in every mode (zero when nothing happened).
@@ -58,9 +57,9 @@ class Driver(SafePoints):
     def __init__(
         self,
         *,
-        sampler,
-        learner,
-        weight_sync,
+        sampler: SamplerPart,
+        learner: LearnerPart,
+        weight_sync: WeightSyncPart,
         buffer: StalenessBuffer,
         controller: StalenessController,
         prompts: Iterator[list],
@@ -75,13 +74,13 @@ class Driver(SafePoints):
         on_checkpoint: Callable[[Driver], None] | None = None,
         on_boundary: Callable[[int], None] | None = None,
         timeline: Timeline | None = None,
-        meter=None,
+        meter: PhaseMeter | None = None,
         prompt_state: Callable[[], Any] | None = None,
         requeue: list | None = None,
         next_request_id: int = 0,
         encode_group: Callable[[Group], Any] | None = None,
         counters: dict[str, int] | None = None,
-        lender=None,  # rljax.runtime.lending: a replica on the learner's chips while it waits
+        lender: LenderPart | None = None,  # a replica on the learner's chips while it waits
     ):
         if lockstep and buffer.max_staleness != 0:
             raise ValueError(
@@ -233,14 +232,10 @@ class Driver(SafePoints):
 
     def _queued_samples(self) -> int | None:
         """Samples waiting for a slot, or None when admission is not held to the slots."""
-        if self.lockstep:
-            return None
-        return getattr(self.sampler, "queued_samples", None)
+        return None if self.lockstep else self.sampler.queued_samples
 
     def _load(self, queued: int) -> ReplicaLoad:
-        free = self.sampler.num_slots - self.sampler.busy_slots
-        free += getattr(self.sampler, "lent_free_slots", 0)  # a replica lent by the learner
-        return ReplicaLoad(0, free_slots=free, queued=queued)
+        return ReplicaLoad(0, free_slots=self.sampler.free_slots, queued=queued)
 
     def _generate(self) -> list[list]:
         """One ``generate`` call; returns the groups it completed (their trajectories)."""

@@ -210,6 +210,7 @@ class PodSampler:
     version = property(lambda self: self.real.version)
     busy_slots = property(lambda self: self.real.busy_slots)
     num_slots = property(lambda self: self.real.num_slots)
+    free_slots = property(lambda self: self.real.free_slots)
     queued_samples = property(lambda self: self.real.queued_samples)
     kv_tokens = property(lambda self: self.real.kv_tokens)
     engine = property(lambda self: self.real.engine)

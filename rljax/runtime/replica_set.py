@@ -6,11 +6,34 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from rljax.engine.engine import Engine
-from rljax.engine.sampler import Request, Sampler, Trajectory
+from rljax.engine.sampler import Request, Trajectory
 from rljax.policy.routing import ReplicaLoad, route
+from rljax.runtime.parts import SamplerPart
+
+
+class MovableSampler(SamplerPart, Protocol):
+    """A sampler whose requests can move to another one, keeping their tokens so far:
+    :class:`~rljax.engine.sampler.Sampler` and :class:`~rljax.testing.fakes.FakeSampler`."""
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        """Running counts; ``tokens``: tokens decoded."""
+        ...
+
+    def request_ids(self) -> set[int]:
+        """Ids of the requests with a sample here."""
+        ...
+
+    def hand_over(self, request_id: int) -> list[Any]:
+        """Take a request's samples out, for another sampler's :meth:`adopt`."""
+        ...
+
+    def adopt(self, samples: Sequence[Any]) -> None:
+        """Queue samples another sampler handed over."""
+        ...
 
 
 class ReplicaSet:
@@ -27,11 +50,11 @@ class ReplicaSet:
     what admission adds while a replica is lent.
     """
 
-    def __init__(self, main: Sampler, *, max_new_tokens: int | None = None):
+    def __init__(self, main: MovableSampler, *, max_new_tokens: int | None = None):
         self.main = main
         # The budget a routed request without its own gets, so a resumed one keeps it.
         self.max_new_tokens = max_new_tokens
-        self.lent: Sampler | None = None
+        self.lent: MovableSampler | None = None
         self._serve = threading.Lock()
         self._lock = threading.Lock()
         self._inbox: collections.deque[Request] = collections.deque()
@@ -50,10 +73,6 @@ class ReplicaSet:
         return self.main.version
 
     @property
-    def engine(self) -> Engine:
-        return self.main.engine
-
-    @property
     def busy_slots(self) -> int:
         return self.main.busy_slots
 
@@ -64,6 +83,11 @@ class ReplicaSet:
     @property
     def kv_tokens(self) -> int:
         return self.main.kv_tokens
+
+    @property
+    def free_slots(self) -> int:
+        """The main sampler's free slots, plus the lent replica's (admission fills both)."""
+        return self.main.free_slots + self.lent_free_slots
 
     @property
     def lent_free_slots(self) -> int:
@@ -89,9 +113,10 @@ class ReplicaSet:
 
     def submit(self, requests: Sequence[Request]) -> list[int]:
         """Route each group to a replica with an unclaimed slot (the main one when none has)."""
-        main, lent = [], []
+        main: list[Request] = []
+        lent: list[Request] = []
         with self._lock:  # a release cannot slip between routing and the inbox
-            load = [ReplicaLoad(0, self.main.num_slots - self.main.busy_slots, self._main_queued())]
+            load = [ReplicaLoad(0, self.main.free_slots, self._main_queued())]
             if self.lent is not None:
                 inbox = sum(r.num_samples for r in self._inbox)
                 load.append(ReplicaLoad(1, self._lent_load[0], self._lent_load[1] + inbox))
@@ -143,7 +168,7 @@ class ReplicaSet:
 
     # -- lending ----------------------------------------------------------------------------
 
-    def lend(self, replica: Sampler) -> None:
+    def lend(self, replica: MovableSampler) -> None:
         """Start serving on ``replica`` (its weights loaded, its slots empty)."""
         with self._lock:
             self.lent = replica
@@ -173,7 +198,7 @@ class ReplicaSet:
                 self._lent_load = (lent.num_slots - lent.busy_slots, lent.queued_samples)
             return True
 
-    def release(self) -> Sampler | None:
+    def release(self) -> MovableSampler | None:
         """Stop lending: the replica's requests go back to the main sampler; returns it."""
         with self._serve, self._lock:
             lent, self.lent = self.lent, None

@@ -100,10 +100,11 @@ class _FakeSample:
 class FakeSampler:
     """A continuous-batching sampler whose decode step is a sleep from a cost model.
 
-    Implements the sampler interface of :class:`rljax.runtime.driver.Driver` (``version``,
-    ``submit``, ``step``, ``has_work``, ``set_params``, ``abort``) and returns real
+    Implements the driver's :class:`~rljax.runtime.parts.SamplerPart` (and the hand-over of
+    :class:`~rljax.runtime.replica_set.MovableSampler`) and returns real
     :class:`~rljax.engine.sampler.Trajectory` objects whose per-token versions are the params
-    version held when each token was "decoded".
+    version held when each token was "decoded". An interrupted request's samples are held with
+    their tokens so far until it is resumed.
 
     Each sample's length and tokens depend only on ``(seed, request_id, sample index)``, so a
     rerun samples the same workload whatever the thread timing.
@@ -153,6 +154,7 @@ class FakeSampler:
         self.vocab_size = vocab_size
         self._slots: list[_FakeSample | None] = [None] * slots
         self._queue: collections.deque[_FakeSample] = collections.deque()
+        self._held: dict[int, list[_FakeSample]] = {}  # interrupted, by request id
         self._staged: tuple[Any, int] | None = None
         self._live: set[int] = set()
         self.replicas = replicas
@@ -161,7 +163,7 @@ class FakeSampler:
         # Held around the slots and queue, not the step's sleep: park, hand_over and adopt may
         # come from another thread (a lending learner) while a step sleeps.
         self._lock = threading.Lock()
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -207,6 +209,10 @@ class FakeSampler:
         return len(self._slots)
 
     @property
+    def free_slots(self) -> int:
+        return self.num_slots - self.busy_slots
+
+    @property
     def queued_samples(self) -> int:
         return len(self._queue)
 
@@ -230,6 +236,7 @@ class FakeSampler:
                 if s is not None and s.request.request_id == request_id:
                     self._slots[slot] = None
                     self.stats["aborted_samples"] += 1
+            self.stats["aborted_samples"] += len(self._held.pop(request_id, []))
             self.stats["aborted"] += 1
 
     # -- params -----------------------------------------------------------------------------
@@ -301,22 +308,42 @@ class FakeSampler:
     # -- moving requests (lending) ----------------------------------------------------------
 
     def request_ids(self) -> set[int]:
-        """Ids of the requests with a sample here, running or queued."""
+        """Ids of the requests with a sample here, running, queued or held."""
         samples = [s for s in self._slots if s is not None] + list(self._queue)
-        return {s.request.request_id for s in samples}
+        return {s.request.request_id for s in samples} | set(self._held)
+
+    def _take(self, request_id: int) -> list[_FakeSample]:
+        """Remove a request's running and queued samples; returns them (call under the lock)."""
+        out = [s for s in self._slots if s is not None and s.request.request_id == request_id]
+        self._slots = [
+            None if s is not None and s.request.request_id == request_id else s
+            for s in self._slots
+        ]
+        out += [s for s in self._queue if s.request.request_id == request_id]
+        self._queue = collections.deque(
+            s for s in self._queue if s.request.request_id != request_id
+        )
+        return out
+
+    def interrupt(self, request_id: int) -> int:
+        """Hold a request's running and queued samples, with their tokens so far; returns how
+        many are held."""
+        with self._lock:
+            taken = self._take(request_id)
+            held = self._held.setdefault(request_id, [])
+            held.extend(taken)
+            self.stats["interrupted"] += len(taken)
+            return len(held)
+
+    def resume(self, request_id: int) -> None:
+        """Queue a held request's samples again; they go on from their tokens so far."""
+        with self._lock:
+            self._queue.extend(self._held.pop(request_id, []))
 
     def hand_over(self, request_id: int) -> list[_FakeSample]:
         """Take a request's samples out (partial rollouts, for another sampler's ``adopt``)."""
         with self._lock:
-            out = [s for s in self._slots if s is not None and s.request.request_id == request_id]
-            self._slots = [
-                None if s is not None and s.request.request_id == request_id else s
-                for s in self._slots
-            ]
-            out += [s for s in self._queue if s.request.request_id == request_id]
-            self._queue = collections.deque(
-                s for s in self._queue if s.request.request_id != request_id
-            )
+            out = self._held.pop(request_id, []) + self._take(request_id)
             self._live.discard(request_id)
         return out
 

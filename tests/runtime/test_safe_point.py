@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
 
@@ -21,35 +20,12 @@ from rljax.testing.fakes import (
 )
 
 
-class InterruptibleFakeSampler(FakeSampler):
-    """The fake sampler plus interrupt/resume: held samples keep the tokens revealed so far."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.held: dict[int, list] = {}
-
-    def interrupt(self, request_id: int) -> int:
-        mine = [s for s in self._queue if s.request.request_id == request_id]
-        self._queue = collections.deque(
-            s for s in self._queue if s.request.request_id != request_id
-        )
-        for slot, s in enumerate(self._slots):
-            if s is not None and s.request.request_id == request_id:
-                mine.append(s)
-                self._slots[slot] = None
-        self.held.setdefault(request_id, []).extend(mine)
-        return len(mine)
-
-    def resume(self, request_id: int) -> None:
-        self._queue.extend(self.held.pop(request_id, []))
-
-
 def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
     eta, batch, group, steps = 1, 2, 3, 8
     consumed, staleness, boundaries, paused = [], [], [], []
     learner = FakeLearner(constant_cost(0.001))
     weight_sync = FakeWeightSync()
-    sampler = InterruptibleFakeSampler(
+    sampler = FakeSampler(
         slots=6,
         step_cost_s=constant_cost(0.002),  # slower than the learner: requests stay in flight
         length_sampler=lognormal_lengths(20, 0.5, 60),

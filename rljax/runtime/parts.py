@@ -1,0 +1,187 @@
+"""The driver's parts: the sampler, learner, weight sync and lender it is built with.
+
+:class:`~rljax.runtime.driver.Driver` runs the same step loop whatever stands behind each part;
+the members below are all it (with its safe point) uses. Who implements each:
+
+- :class:`SamplerPart`: :class:`rljax.engine.sampler.Sampler` (an engine on the sampler mesh),
+  :class:`rljax.runtime.pod.PodSampler` (a pod leader's sampler, each operation also posted to
+  the other processes), :class:`rljax.runtime.replica_set.ReplicaSet` (the sampler while the
+  learner lends a replica) and :class:`rljax.testing.fakes.FakeSampler` (a cost model).
+- :class:`LearnerPart`: :class:`rljax.learner.learner.Learner`,
+  :class:`rljax.runtime.pod.RemoteLearner` (a step posted to the learner processes),
+  :class:`rljax.runtime.lending.LendingLearner` (a step that lends as decided) and
+  :class:`rljax.testing.fakes.FakeLearner`.
+- :class:`WeightSyncPart`: :class:`rljax.mesh.weight_sync.WeightSync`,
+  :class:`rljax.runtime.pod.PodWeightSync` (a publish announces a version; the bytes move when
+  the sampler swaps) and :class:`rljax.testing.fakes.FakeWeightSync`.
+- :class:`LenderPart`: :class:`rljax.runtime.lending.Lending`, with its subclasses
+  :class:`~rljax.runtime.lending.RunLending` (a run's devices) and
+  :class:`rljax.testing.fake_lending.FakeLending` (the fakes' cost models).
+
+The static type check (mypy, in ``.ci/run``) holds every implementation to its part
+(:func:`_implementations`): one that loses a member the driver uses, or changes its signature,
+fails the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rljax.engine.sampler import Request, Sampler, Trajectory
+    from rljax.learner.learner import Learner
+    from rljax.mesh.weight_sync import SyncStats, WeightSync
+    from rljax.runtime.driver import Driver
+    from rljax.runtime.lending import Lending, LendingLearner, RunLending
+    from rljax.runtime.pod import PodSampler, PodWeightSync, RemoteLearner
+    from rljax.runtime.replica_set import ReplicaSet
+    from rljax.testing.fake_lending import FakeLending
+    from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync
+
+
+class SamplerPart(Protocol):
+    """Generates a group of samples per request, in slots; weights swap at a step boundary."""
+
+    @property
+    def version(self) -> int:
+        """The params version new tokens are sampled with."""
+        ...
+
+    @property
+    def num_slots(self) -> int:
+        """Sequences decoded at once."""
+        ...
+
+    @property
+    def busy_slots(self) -> int:
+        """Slots holding a sequence now."""
+        ...
+
+    @property
+    def free_slots(self) -> int:
+        """Slots admission may fill now (a replica lent by the learner's included)."""
+        ...
+
+    @property
+    def queued_samples(self) -> int:
+        """Samples submitted that wait for a slot."""
+        ...
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the busy slots hold in the KV cache (what a decode step reads)."""
+        ...
+
+    def submit(self, requests: Sequence[Request]) -> list[int]:
+        """Queue ``requests``; returns their ids."""
+        ...
+
+    def step(self) -> list[Trajectory]:
+        """One generate call; returns the samples it finished."""
+        ...
+
+    def has_work(self) -> bool:
+        """Whether a sample is running or waiting."""
+        ...
+
+    def set_params(self, params: Any, version: int) -> None:
+        """Stage ``params`` of ``version``; they apply at the next generate boundary."""
+        ...
+
+    def abort(self, request_id: int) -> None:
+        """Drop every sample of a request."""
+        ...
+
+    def interrupt(self, request_id: int) -> int:
+        """Hold a request's samples with their tokens so far; returns how many."""
+        ...
+
+    def resume(self, request_id: int) -> None:
+        """Queue a held request's samples again (they continue from their prefixes)."""
+        ...
+
+
+class LearnerPart(Protocol):
+    """Trains on a batch; each step advances the version by one."""
+
+    @property
+    def version(self) -> int:
+        """Steps taken: the version of ``params``."""
+        ...
+
+    @property
+    def params(self) -> Any:
+        """The weights a publish sends (None where they live on other processes)."""
+        ...
+
+    def step(self, batch: Any) -> dict[str, Any]:
+        """One learner step on ``batch``; returns its metrics."""
+        ...
+
+
+class WeightSyncPart(Protocol):
+    """Hands the learner's weights to the sampler, versioned."""
+
+    @property
+    def history(self) -> Sequence[SyncStats]:
+        """The newest publishes, oldest first."""
+        ...
+
+    def due(self, version: int) -> bool:
+        """Whether ``version`` should be published."""
+        ...
+
+    def publish(self, params: Any, version: int) -> SyncStats:
+        """Make ``params`` the newest version the sampler can take."""
+        ...
+
+    def acquire(self) -> tuple[Any, int] | None:
+        """The newest ``(params, version)``, or None before the first publish."""
+        ...
+
+
+class LenderPart(Protocol):
+    """Lends the learner's chips to rollout while it waits for its batch."""
+
+    def bind(self, driver: Driver) -> None:
+        """Called once by ``Driver(lender=...)``: the driver this lender serves."""
+        ...
+
+    def waiting(self, learner: LearnerPart) -> None:
+        """The learner starts waiting for a batch."""
+        ...
+
+    def serve(self) -> bool:
+        """One generate on a lent replica; False when there is none or it has nothing to do."""
+        ...
+
+    def ready(self) -> None:
+        """The batch is ready: take the lent chips back before the learner trains."""
+        ...
+
+
+if TYPE_CHECKING:
+
+    def _implementations(
+        sampler: Sampler,
+        pod_sampler: PodSampler,
+        replicas: ReplicaSet,
+        fake_sampler: FakeSampler,
+        learner: Learner,
+        remote_learner: RemoteLearner,
+        lending_learner: LendingLearner,
+        fake_learner: FakeLearner,
+        weight_sync: WeightSync,
+        pod_weight_sync: PodWeightSync,
+        fake_weight_sync: FakeWeightSync,
+        lending: Lending,
+        run_lending: RunLending,
+        fake_lending: FakeLending,
+    ) -> None:
+        """Never called: the type checker reads it, and checks each part's implementations."""
+        samplers: list[SamplerPart] = [sampler, pod_sampler, replicas, fake_sampler]
+        learners: list[LearnerPart] = [learner, remote_learner, lending_learner, fake_learner]
+        syncs: list[WeightSyncPart] = [weight_sync, pod_weight_sync, fake_weight_sync]
+        lenders: list[LenderPart] = [lending, run_lending, fake_lending]
+        del samplers, learners, syncs, lenders
