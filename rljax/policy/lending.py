@@ -34,7 +34,8 @@ reads (a phase of ``stats.steps`` learner steps from one
   the learner trains, so ``k = S * min(1, h / T)`` chips (whole units) are free to borrow. The
   share ``s`` of the micro-batches done on them is chosen so both sides finish together,
   ``(1 - s) T = c + s T L / k`` with ``c`` the costs above (same chips, same per-chip rate),
-  capped at ``max_share``; ``gain = T - max((1 - s) T, c + s T L / k)``.
+  capped at ``max_share``; ``gain = T - max((1 - s) T, c + s T L / k)`` (:class:`TrainLoan`,
+  the model the simulator and the fakes carry loans out by too).
 
 The larger positive gain wins if it is at least ``min_gain_frac`` of the step (a smaller one is
 within the model's error); the other direction is lent too, in the same steps, when its own
@@ -126,6 +127,53 @@ class LendingConfig:
             below = value < 1 if high == "1)" else value <= 1
             if not (above and below):
                 fail(name, f"a fraction in {low}, {high}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLoan:
+    """One step's Trainer-on-RollPool loan: the one model of its cost, which the policy predicts
+    with and the simulator and the fakes carry loans out by.
+
+    The learner computes ``1 - share`` of its step of ``train_s`` seconds on its own
+    ``learner_chips``; the ``lent_chips`` borrowed sampler chips compute ``share`` of it at the
+    same per-chip rate, after ``cost_s`` (:func:`train_loan_cost_s`). The step takes the longer
+    of the two.
+    """
+
+    train_s: float
+    share: float
+    learner_chips: int
+    lent_chips: int
+    cost_s: float
+
+    @property
+    def own_s(self) -> float:
+        """Seconds of the learner's own part: ``(1 - share) T``."""
+        return (1.0 - self.share) * self.train_s
+
+    @property
+    def lent_s(self) -> float:
+        """Seconds of the borrowed chips' part: ``c + share T L / k``."""
+        ratio = self.learner_chips / max(1, self.lent_chips)
+        return self.cost_s + self.share * self.train_s * ratio
+
+    @property
+    def step_s(self) -> float:
+        """Seconds of the step with the loan: the longer part."""
+        return max(self.own_s, self.lent_s)
+
+    @property
+    def shortens(self) -> bool:
+        """Whether the loan shortens the step at all (else the chips should keep sampling)."""
+        return self.lent_chips > 0 and self.step_s < self.train_s
+
+
+def train_loan_cost_s(config: LendingConfig, param_bytes: float) -> float:
+    """Seconds a Trainer-on-RollPool loan costs the borrowed chips before their share is done:
+    the partial step prepared, stragglers released, and the gradients (as many bytes as the
+    parameters) moved to the learner."""
+    transfer = config.grad_transfer_s_per_gb * param_bytes / 1e9
+    return config.train_prepare_s + config.release_s + transfer
 
 
 class LendDirection(enum.Enum):
@@ -225,8 +273,7 @@ def train_on_roll(
         return 0, 0.0, 0.0
     idle = min(1.0, stats.sampler_idle_s / phase)
     most = _whole_units(split.sampler_chips * idle * config.max_lend_frac, stats.granularity)
-    cost = config.train_prepare_s + config.release_s
-    cost += config.grad_transfer_s_per_gb * param_bytes / 1e9
+    cost = train_loan_cost_s(config, param_bytes)
     # A shorter training step shortens the step only as far as the sampler waits on it (held
     # back until the learner's version moves the staleness window); a sampler never held back
     # paces the step itself, and the saving would become more learner waiting.
@@ -248,12 +295,14 @@ def train_on_roll(
     worst = None  # the least negative gain, to report when every loan costs more than it saves
     for chips in range(stats.granularity, most + 1, stats.granularity):
         ratio = split.learner_chips / chips  # seconds on the borrowed chips per learner second
+        # The share at which both parts finish together: (1 - s) T = c + s T L / k.
         share = min(config.max_share, (train - cost) / (train * (1.0 + ratio)))
         if share <= 0:
-            gain = train - cost - train * ratio
+            gain = train - TrainLoan(train, 1.0, split.learner_chips, chips, cost).lent_s
             worst = gain if worst is None else max(worst, gain)
             continue
-        gain = (train - max((1.0 - share) * train, cost + share * train * ratio)) * pacing
+        loan = TrainLoan(train, share, split.learner_chips, chips, cost)
+        gain = (train - loan.step_s) * pacing
         kept = split.sampler_chips - chips
         if kept * (step - gain) < work or engaged > kept * (1 + config.sampler_margin):
             break  # more chips only leave the sampler shorter

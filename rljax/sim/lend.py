@@ -17,15 +17,15 @@ the next phase, with the same ``PhaseStats`` the Reallocator reads.
   are parked for the step (their requests resumed on the other replicas) and compute ``share``
   of the micro-batches; the step takes ``max((1 - share) T, costs + share T L / chips)``, the
   costs being ``train_prepare_s + release_s`` and the gradients (parameter bytes) at
-  ``grad_transfer_s_per_gb``. The parked slots are reported as held back (the policies chose
-  not to use them for rollout), so the next phase's stats still show the idle capacity the
-  loan used.
+  ``grad_transfer_s_per_gb`` (the policy's :class:`~rljax.policy.lending.TrainLoan`). The parked
+  slots are reported as held back (the policies chose not to use them for rollout), so the next
+  phase's stats still show the idle capacity the loan used.
 """
 
 from __future__ import annotations
 
 from rljax.policy import lending
-from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision
+from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, TrainLoan
 from rljax.policy.meter import SamplerIdle
 from rljax.policy.reallocation import PhaseStats
 from rljax.sim.replica import Replica
@@ -131,14 +131,9 @@ class Lender:
         count = min(d.chips // sim.cost.tp, len(sim.replicas) - 1)
         if count < 1:
             return train_s
-        chips = count * sim.cost.tp
-        cfg = self.config
-        cost = cfg.train_prepare_s + cfg.release_s
-        cost += cfg.grad_transfer_s_per_gb * sim.cost.weight_bytes / 1e9
-        lent_s = max(
-            (1.0 - d.share) * train_s, cost + d.share * train_s * sim.learner_chips / chips
-        )
-        if lent_s >= train_s:
+        cost = lending.train_loan_cost_s(self.config, sim.cost.weight_bytes)
+        loan = TrainLoan(train_s, d.share, sim.learner_chips, count * sim.cost.tp, cost)
+        if not loan.shortens:
             return train_s  # the loan would not shorten this step: keep the chips sampling
         sim._flush_held(now)
         sim._account_replicas(now)
@@ -156,7 +151,7 @@ class Lender:
         self.parked = victims
         self._parked_since = now
         self.lent_steps[LendDirection.TRAIN_ON_ROLL] += 1
-        return lent_s
+        return loan.step_s
 
     def unpark(self, now: float) -> None:
         """The step is done: the parked replicas rejoin the sampler."""

@@ -17,7 +17,8 @@ benchmark measures whether its decisions pay:
   parked (their sequences back in the sampler's queue) for ``c + s T L / k`` seconds while the
   learner does its own ``(1 - s) T``, where ``s`` is the lent share of the micro-batches and
   ``c = train_prepare_s + release_s + grad_transfer_s_per_gb * param_bytes / 1e9``; the step
-  takes the longer of the two. A loan that would not shorten the step is not taken.
+  takes the longer of the two. A loan that would not shorten the step is not taken. The figures
+  are the policy's own model (:class:`~rljax.policy.lending.TrainLoan`).
 
 This is the mechanism :mod:`rljax.sim.lend` simulates, on the real driver and threads;
 :class:`LendWorkload` describes one workload to both (``scripts/bench_pipeline.py`` runs them).
@@ -29,7 +30,7 @@ import dataclasses
 from typing import Any
 
 from rljax.models import presets
-from rljax.policy.lending import LendingConfig
+from rljax.policy.lending import LendingConfig, TrainLoan, train_loan_cost_s
 from rljax.policy.reallocation import Split
 from rljax.runtime.lending import Lending
 from rljax.sim.config import SimConfig
@@ -122,21 +123,18 @@ class FakeLending(Lending):
         step_s = float(learner.step_cost_s(batch))
         count = min(chips // self.tp, main.replicas - 1)
         share = micro_batches / self.micro_batches
-        cfg = self.config
-        cost = cfg.train_prepare_s + cfg.release_s
-        cost += cfg.grad_transfer_s_per_gb * self.param_bytes / 1e9
-        lent_s = cost + share * step_s * self.split.learner_chips / max(1, count * self.tp)
-        own_s = (1.0 - share) * step_s
-        if count < 1 or max(own_s, lent_s) >= step_s:
+        cost = train_loan_cost_s(self.config, self.param_bytes)
+        loan = TrainLoan(step_s, share, self.split.learner_chips, count * self.tp, cost)
+        if not loan.shortens:
             self.stats["loans_not_taken"] += 1
             return learner.step(batch)
         parked = main.park(count)
         try:
-            sleep_cost(lent_s)
+            sleep_cost(loan.lent_s)
         finally:
             main.unpark(parked)
-        sleep_cost(max(0.0, own_s - lent_s))
-        return learner.commit(batch, max(own_s, lent_s))
+        sleep_cost(max(0.0, loan.own_s - loan.lent_s))
+        return learner.commit(batch, loan.step_s)
 
 
 @dataclasses.dataclass(frozen=True)

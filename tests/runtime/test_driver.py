@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import threading
 import time
 
 import numpy as np
@@ -19,10 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rljax.engine.sampler import FINISH_LENGTH, Request, Trajectory
-from rljax.policy.staleness import StalenessBuffer, StalenessController
+from rljax.policy.staleness import StalenessBuffer
 from rljax.rewards.pool import RewardPool
 from rljax.runtime.driver import Driver
 from rljax.runtime.rollout import Group, decode_group, encode_group
+from rljax.testing.drivers import DriverRecord, NumberedPrompts, fake_driver, run_with_watchdog
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
@@ -51,22 +51,6 @@ class RecordingBuffer(StalenessBuffer):
         return surplus
 
 
-class Prompts:
-    """An endless prompt stream of uniquely numbered examples, in chunks of ``BATCH``."""
-
-    def __init__(self):
-        self.issued: list[int] = []
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> list[dict]:
-        start = len(self.issued)
-        chunk = [{"id": start + i} for i in range(BATCH)]
-        self.issued.extend(e["id"] for e in chunk)
-        return chunk
-
-
 def _rewards(trajs: list[Trajectory]) -> np.ndarray:
     # Deterministic per sample, and 0/1 so some groups have no signal (dynamic sampling).
     return np.array(
@@ -75,14 +59,10 @@ def _rewards(trajs: list[Trajectory]) -> np.ndarray:
 
 
 @dataclasses.dataclass
-class Record:
+class Record(DriverRecord):
     """What one driver run did, as seen from the callbacks it was given."""
 
-    dispatched: dict[int, int] = dataclasses.field(default_factory=dict)  # rid -> example id
-    consumed: list[int] = dataclasses.field(default_factory=list)  # example ids
     dropped: set[int] = dataclasses.field(default_factory=set)  # rids without signal
-    staleness: list[int] = dataclasses.field(default_factory=list)
-    batch_sizes: list[int] = dataclasses.field(default_factory=list)
     misaligned: int = 0  # consumed groups whose rewards[i] is not trajectories[i]'s reward
 
 
@@ -94,7 +74,7 @@ def _driver(
     dynamic: bool,
     lengths,
     num_steps: int,
-    prompts: Prompts,
+    prompts: NumberedPrompts,
     learner: FakeLearner,
     weight_sync: FakeWeightSync,
     buffer: StalenessBuffer | None = None,
@@ -106,10 +86,6 @@ def _driver(
         batch_groups=BATCH, max_staleness=eta, overprovision=overprovision
     )
 
-    def make_request(example, rid):
-        record.dispatched[rid] = example["id"]
-        return Request([1, 2, 3], GROUP, payload=example, request_id=rid)
-
     def score(trajs):  # one call may hold several groups, samples in order within each
         rewards = score_group(trajs)
         groups = collections.defaultdict(list)
@@ -120,10 +96,7 @@ def _driver(
                 record.dropped.add(rid)
         return rewards
 
-    def make_batch(groups: list[Group]):
-        record.batch_sizes.append(len(groups))
-        record.staleness.extend(learner.version - g.min_version for g in groups)
-        record.consumed.extend(g.example["id"] for g in groups)
+    def check_alignment(groups: list[Group]):
         if score_group is _rewards:
             # Samples finish out of order; each reward must stay with its own trajectory.
             record.misaligned += sum(
@@ -131,7 +104,6 @@ def _driver(
                 or [t.sample_index for t in g.trajectories] != list(range(GROUP))
                 for g in groups
             )
-        return fake_make_batch(groups)
 
     sampler = FakeSampler(
         slots=SLOTS,
@@ -141,36 +113,28 @@ def _driver(
         version=learner.version,
         params=learner.params,
     )
-    return Driver(
+    driver, _ = fake_driver(
         sampler=sampler,
         learner=learner,
+        group_size=GROUP,
+        batch_groups=BATCH,
+        num_steps=num_steps,
+        score=score,
+        eta=eta,
+        overprovision=overprovision,
+        prompts=prompts,
         weight_sync=weight_sync,
         buffer=buffer,
-        controller=StalenessController(
-            max_staleness=eta,
-            batch_groups=BATCH,
-            max_concurrent=max(BATCH + overprovision, SLOTS // GROUP),
-            overprovision=overprovision,
-        ),
-        prompts=prompts,
-        make_request=make_request,
-        score=score,
-        make_batch=make_batch,
-        group_size=GROUP,
-        num_steps=num_steps,
+        on_batch=check_alignment,
+        record=record,
         dynamic_sampling=dynamic,
         **kwargs,
     )
+    return driver
 
 
 def _run(driver: Driver, start_step: int = 0) -> None:
-    # A hung pipeline must fail the test, not the CI job.
-    watchdog = threading.Timer(WATCHDOG_S, driver.stop)
-    watchdog.start()
-    try:
-        driver.run(start_step=start_step)
-    finally:
-        watchdog.cancel()
+    run_with_watchdog(driver, WATCHDOG_S, start_step=start_step)  # a hang fails the test
 
 
 def _example_of(group) -> dict:
@@ -216,7 +180,7 @@ def test_driver_invariants(eta, overprovision, dynamic):
         dynamic=dynamic,
         lengths=_lengths(4, 1.0),
         num_steps=5,
-        prompts=Prompts(),
+        prompts=NumberedPrompts(BATCH),
         learner=learner,
         weight_sync=FakeWeightSync(cost_s=0.001),
     )
@@ -248,7 +212,7 @@ def test_driver_invariants_random_lengths(eta, overprovision, dynamic, median, s
         dynamic=dynamic,
         lengths=_lengths(median, sigma),
         num_steps=4,
-        prompts=Prompts(),
+        prompts=NumberedPrompts(BATCH),
         learner=learner,
         weight_sync=FakeWeightSync(),
         seed=seed,
@@ -260,7 +224,11 @@ def test_driver_invariants_random_lengths(eta, overprovision, dynamic, median, s
 
 @pytest.mark.parametrize("eta,overprovision", [(1, 0), (2, 2)])
 def test_resume_mid_run(eta, overprovision):
-    prompts, learner, sync = Prompts(), FakeLearner(constant_cost(0.002)), FakeWeightSync()
+    prompts, learner, sync = (
+        NumberedPrompts(BATCH),
+        FakeLearner(constant_cost(0.002)),
+        FakeWeightSync(),
+    )
     common = dict(
         eta=eta,
         overprovision=overprovision,
@@ -340,7 +308,7 @@ def test_failing_reward_does_not_crash_driver():
             dynamic=False,
             lengths=_lengths(4, 0.5),
             num_steps=4,
-            prompts=Prompts(),
+            prompts=NumberedPrompts(BATCH),
             learner=learner,
             weight_sync=FakeWeightSync(),
             score_group=score_group,
@@ -446,7 +414,7 @@ def test_counts_match_driver_counters():
         dynamic=False,
         lengths=_lengths(6, 1.2),
         num_steps=4,
-        prompts=Prompts(),
+        prompts=NumberedPrompts(BATCH),
         learner=learner,
         weight_sync=FakeWeightSync(),
     )

@@ -11,39 +11,13 @@ import threading
 import numpy as np
 import pytest
 
-from rljax.engine.sampler import Request
-from rljax.policy.staleness import StalenessBuffer, StalenessController
-from rljax.runtime.driver import COUNTERS, Driver
+from rljax.runtime.driver import COUNTERS
 from rljax.runtime.rollout import LOCKSTEP_ID_STRIDE, encode_group
-from rljax.testing.fakes import (
-    FakeLearner,
-    FakeSampler,
-    FakeWeightSync,
-    constant_cost,
-    fake_make_batch,
-    lognormal_lengths,
-)
+from rljax.testing.drivers import NumberedPrompts, fake_driver, run_with_watchdog
+from rljax.testing.fakes import FakeLearner, FakeSampler, constant_cost, lognormal_lengths
 
 GROUP, BATCH, SLOTS = 2, 3, 8
 WATCHDOG_S = 30.0
-
-
-class Prompts:
-    """Numbered examples in chunks of BATCH; counts what was drawn."""
-
-    def __init__(self):
-        self.drawn = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        chunk = [{"id": self.drawn + i} for i in range(BATCH)]
-        self.drawn += BATCH
-        return chunk
-
-    def get_state(self) -> dict:
-        return {"drawn": self.drawn}
 
 
 def _score(trajs) -> np.ndarray:
@@ -52,8 +26,9 @@ def _score(trajs) -> np.ndarray:
 
 
 def _driver(*, lockstep, eta=0, overprovision=0, dynamic=False, steps=6, on_step=None, **kw):
+    """(driver, learner, what its callbacks recorded)."""
     learner = FakeLearner(constant_cost(0.0))
-    prompts = kw.pop("prompts", Prompts())
+    prompts = kw.pop("prompts", None) or NumberedPrompts(BATCH)
     sampler = FakeSampler(
         slots=SLOTS,
         step_cost_s=constant_cost(0.0),
@@ -61,34 +36,17 @@ def _driver(*, lockstep, eta=0, overprovision=0, dynamic=False, steps=6, on_step
         seed=0,
         params=learner.params,
     )
-    consumed: list[int] = []
-    ids: list[int] = []
-
-    def make_request(ex, rid):
-        ids.append(rid)
-        return Request([1, 2], GROUP, payload=ex, request_id=rid)
-
-    def make_batch(groups):
-        consumed.extend(g.example["id"] for g in groups)
-        return fake_make_batch(groups)
-
-    driver = Driver(
+    driver, record = fake_driver(
         sampler=sampler,
         learner=learner,
-        weight_sync=FakeWeightSync(),
-        buffer=StalenessBuffer(batch_groups=BATCH, max_staleness=eta, overprovision=overprovision),
-        controller=StalenessController(
-            max_staleness=eta,
-            batch_groups=BATCH,
-            max_concurrent=max(BATCH + overprovision, SLOTS // GROUP),
-            overprovision=overprovision,
-        ),
-        prompts=prompts,
-        make_request=make_request,
-        score=_score,
-        make_batch=make_batch,
         group_size=GROUP,
+        batch_groups=BATCH,
         num_steps=steps,
+        score=_score,
+        eta=eta,
+        overprovision=overprovision,
+        prompt=(1, 2),
+        prompts=prompts,
         lockstep=lockstep,
         dynamic_sampling=dynamic,
         on_step=on_step,
@@ -96,37 +54,32 @@ def _driver(*, lockstep, eta=0, overprovision=0, dynamic=False, steps=6, on_step
         encode_group=encode_group,
         **kw,
     )
-    driver.request_ids = ids
-    return driver, learner, consumed
+    return driver, learner, record
 
 
-def _run(driver: Driver) -> None:
-    watchdog = threading.Timer(WATCHDOG_S, driver.stop)  # a hang fails the test, not CI
-    watchdog.start()
-    try:
-        driver.run()
-    finally:
-        watchdog.cancel()
+def _run(driver) -> None:
+    run_with_watchdog(driver, WATCHDOG_S)  # a hang fails the test, not CI
 
 
 @pytest.mark.parametrize("overprovision", [0, 2])
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_lockstep_is_on_policy_and_loses_nothing(overprovision, dynamic):
     steps: list[dict] = []
-    driver, learner, consumed = _driver(
+    driver, learner, record = _driver(
         lockstep=True,
         overprovision=overprovision,
         dynamic=dynamic,
         on_step=lambda step, m: steps.append(m),
     )
     _run(driver)
+    consumed, request_ids = record.consumed, list(record.dispatched)
     assert learner.version == 6 and len(steps) == 6
     assert all(m["staleness_max"] == 0 for m in steps)
     assert len(consumed) == len(set(consumed)) == 6 * BATCH
     assert [i for m in steps for i in m["prompt_ids"]] == consumed
     # Lock-step ids come from the step, so a resumed run samples the same requests.
-    assert all(i // LOCKSTEP_ID_STRIDE >= 1 for i in driver.request_ids)
-    assert driver.request_ids[:BATCH] == [LOCKSTEP_ID_STRIDE + k for k in range(BATCH)]
+    assert all(i // LOCKSTEP_ID_STRIDE >= 1 for i in request_ids)
+    assert request_ids[:BATCH] == [LOCKSTEP_ID_STRIDE + k for k in range(BATCH)]
     # Nothing held over between steps: no reservation, no surplus left open.
     assert driver.buffer.num_pending == 0 and driver.buffer.surplus == []
     assert driver.checkpoint_state()["buffer"]["buffers"] == []
@@ -182,11 +135,11 @@ def test_surplus_reservations_are_closed():
     assert len(driver.buffer.surplus) <= BATCH + 3
 
 
-class DrawingPrompts(Prompts):
+class DrawingPrompts(NumberedPrompts):
     """Lets a checkpoint land while the sampler thread is inside ``next()``."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(BATCH)
         self.inside, self.release = threading.Event(), threading.Event()
 
     def __next__(self):
@@ -214,9 +167,7 @@ def test_checkpoint_reads_data_state_with_the_pending_prompts():
     runner.join(WATCHDOG_S)
     (snap,) = snaps
     pending = {e["id"] for e in snap["pending"]}
-    buffered = {
-        g["group"]["example"]["id"] for b in snap["buffer"]["buffers"] for g in b["groups"]
-    }
+    buffered = {g["group"]["example"]["id"] for b in snap["buffer"]["buffers"] for g in b["groups"]}
     accounted = pending | buffered
     drawn = snap["data"]["drawn"]
     # Every prompt drawn so far is pending, buffered or consumed (ids below the consumed ones).
