@@ -50,7 +50,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from rljax.policy.reallocation import PhaseStats, Split
+from rljax.policy.reallocation import PhaseStats, ReallocatorConfig, Split
+
+# ``reallocator.held_threshold``: when the sampler's live sequences count as capped by the
+# staleness window. One figure for both policies, which read the same meter (the runtime and
+# the simulator pass the reallocator section's value).
+HELD_THRESHOLD = ReallocatorConfig.held_threshold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +82,6 @@ class LendingConfig:
       max_lend_frac: the most of the lender's chips one decision lends.
       max_share: the most of the learner's micro-batches computed on borrowed chips.
       min_gain_frac: the smallest predicted saving, as a fraction of the step, that lends.
-      held_threshold: the fraction of the sampler's slot capacity the policies must hold back
-        for the live sequences to count as capped by the staleness window (more chips then
-        spread them thinner rather than run more of them); as ``reallocator.held_threshold``.
       sampler_margin: a Trainer-on-RollPool loan leaves the sampler chips with this much more
         capacity than its measured work per step (chip-seconds at full slots), and loads the
         kept chips at most ``1 + sampler_margin`` times as much (counting the replicas that held
@@ -96,7 +98,6 @@ class LendingConfig:
     max_lend_frac: float = 1.0
     max_share: float = 0.5
     min_gain_frac: float = 0.02
-    held_threshold: float = 0.05
     sampler_margin: float = 0.25
 
     def __post_init__(self):
@@ -118,7 +119,6 @@ class LendingConfig:
             ("max_lend_frac", "(0", "1]"),
             ("max_share", "(0", "1]"),
             ("min_gain_frac", "[0", "1)"),
-            ("held_threshold", "[0", "1)"),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -245,7 +245,7 @@ def sampler_speedup(stats: PhaseStats, sampler_chips: int, extra: int, held_thre
 
 
 def rollout_on_train(
-    stats: PhaseStats, split: Split, config: LendingConfig
+    stats: PhaseStats, split: Split, config: LendingConfig, held_threshold: float = HELD_THRESHOLD
 ) -> tuple[int, float, float]:
     """(chips, share, gain seconds per step) of lending learner chips to rollout."""
     steps = max(1, stats.steps)
@@ -255,7 +255,7 @@ def rollout_on_train(
     window = wait - config.prepare_s
     if chips <= 0 or window <= 0 or phase <= 0:
         return chips, 0.0, 0.0
-    speedup = sampler_speedup(stats, split.sampler_chips, chips, config.held_threshold)
+    speedup = sampler_speedup(stats, split.sampler_chips, chips, held_threshold)
     saved = window * (1.0 - 1.0 / speedup)
     share = saved / (phase / steps)
     return chips, min(1.0, share), saved - config.release_s
@@ -319,7 +319,12 @@ def _phase(stats: PhaseStats) -> float:
 
 
 def decide(
-    stats: PhaseStats, split: Split, config: LendingConfig, *, param_bytes: float = 0.0
+    stats: PhaseStats,
+    split: Split,
+    config: LendingConfig,
+    *,
+    param_bytes: float = 0.0,
+    held_threshold: float = HELD_THRESHOLD,
 ) -> LendingDecision:
     """What to lend in each step of the next phase (see the module docstring).
 
@@ -328,6 +333,9 @@ def decide(
       split: the split the next steps run on (normally ``stats.split``).
       config: the policy's knobs.
       param_bytes: bytes of the model's parameters (and so of its gradients).
+      held_threshold: ``reallocator.held_threshold``, the fraction of the sampler's slot
+        capacity held back above which its live sequences count as capped by the staleness
+        window (more chips then spread them thinner rather than run more of them).
     """
     if param_bytes < 0:
         raise ValueError(f"param_bytes={param_bytes} must be >= 0 (bytes of the parameters)")
@@ -341,7 +349,7 @@ def decide(
     candidates = []
     learner_idle = stats.learner_idle_s / phase
     if learner_idle > config.min_idle_frac:
-        chips, share, gain = rollout_on_train(stats, split, config)
+        chips, share, gain = rollout_on_train(stats, split, config, held_threshold)
         candidates.append((gain, LendDirection.ROLLOUT_ON_TRAIN, chips, share))
     sampler_idle = stats.sampler_idle_s / phase
     if sampler_idle > config.min_idle_frac:
@@ -410,9 +418,16 @@ class LendingPolicy:
     Every host of a pod that feeds equal stats in the same order decides the same.
     """
 
-    def __init__(self, config: LendingConfig, *, param_bytes: float = 0.0):
+    def __init__(
+        self,
+        config: LendingConfig,
+        *,
+        param_bytes: float = 0.0,
+        held_threshold: float = HELD_THRESHOLD,
+    ):
         self.config = config
         self.param_bytes = param_bytes
+        self.held_threshold = held_threshold  # reallocator.held_threshold (see decide)
         self.running = _none("no phase measured yet")
         self._baseline: tuple[Split, float] | None = None  # (split, per-step s), unlent
         self._paid = False  # the running loan measured a saving at least once
@@ -451,7 +466,13 @@ class LendingPolicy:
         else:
             if not lent and step > 0:
                 self._baseline = (split, step)
-            decision = decide(stats, split, self.config, param_bytes=self.param_bytes)
+            decision = decide(
+                stats,
+                split,
+                self.config,
+                param_bytes=self.param_bytes,
+                held_threshold=self.held_threshold,
+            )
             failed = self._failed.get(decision.direction)
             if failed is not None and decision.expected_gain_s < failed + floor:
                 decision = _none(

@@ -155,7 +155,8 @@ class ReallocatorConfig:
         the phase, that asks for a move (smaller ones are within the model's error).
       held_threshold: fraction of the sampler's slot capacity the policies must hold back in
         a phase for the decode-aware model to treat its live sequences as capped by the
-        staleness window rather than by the slot count.
+        staleness window rather than by the slot count. The lending policy reads the same
+        meter and is given this value too (``rljax.policy.lending.decide``).
     """
 
     min_sampler_chips: int = 1

@@ -41,7 +41,13 @@ from rljax.learner.learner import GradLoan
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import make_mesh
-from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, LendingPolicy
+from rljax.policy.lending import (
+    HELD_THRESHOLD,
+    LendDirection,
+    LendingConfig,
+    LendingDecision,
+    LendingPolicy,
+)
 from rljax.policy.meter import PhaseMeter
 from rljax.policy.reallocation import PhaseStats, Split
 from rljax.runtime.replica_set import ReplicaSet
@@ -129,6 +135,7 @@ class Lending:
       sampler: the sampler the driver would use; ``replicas`` wraps it.
       mode: the run's mode; Rollout-on-TrainPool needs ``'async'``.
       max_new_tokens: the token budget of a routed request that names none.
+      held_threshold: ``reallocator.held_threshold``, which the policy reads too.
     """
 
     def __init__(
@@ -138,11 +145,12 @@ class Lending:
         *,
         mode: str = "async",
         max_new_tokens: int | None = None,
+        held_threshold: float = HELD_THRESHOLD,
     ):
         self.config = config
         self.mode = mode
         self.meter = PhaseMeter()
-        self.policy = LendingPolicy(config)
+        self.policy = LendingPolicy(config, held_threshold=held_threshold)
         self.replicas = ReplicaSet(sampler, max_new_tokens=max_new_tokens)
         self.force: LendingDecision | None = None
         self.decision = NONE
@@ -258,6 +266,7 @@ class RunLending(Lending):
             run.sampler,
             mode=run.cfg.mode,
             max_new_tokens=run.cfg.sampling.max_new_tokens,
+            held_threshold=run.cfg.reallocator.held_threshold,
         )
         self.run = run
         self._engines = MeshCache()

@@ -38,7 +38,11 @@ class Lender:
         self.sim = sim
         self.config = config
         self.force = force  # lend this way every phase whatever the policy says (benchmarks)
-        self.policy = lending.LendingPolicy(config, param_bytes=sim.cost.weight_bytes)
+        self.policy = lending.LendingPolicy(
+            config,
+            param_bytes=sim.cost.weight_bytes,
+            held_threshold=sim.reallocator.config.held_threshold,  # as the runtime's
+        )
         self.decision = force or self.policy.running
         self.lent: list[Replica] = []  # Rollout-on-TrainPool replicas now running
         self.parked: list[Replica] = []  # sampler replicas computing gradients

@@ -35,6 +35,18 @@ def decide(s, config=ON, param_bytes=15 * GB):
     return lending.decide(s, s.split, config, param_bytes=param_bytes)
 
 
+def test_held_threshold_decides_whether_the_window_caps_the_sampler():
+    # The sampler held back 10 % of the phase: above the threshold its live sequences count as
+    # capped by the staleness window, so lent replicas speed up only its decoding share.
+    s = stats(90, 10, 60, 40, occupancy=0.5)
+    capped = lending.decide(s, s.split, ON, held_threshold=0.05)
+    free = lending.decide(s, s.split, ON, held_threshold=0.5)
+    assert capped.direction is free.direction is LendDirection.ROLLOUT_ON_TRAIN
+    # (40 - 2 prepare) * (1 - 1 / speedup) - 0.5 release, speedup 2 (free) or 1.45 (capped).
+    assert free.expected_gain_s == pytest.approx(38 * 0.5 - 0.5)
+    assert capped.expected_gain_s == pytest.approx(38 * (1 - 1 / 1.45) - 0.5)
+
+
 def test_disabled_never_lends():
     d = decide(stats(100, 0, 50, 50), LendingConfig())
     assert d.direction is LendDirection.NONE and d.chips == 0 and d.share == 0.0

@@ -8,7 +8,7 @@ import pytest
 
 from rljax.policy import meter as m
 from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, decide
-from rljax.policy.reallocation import Split
+from rljax.policy.reallocation import ReallocatorConfig, Split
 from rljax.runtime.lending import RunLending
 
 SPLIT = Split(6, 2)
@@ -25,10 +25,11 @@ class _Learner:
         return {"loss": 0.0}
 
 
-def _run(mode="async", **lending):
+def _run(mode="async", reallocator=None, **lending):
     cfg = types.SimpleNamespace(
         mode=mode,
         lending=LendingConfig(enabled=True, **lending),
+        reallocator=reallocator or ReallocatorConfig(),
         learner=types.SimpleNamespace(batch_groups=4),
         sampling=types.SimpleNamespace(max_new_tokens=8),
     )
@@ -41,6 +42,11 @@ def _run(mode="async", **lending):
         cfg=cfg, topology=topology, sampler=sampler, driver=None, learner=_Learner(), step_hooks=[]
     )
     return run, RunLending(run)
+
+
+def test_the_policy_reads_the_reallocators_held_threshold():
+    _, lend = _run(reallocator=ReallocatorConfig(held_threshold=0.3))
+    assert lend.policy.held_threshold == 0.3
 
 
 def _phase(meter, *, learner_wait: float) -> None:

@@ -118,6 +118,15 @@ def test_simulator_and_runtime_share_admission_and_settings(sampler_chips, max_s
     assert sim.controller.max_concurrent == expected == max(10, slots)
     assert result.steps == config.steps
 
+
+def test_the_simulators_lending_reads_the_reallocators_held_threshold():
+    # As the runtime's (tests/runtime/test_lending_wiring.py): one key for both policies.
+    config = small("lend", steps=2, reallocator=ReallocatorConfig(held_threshold=0.3))
+    sim = Simulator(config, COST, LENGTHS)
+    sim.run()
+    assert sim.lender.policy.held_threshold == 0.3
+
+
 def test_every_reallocator_setting_is_a_run_config_key():
     # Every Reallocator setting is a RunConfig key, and SimConfig takes the same section.
     settings = ReallocatorConfig(patience=3, margin=2.0, held_threshold=0.2)
