@@ -220,3 +220,18 @@ def test_bad_config_one_line_error_naming_the_key(field, value, fix):
 def test_negative_param_bytes_refused():
     with pytest.raises(ValueError, match="param_bytes"):
         decide(stats(100, 0, 60, 40), param_bytes=-1)
+
+
+def test_a_train_loan_takes_the_longer_part_and_is_taken_only_if_it_shortens_the_step():
+    # 8 learner chips, 4 lent; a 10 s step; 1 s of costs (the policy, the simulator and the
+    # fakes all price a Trainer-on-RollPool loan with this one model).
+    loan = lending.TrainLoan(train_s=10.0, share=0.4, learner_chips=8, lent_chips=4, cost_s=1.0)
+    assert (loan.own_s, loan.lent_s, loan.step_s) == pytest.approx((6.0, 9.0, 9.0))
+    assert loan.shortens
+    # Half the batch on half as many chips: 1 + 0.5 * 10 * 2 = 11 s, longer than the step.
+    longer = dataclasses.replace(loan, share=0.5)
+    assert longer.step_s == pytest.approx(11.0) and not longer.shortens
+    small = dataclasses.replace(loan, share=0.05)
+    assert small.shortens and not dataclasses.replace(small, lent_chips=0).shortens  # no chip
+    # prepare 1 s + release 0.5 s + 15 GB of gradients at 0.1 s/GB.
+    assert lending.train_loan_cost_s(ON, 15 * GB) == pytest.approx(3.0)

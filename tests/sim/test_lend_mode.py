@@ -7,6 +7,7 @@ import pytest
 
 from rljax.policy import lending
 from rljax.policy.lending import LendDirection, LendingConfig
+from rljax.sim import lend as sim_lend
 from rljax.sim.simulator import Simulator
 from rljax.sim.workload import LengthModel
 from tests.sim.test_simulator import COST, check_invariants, small
@@ -98,6 +99,22 @@ def test_decisions_are_the_policys_on_the_meters_stats(monkeypatch):
     taken = [(d.direction.value, d.chips, d.share) for d in loans]
     taken = [t for t in taken if t[0] != LendDirection.NONE.value]
     assert [tuple(x[1:]) for x in result.lends] == taken
+
+
+def test_the_simulator_prices_each_loan_with_the_policys_model(monkeypatch):
+    # Guards a second copy of the loan-cost formula: the simulator takes (or declines) each
+    # Trainer-on-RollPool step by the policy's TrainLoan, at the policy's cost.
+    loans = []
+
+    class Spy(lending.TrainLoan):
+        def __init__(self, *args):
+            super().__init__(*args)
+            loans.append(self)
+
+    monkeypatch.setattr(sim_lend, "TrainLoan", Spy)
+    result = run(small("lend", lending=CHEAP, **TRAIN))
+    assert len([x for x in loans if x.shortens]) == lent(result)["train_on_roll"] > 0
+    assert {x.cost_s for x in loans} == {lending.train_loan_cost_s(CHEAP, COST.weight_bytes)}
 
 
 def test_a_paying_loan_runs_in_every_phase(monkeypatch):
