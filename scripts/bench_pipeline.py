@@ -49,7 +49,6 @@ import numpy as np
 from rljax.engine.sampler import Request
 from rljax.policy.lending import LendDirection, LendingConfig
 from rljax.policy.staleness import StalenessBuffer, StalenessController
-from rljax.runtime import lending
 from rljax.runtime.driver import Driver
 from rljax.testing.fake_lending import LendWorkload
 from rljax.testing.fakes import (
@@ -161,11 +160,10 @@ def _steady_rate(times: list[float], warmup: int) -> float:
     return (len(times) - 1 - warmup) / (times[-1] - times[warmup])
 
 
-def _driver(w, sampler, learner, sync, *, eta: int, max_concurrent: int, times: list, **kw):
-    """The real Driver over the fakes for workload ``w``; ``times`` gets each step's end."""
+def _driver(w, sync, *, eta: int, max_concurrent: int, times: list, **kw):
+    """The real Driver over the fakes for workload ``w`` (``kw``: its sampler, learner and the
+    rest); ``times`` gets each step's end."""
     return Driver(
-        sampler=sampler,
-        learner=learner,
         weight_sync=sync,
         buffer=StalenessBuffer(batch_groups=w.batch_groups, max_staleness=eta),
         controller=StalenessController(
@@ -211,9 +209,9 @@ def run_async(
     times: list[float] = []
     driver = _driver(
         w,
-        sampler,
-        learner,
         FakeWeightSync(cost_s=0.0 if zero_cost or free_learner else w.sync_s),
+        sampler=sampler,
+        learner=learner,
         eta=eta,
         max_concurrent=max(w.batch_groups, w.concurrency * groups_in_slots),
         times=times,
@@ -289,20 +287,19 @@ def run_lending(w: LendWorkload, lend: bool, seed: int) -> dict:
         params=learner.params,
     )
     lender = w.lender(sampler) if lend else None
+    parts = {"sampler": sampler, "learner": learner}
+    if lender is not None:  # the lent replicas, the lending learner, its meter
+        parts = lender.driver_parts(lambda: learner)
     times: list[float] = []
     driver = _driver(
         w,
-        sampler,
-        learner,
         FakeWeightSync(cost_s=w.sync_s),
         eta=w.eta,
         max_concurrent=w.batch_groups * (w.eta + 1),
         times=times,
         on_boundary=lender.at_boundary if lender else None,
+        **parts,
     )
-    if lender is not None:
-        lender.driver = driver
-        lending.wire(lender, driver, lambda: learner)
     driver.run()
     out = {"samples_per_s": _steady_rate(times, w.warmup) * w.batch_groups * w.group_size}
     if lender is not None:

@@ -126,12 +126,18 @@ class Driver(SafePoints):
         self._sampler_alive = False
         self._park = False  # the learner asks the sampler thread to stop between generates
         self._parked = False
+        if lender is not None:  # it reads the buffer, and wakes the learner to serve its replica
+            lender.bind(self)
 
     # -- control ----------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask every thread to finish at its next safe point (the learner after its step)."""
         self._stop.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake every thread waiting on the driver's lock (new work or weights, a stop)."""
         with self._cond:
             self._cond.notify_all()
 
@@ -439,9 +445,7 @@ class Driver(SafePoints):
                 if self._stop.is_set():
                     break
         finally:
-            self._stop.set()
-            with self._cond:
-                self._cond.notify_all()
+            self.stop()
             self._rewards_q.put(None)
             for t in threads:
                 t.join()
@@ -475,8 +479,7 @@ class Driver(SafePoints):
             sync = self.weight_sync.publish(self.learner.params, self.learner.version)
             self.clocks.publish(start, start + sync.seconds)
             self.timeline.add("weight_sync", start, start + sync.seconds, track="learner")
-            with self._cond:  # wake an idle sampler: new weights may unblock admission
-                self._cond.notify_all()
+            self.wake()  # an idle sampler: new weights may unblock admission
         with self._cond:
             snapshot = self.buffer.snapshot()
         metrics.update(step_metrics(groups, staleness, self.clocks.take(), sync))

@@ -80,27 +80,14 @@ def build(run) -> RunLending | None:
     return RunLending(run) if run.cfg.lending.enabled else None
 
 
-def attach(run, driver):
-    """Wire ``run.lending`` into a new driver: its sampler, learner and meter; returns it."""
-    lend = getattr(run, "lending", None)  # a PodRun builds none
-    if lend is not None:
-        wire(lend, driver, lambda: run.learner)
-    return driver
-
-
-def wire(lending: Lending, driver, learner: Callable[[], Any]) -> None:
-    """Make ``driver`` lend through ``lending``: its sampler becomes ``lending.replicas``, its
-    learner a :class:`LendingLearner` over ``learner()`` (read at each step: a resize replaces
-    it), and its phase events go to ``lending.meter``."""
-    driver.sampler, driver.learner = lending.replicas, LendingLearner(lending, learner)
-    driver.clocks.meter = lending.meter
-    driver._lender = lending  # as Driver(lender=...) would: built by the caller, wired here
-
-    def wake():
-        with driver._cond:
-            driver._cond.notify_all()
-
-    lending.replicas.on_routed = wake
+def driver_parts(run) -> dict[str, Any]:
+    """``Driver(...)``'s ``sampler``, ``learner``, ``meter`` and ``lender`` for ``run``: with
+    ``lending.enabled``, those of ``run.lending`` (:meth:`Lending.driver_parts`); else the run's
+    own sampler and learner, reporting to the reallocation's meter if it reallocates."""
+    if run.lending is not None:
+        return run.lending.driver_parts(lambda: run.learner)
+    meter = run.reallocation.meter if run.reallocation is not None else None
+    return {"sampler": run.sampler, "learner": run.learner, "meter": meter, "lender": None}
 
 
 class LendingLearner:
@@ -125,7 +112,8 @@ class Lending:
 
     The driver reports its events to ``meter``, uses ``replicas`` as its sampler and calls the
     hooks :meth:`waiting`, :meth:`serve`, :meth:`ready`, :meth:`learn` and :meth:`metrics`
-    (:func:`wire` sets that up); the owner calls :meth:`decide` after every step. How a loan is
+    (build it with :meth:`driver_parts`; the driver then binds itself, :meth:`bind`); the owner
+    calls :meth:`decide` after every step. How a loan is
     carried out is a subclass's: :class:`RunLending` on a run's devices,
     ``rljax.testing.fake_lending.FakeLending`` over the fakes' cost models. Set ``force`` to a
     LendingDecision to lend that way every step whatever the policy says (tests, benchmarks).
@@ -152,12 +140,32 @@ class Lending:
         self.meter = PhaseMeter()
         self.policy = LendingPolicy(config, held_threshold=held_threshold)
         self.replicas = ReplicaSet(sampler, max_new_tokens=max_new_tokens)
+        self.replicas.on_routed = self._wake_driver
+        self.driver = None  # the driver lending through this; it binds itself when built
         self.force: LendingDecision | None = None
         self.decision = NONE
         self.decisions: list[LendingDecision] = []
         self.last_stats = None  # the PhaseStats the last decision read
         self.stats: collections.Counter = collections.Counter()
         self._reported: collections.Counter = collections.Counter()
+
+    # -- the driver -------------------------------------------------------------------------
+
+    def driver_parts(self, learner: Callable[[], Any]) -> dict[str, Any]:
+        """``Driver(...)``'s ``sampler``, ``learner``, ``meter`` and ``lender`` that make it lend
+        through this: ``replicas``, a :class:`LendingLearner` over ``learner()`` (read at each
+        step: a resize replaces it), ``meter`` and this lending itself."""
+        lent = LendingLearner(self, learner)
+        return {"sampler": self.replicas, "learner": lent, "meter": self.meter, "lender": self}
+
+    def bind(self, driver) -> None:
+        """Called by ``Driver(lender=self)``: the driver whose buffer a loan reads and whose
+        learner thread a group routed to the lent replica wakes."""
+        self.driver = driver
+
+    def _wake_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.wake()
 
     # -- the policy -------------------------------------------------------------------------
 
@@ -219,7 +227,7 @@ class Lending:
 
     def _batch_ready(self, learner) -> bool:
         """Whether the learner's batch is ready already (then there is no wait to lend)."""
-        raise NotImplementedError
+        return self.driver is not None and self.driver.buffer.ready(learner.version)
 
     def _open_replica(self, learner, chips: int):
         """A sampler on ``chips`` of the learner's chips, holding its weights and version."""
@@ -274,7 +282,7 @@ class RunLending(Lending):
 
     def _rewire(self) -> None:
         """A resize hands the driver the bare learner; lending wraps it again."""
-        driver = self.run.driver
+        driver = self.driver
         if driver is not None and not isinstance(driver.learner, LendingLearner):
             driver.learner = LendingLearner(self, lambda: self.run.learner)
 
@@ -285,7 +293,7 @@ class RunLending(Lending):
         stats = self.meter.stats(
             split=split,
             slots=run.sampler.num_slots,
-            buffer_rows=run.driver.buffer_rows() if run.driver is not None else [],
+            buffer_rows=self.driver.buffer_rows() if self.driver is not None else [],
             batch_groups=run.cfg.learner.batch_groups,
             switch_cost_s=0.0,
             granularity=1,
@@ -303,10 +311,6 @@ class RunLending(Lending):
         if served:
             self.run.timeline.add("lent_generate", start, time.perf_counter(), track="learner")
         return served
-
-    def _batch_ready(self, learner) -> bool:
-        driver = self.run.driver
-        return driver is not None and driver.buffer.ready(learner.version)
 
     def _open_replica(self, learner, chips: int) -> Sampler:
         replica = self._replica(list(learner.mesh.devices.flat)[:chips])

@@ -378,9 +378,8 @@ class Run:
         buffer, requeue, next_id = resume.driver_state(
             self.resumed_meta, cfg, version=self.learner.version
         )
-        driver = Driver(
-            sampler=self.sampler,
-            learner=self.learner,
+        return Driver(
+            **lending.driver_parts(self),  # lending.enabled: its sampler, learner, meter
             weight_sync=self.weight_sync,
             buffer=buffer,
             controller=admission.controller(
@@ -402,14 +401,12 @@ class Run:
             on_checkpoint=lambda driver: self.save(),
             on_boundary=self._at_boundary,
             timeline=self.timeline,
-            meter=self.reallocation.meter if self.reallocation is not None else None,
             prompt_state=self.prompts.get_state,
             requeue=requeue,
             next_request_id=next_id,
             counters=resume.driver_counters(self.resumed_meta),
             encode_group=encode_group,
         )
-        return lending.attach(self, driver)  # lending.enabled: its sampler, learner, meter
 
     def train(self) -> dict[str, Any]:
         """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again."""

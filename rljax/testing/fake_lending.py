@@ -77,7 +77,6 @@ class FakeLending(Lending):
         self.batch_groups = batch_groups
         self.micro_batches = micro_batches
         self.param_bytes = param_bytes
-        self.driver = None  # the driver this lending is wired into; set before it runs
 
     def at_boundary(self, step: int) -> None:
         """Close the step's phase and decide what to lend in the next (the driver's
@@ -91,9 +90,6 @@ class FakeLending(Lending):
             granularity=self.tp,
         )
         self.decide(stats, self.split, self.param_bytes)
-
-    def _batch_ready(self, learner) -> bool:
-        return self.driver.buffer.ready(learner.version)
 
     def _open_replica(self, learner: FakeLearner, chips: int) -> FakeSampler:
         main: FakeSampler = self.replicas.main

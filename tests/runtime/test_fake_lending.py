@@ -17,7 +17,6 @@ from rljax.engine.sampler import Request
 from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision
 from rljax.policy.reallocation import Split
 from rljax.policy.staleness import StalenessBuffer, StalenessController
-from rljax.runtime import lending
 from rljax.runtime.driver import Driver
 from rljax.testing.fake_lending import FakeLending, LendWorkload
 from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync, fake_make_batch
@@ -92,15 +91,21 @@ def test_a_lent_replica_serves_routed_groups_and_hands_them_back():
         micro_batches=4,
         param_bytes=0.0,
     )
-    lend.driver = types.SimpleNamespace(buffer=types.SimpleNamespace(ready=lambda v: False))
+    woken = []  # the driver's learner thread, woken when a group goes to the lent replica
+    lend.bind(
+        types.SimpleNamespace(
+            buffer=types.SimpleNamespace(ready=lambda v: False), wake=lambda: woken.append(1)
+        )
+    )
     lend.force = LendingDecision(LendDirection.ROLLOUT_ON_TRAIN, 4, 0.5, 1.0, "forced")
     lend.waiting(learner)
     lent = lend.replicas.lent
     assert (lent.num_slots, lent.replicas, lent.version) == (8, 4, 2)
     lend.replicas.submit([Request([1], 12, request_id=0)])  # the lent replica's 8 slots win
+    assert woken == [1]
     assert lend.serve() and lent.busy_slots == 8 and lent.queued_samples == 4
     lend.replicas.submit([Request([1], 4, request_id=1)])  # the sampler's 4 slots win
-    assert lend.replicas.stats["routed_groups"] == 1
+    assert lend.replicas.stats["routed_groups"] == 1 and woken == [1]
     lend.ready()  # the batch is ready: the 8 running (1 token each) and 4 queued go back
     assert lend.replicas.lent is None and lend.replicas.stats["handed_over_samples"] == 12
     out = []
@@ -161,8 +166,7 @@ def _run(decision: LendingDecision, *, eta: int, learn_s: float, seed: int) -> d
 
     ids = iter(range(10**6))
     driver = Driver(
-        sampler=sampler,
-        learner=learner,
+        **lend.driver_parts(lambda: learner),  # the lent replicas, the lending learner
         weight_sync=FakeWeightSync(),
         buffer=StalenessBuffer(batch_groups=B, max_staleness=eta),
         controller=StalenessController(max_staleness=eta, batch_groups=B, max_concurrent=4 * B),
@@ -174,8 +178,6 @@ def _run(decision: LendingDecision, *, eta: int, learn_s: float, seed: int) -> d
         num_steps=w.steps,
         on_boundary=lend.at_boundary,
     )
-    lend.driver = driver
-    lending.wire(lend, driver, lambda: learner)
     watchdog = threading.Timer(30.0, driver.stop)  # a lost group must fail, not hang
     watchdog.start()
     try:
