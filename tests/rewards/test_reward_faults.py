@@ -18,18 +18,9 @@ import pytest
 from rljax.configs import arith_tiny
 
 import rljax
-from rljax.engine.sampler import Request
-from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.rewards.pool import FAILURE_KINDS, RewardPool, failure_metrics
-from rljax.runtime.driver import Driver
-from rljax.testing.fakes import (
-    FakeLearner,
-    FakeSampler,
-    FakeWeightSync,
-    constant_cost,
-    fake_make_batch,
-    lognormal_lengths,
-)
+from rljax.testing.drivers import NumberedPrompts, fake_driver, run_with_watchdog
+from rljax.testing.fakes import FakeLearner, FakeSampler, constant_cost, lognormal_lengths
 
 GROUP, BATCH, SLOTS, STEPS = 3, 2, 8, 4
 WATCHDOG_S = 60.0
@@ -66,31 +57,14 @@ class Verifier:
         return value.get(kind, float((gid + index) % 2))
 
 
-class Prompts:
-    def __init__(self):
-        self.issued: list[int] = []
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> list[dict]:
-        chunk = [{"id": len(self.issued) + i} for i in range(BATCH)]
-        self.issued.extend(e["id"] for e in chunk)
-        return chunk
-
-
 @pytest.mark.parametrize("lockstep", [True, False])
 @pytest.mark.parametrize("on_failure", ["zero", "drop"])
 def test_reward_faults_through_the_driver(lockstep, on_failure):
-    verifier, prompts, learner = Verifier(), Prompts(), FakeLearner(constant_cost(0.0))
+    verifier, prompts = Verifier(), NumberedPrompts(BATCH)
+    learner = FakeLearner(constant_cost(0.0))
     dynamic = on_failure == "drop"  # a NaN must never reach has_signal
     eta = 0 if lockstep else 1
-    failed_groups, no_signal, consumed, steps = set(), set(), [], []
-    examples: dict[int, int] = {}
-
-    def make_request(example, rid):
-        examples[rid] = example["id"]
-        return Request([1, 2], GROUP, payload=example, request_id=rid)
+    failed_groups, no_signal, steps = set(), set(), []
 
     pool = RewardPool(verifier, num_workers=3, timeout_s=0.3, on_failure=on_failure)
 
@@ -106,44 +80,38 @@ def test_reward_faults_through_the_driver(lockstep, on_failure):
                 no_signal.add(gid)
         return rewards
 
-    def make_batch(groups):
+    def check_rewards(groups):
         for g in groups:
-            consumed.append(g.example["id"])
             for t, r in zip(g.trajectories, g.rewards, strict=True):
                 assert np.isfinite(r), "a failed reward reached the learner"
                 if verifier.kinds[t.group_id, t.sample_index] is not None:
                     assert r == 0.0, "a failed sample scored other than 0.0"
-        return fake_make_batch(groups)
 
     def on_step(step, metrics):
         steps.append({**metrics, **failure_metrics(pool.stats.by_kind())})
 
-    driver = Driver(
+    driver, record = fake_driver(
         sampler=FakeSampler(
             slots=SLOTS, step_cost_s=constant_cost(0.0), length_sampler=lognormal_lengths(3, 1, 8)
         ),
         learner=learner,
-        weight_sync=FakeWeightSync(),
-        buffer=StalenessBuffer(batch_groups=BATCH, max_staleness=eta),
-        controller=StalenessController(
-            max_staleness=eta, batch_groups=BATCH, max_concurrent=SLOTS // GROUP
-        ),
-        prompts=prompts,
-        make_request=make_request,
-        score=score,
-        make_batch=make_batch,
         group_size=GROUP,
+        batch_groups=BATCH,
         num_steps=STEPS,
+        score=score,
+        eta=eta,
+        max_concurrent=SLOTS // GROUP,
+        prompt=(1, 2),
+        prompts=prompts,
+        on_batch=check_rewards,
         lockstep=lockstep,
         dynamic_sampling=dynamic,
         on_step=on_step,
     )
-    watchdog = threading.Timer(WATCHDOG_S, driver.stop)
-    watchdog.start()
+    consumed, examples = record.consumed, record.dispatched
     try:
-        driver.run()
+        run_with_watchdog(driver, WATCHDOG_S)
     finally:
-        watchdog.cancel()
         verifier.release.set()
         pool.close()
 

@@ -16,36 +16,15 @@ import time
 import numpy as np
 import pytest
 
-from rljax.engine.sampler import Request
 from rljax.metrics import Timeline
 from rljax.policy import admission
-from rljax.policy.staleness import StalenessBuffer, StalenessController
-from rljax.runtime.driver import Driver
-from rljax.testing.fakes import (
-    FakeLearner,
-    FakeSampler,
-    FakeWeightSync,
-    constant_cost,
-    fake_make_batch,
-    lognormal_lengths,
-)
+from rljax.policy.staleness import StalenessController
+from rljax.testing.drivers import NumberedPrompts, fake_driver
+from rljax.testing.fakes import FakeLearner, FakeSampler, constant_cost, lognormal_lengths
 from rljax.testing.soak import QueueProbe, queue_bounds
 
 GROUP, BATCH, SLOTS = 4, 3, 12
 WATCHDOG_S = 60.0
-
-
-class Prompts:
-    def __init__(self):
-        self.issued = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> list[dict]:
-        chunk = [{"id": self.issued + i} for i in range(BATCH)]
-        self.issued += BATCH
-        return chunk
 
 
 class ProbedController(StalenessController):
@@ -132,7 +111,7 @@ def _run(*, lockstep: bool, eta: int, overprovision: int, steps: int):
     sampler = ProbedSampler(
         slots=SLOTS, step_cost_s=constant_cost(0.0), length_sampler=lognormal_lengths(4, 1.0, 24)
     )
-    prompts, consumed = Prompts(), []
+    prompts = NumberedPrompts(BATCH)
     real = admission.controller(
         slots=SLOTS,
         group_size=GROUP,
@@ -147,25 +126,21 @@ def _run(*, lockstep: bool, eta: int, overprovision: int, steps: int):
         overprovision=overprovision,
     )
 
-    def make_batch(groups):
-        consumed.extend(g.example["id"] for g in groups)
-        return fake_make_batch(groups)
-
-    driver = Driver(
+    driver, record = fake_driver(
         sampler=sampler,
         learner=learner,
-        weight_sync=FakeWeightSync(),
-        buffer=StalenessBuffer(batch_groups=BATCH, max_staleness=eta, overprovision=overprovision),
-        controller=controller,
-        prompts=prompts,
-        make_request=lambda ex, rid: Request([1, 2, 3], GROUP, payload=ex, request_id=rid),
-        score=_score,
-        make_batch=make_batch,
         group_size=GROUP,
+        batch_groups=BATCH,
         num_steps=steps,
+        score=_score,
+        eta=eta,
+        overprovision=overprovision,
+        prompts=prompts,
+        controller=controller,
         lockstep=lockstep,
         timeline=Timeline(max_events=50),  # small, so the soak sees the cap hold
     )
+    consumed = record.consumed
     box.append(driver)
     sampler.probe = probe = QueueProbe(driver)
     watchdog = threading.Timer(WATCHDOG_S, driver.stop)
@@ -185,7 +160,7 @@ def _run(*, lockstep: bool, eta: int, overprovision: int, steps: int):
     held = sum(len(b["groups"]) for b in state["buffer"]["buffers"])
     assert len(consumed) == len(set(consumed)) == steps * BATCH
     surplus = driver.counters["surplus_aborted"]
-    assert prompts.issued == len(consumed) + surplus + len(state["pending"]) + held
+    assert prompts.drawn == len(consumed) + surplus + len(state["pending"]) + held
     return driver, learner, probe, bounds
 
 
