@@ -176,7 +176,7 @@ def simulate(args) -> int:
     cost = measured.MeasuredCosts(
         model=measured.tiny_preset(cfg.model),
         tp=cfg.mesh.sampler_devices,  # one engine on the sampler's devices
-        decode_step_s=decode_s,
+        decode_s_per_step=decode_s,
         prefill_s_per_group=decode_s,  # one engine call; not timed apart
         train_step_s_per_token=train_s / (batch * group * (prompt + response)),
         learner_chips=cfg.mesh.learner_devices,

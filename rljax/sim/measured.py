@@ -4,7 +4,7 @@ The roofline :class:`~rljax.sim.costs.CostModel` derives every cost from datashe
 efficiencies; it cannot describe a tiny model on fake CPU devices, whose calls cost dispatch
 time, not FLOPs or bytes. :class:`MeasuredCosts` answers the same questions from seconds
 measured on the run to be predicted (``scripts/bench_lending.py --simulate`` takes them from
-its lending-off run): a decode step costs ``decode_step_s`` whatever the live sequences, a
+its lending-off run): a decode step costs ``decode_s_per_step`` whatever the live sequences, a
 group's prefill ``prefill_s``, a learner step ``train_step_s`` on ``learner_chips`` (scaled
 linearly to other chip counts), a weight publish ``sync_s``; KV memory never limits the slots.
 """
@@ -26,7 +26,7 @@ class MeasuredCosts(CostModel):
     """Seconds per engine and learner call, as measured (see the module docstring).
 
     Attributes (beyond ``CostModel``'s, whose ``chip`` defaults to no limit):
-      decode_step_s: one decode step of a replica, whatever its live sequences.
+      decode_s_per_step: one decode step of a replica, whatever its live sequences.
       prefill_s_per_group: one group's prompt prefill.
       train_step_s_per_token: one learner step's seconds per trained token on ``learner_chips``.
       learner_chips: the chips the training time was measured on.
@@ -34,7 +34,7 @@ class MeasuredCosts(CostModel):
     """
 
     chip: ChipSpec = UNBOUNDED
-    decode_step_s: float = 0.01
+    decode_s_per_step: float = 0.01
     prefill_s_per_group: float = 0.0
     train_step_s_per_token: float = 0.0
     learner_chips: int = 1
@@ -42,10 +42,10 @@ class MeasuredCosts(CostModel):
 
     def __post_init__(self):
         super().__post_init__()
-        times = (self.decode_step_s, self.prefill_s_per_group, self.train_step_s_per_token)
-        if self.decode_step_s <= 0 or min(*times, self.publish_s) < 0 or self.learner_chips < 1:
+        times = (self.decode_s_per_step, self.prefill_s_per_group, self.train_step_s_per_token)
+        if self.decode_s_per_step <= 0 or min(*times, self.publish_s) < 0 or self.learner_chips < 1:
             raise ValueError(
-                "MeasuredCosts needs decode_step_s > 0, the other seconds >= 0 and "
+                "MeasuredCosts needs decode_s_per_step > 0, the other seconds >= 0 and "
                 f"learner_chips >= 1; got {self}"
             )
 
@@ -53,7 +53,7 @@ class MeasuredCosts(CostModel):
         return 0.0
 
     def decode_memory_s(self, kv_tokens: float) -> float:
-        return self.decode_step_s
+        return self.decode_s_per_step
 
     def kv_seconds_per_token(self) -> float:
         return 0.0

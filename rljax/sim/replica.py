@@ -22,11 +22,20 @@ import collections
 import heapq
 import itertools
 import math
+from typing import Protocol
 
 from rljax.policy.meter import Generate, PhaseMeter
 from rljax.sim.costs import CostModel
 
 _TIEBREAK = itertools.count()  # heap entries never compare requests
+
+
+class Tracked(Protocol):
+    """What a replica keeps on each request it serves (the simulator's requests)."""
+
+    live: int  # samples decoding here
+    queued: int  # samples waiting here for a slot
+    kv_base: float  # sum over its live samples of ``prompt - start step``
 
 
 class Replica:
@@ -56,9 +65,9 @@ class Replica:
         self.pause_until = now
         self.n = 0
         self.base = 0.0  # sum over live sequences of (prompt - start); KV tokens = base + n * P
-        self.heap: list[tuple[float, int, object, float]] = []
+        self.heap: list[tuple[float, int, Tracked, float]] = []
         # (request, length, done) triples; ``done`` > 0 for a sample resumed from a prefix.
-        self.waiting: collections.deque = collections.deque()
+        self.waiting: collections.deque[tuple[Tracked, float, float]] = collections.deque()
         self.lent = False  # runs on borrowed learner chips (Rollout-on-TrainPool)
         self.queued = 0  # live samples in ``waiting``
         self.counted = 0  # ``n`` as the simulator last counted it
@@ -147,7 +156,9 @@ class Replica:
         self.pause_until = max(self.pause_until, now) + seconds
         self.epoch += 1
 
-    def admit(self, now: float, request, lengths: list[int], prompt: int, prefill_s: float):
+    def admit(
+        self, now: float, request: Tracked, lengths: list[int], prompt: int, prefill_s: float
+    ) -> None:
         """Routes a request here: prefill its prompt once, then start its samples (decoding from
         step ``p0``) in free slots; the rest wait in the queue for slots to free up."""
         self.advance(now)
@@ -181,7 +192,7 @@ class Replica:
             request.kv_base += prompt - p0 + done
         self.n = n
 
-    def remove(self, now: float, request, prompt: int) -> None:
+    def remove(self, now: float, request: Tracked, prompt: int) -> None:
         """Drops the live and queued samples of an aborted request (their entries go dead)."""
         self.advance(now)
         self.n -= request.live
@@ -193,7 +204,7 @@ class Replica:
         self._fill(now, prompt)
         self._maybe_idle(now)
 
-    def extract(self, now: float, request, prompt: int) -> list[tuple[float, float]]:
+    def extract(self, now: float, request: Tracked, prompt: int) -> list[tuple[float, float]]:
         """Interrupts ``request`` here (partial rollout): returns ``(remaining, done)`` tokens of
         each of its unfinished samples and purges it from this replica's heap and queue, so
         the request can resume elsewhere (and this replica be parked or retired)."""
@@ -207,7 +218,14 @@ class Replica:
         self.remove(now, request, prompt)
         return samples
 
-    def resume(self, now: float, request, samples, prompt: int, prefill_s: float) -> None:
+    def resume(
+        self,
+        now: float,
+        request: Tracked,
+        samples: list[tuple[float, float]],
+        prompt: int,
+        prefill_s: float,
+    ) -> None:
         """Takes over an interrupted request: re-prefills its prefixes, then decodes the rest
         of each sample (``samples`` as :meth:`extract` returns them)."""
         self.advance(now)

@@ -46,6 +46,8 @@ def load_config_module(path: str | pathlib.Path) -> types.ModuleType:
     """Imports a ``configs/`` file by path (a config that shares another's workload)."""
     path = pathlib.Path(path)
     spec = importlib.util.spec_from_file_location(f"rljax_config_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path} is not a Python file; give the path of a configs/*.py file")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

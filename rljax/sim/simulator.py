@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+from typing import Any
 
 from rljax.policy import admission
 from rljax.policy.lending import LendingConfig, LendingDecision
@@ -51,7 +52,7 @@ __all__ = ["MODES", "SimConfig", "Simulator"]
 
 
 class _Request:
-    __slots__ = ("rid", "prompt_id", "version", "replica", "tokens", "remaining")
+    __slots__: tuple[str, ...] = ("rid", "prompt_id", "version", "replica", "tokens", "remaining")
     __slots__ += ("live", "queued", "kv_base")  # the replica's bookkeeping
 
     def __init__(self, rid, prompt_id, version, replica, tokens, samples):
@@ -96,6 +97,50 @@ class Simulator:
         self.prefill_s = self.cost.prefill_s(config.prompt_tokens)  # a group's shared prefix
 
     # ----- setup -----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """The state of a run at time 0: the split, replicas, buffer, policies and counters."""
+        cfg = self.cfg
+        self.events: list[tuple[float, int, str, Any]] = []  # (time, seq, kind, payload)
+        self._seq = itertools.count()
+        self.meter = PhaseMeter() if cfg.mode in ("realloc", "lend") else None
+        self._rid, self._prompt_ids, self._replica_ids = (itertools.count() for _ in range(3))
+        if self.colocated:
+            self.sampler_chips = self.learner_chips = cfg.total_chips
+        else:
+            self.sampler_chips = cfg.sampler_chips
+            self.learner_chips = cfg.total_chips - cfg.sampler_chips
+        self.replicas = self._new_replicas(self.sampler_chips // self.cost.tp, 0.0, 0.0)
+        self.open: set[Replica] = set(self.replicas)  # replicas with room for one more group
+        self._denied: int | None = None  # the _changes count the policies last said no at
+        self._changes = 0
+        self._live = self._blocked_free = 0
+        self.blocked_slot_s = self._blocked_t = self._learner_free_t = 0.0
+        self.buffer = StalenessBuffer(
+            batch_groups=cfg.batch_groups,
+            max_staleness=cfg.max_staleness,
+            overprovision=cfg.overprovision,
+        )
+        self.controller = self._make_controller()
+        self.reallocator = Reallocator(self.reallocator_settings())
+        self.switch_cost_s = self.estimated_switch_cost_s()
+        self.running: dict[int, _Request] = {}
+        self.lender: Lender | None = None
+        if cfg.mode == "lend":
+            config = cfg.lending or LendingConfig(enabled=True)
+            self.lender = Lender(self, config, self.force_lending)
+        self.requeue: list[int] = []
+        self.sampler_version = 0
+        self.learner_busy = False
+        self.replica_seconds = self._replicas_since = 0.0
+        self.retired: list[Replica] = []
+        self.learner_train = self.retired_busy = 0.0
+        self._training = (0.0, 0)  # start and tokens of the step being trained
+        self.steps_done = self.dispatched = self.aborted = 0
+        self.staleness: list[int] = []
+        self.consumed_prompts: list[int] = []
+        self.moves: list[tuple[float, int, int]] = []  # (time, sampler chips, learner chips)
+        self.spans: list[Span] = []
 
     def _min_learner_chips(self) -> int:
         # Params + grads in bf16 and Adam moments + master weights in fp32: ~16 bytes/param.
@@ -321,6 +366,7 @@ class Simulator:
         self._flush_held(now)
         for rep in self.replicas:
             rep.advance(now)
+        assert self.meter is not None, "only modes 'realloc' and 'lend' measure phases"
         return self.meter.stats(
             split=self._split(),
             slots=len(self.replicas) * self.slots,
@@ -375,52 +421,7 @@ class Simulator:
     def run(self) -> SimResult:
         """Simulates ``cfg.steps`` learner steps and returns the measurements."""
         cfg = self.cfg
-        self.events, self._seq = [], itertools.count()
-        self.meter = PhaseMeter() if cfg.mode in ("realloc", "lend") else None
-        self._rid, self._prompt_ids, self._replica_ids = (itertools.count() for _ in range(3))
-        if self.colocated:
-            self.sampler_chips = self.learner_chips = cfg.total_chips
-        else:
-            self.sampler_chips = cfg.sampler_chips
-            self.learner_chips = cfg.total_chips - cfg.sampler_chips
-        self.replicas = self._new_replicas(self.sampler_chips // self.cost.tp, 0.0, 0.0)
-        self.open = set(self.replicas)  # replicas with room for one more group
-        self._denied, self._changes = None, 0
-        self._live = self._blocked_free = 0
-        self.blocked_slot_s = self._blocked_t = self._learner_free_t = 0.0
-        self.buffer = StalenessBuffer(
-            batch_groups=cfg.batch_groups,
-            max_staleness=cfg.max_staleness,
-            overprovision=cfg.overprovision,
-        )
-        self.controller = self._make_controller()
-        rcfg = cfg.reallocator or ReallocatorConfig()
-        rcfg = dataclasses.replace(
-            rcfg,
-            min_sampler_chips=max(rcfg.min_sampler_chips, self.cost.tp, self.unit),
-            min_learner_chips=max(rcfg.min_learner_chips, self._min_learner_chips()),
-            # A learner-bound pipeline holds about eta of its eta + 1 buffers full (the next
-            # batch is still being sampled), so the linear model's "full" is relative to that.
-            full_fill=rcfg.full_fill * cfg.max_staleness / (cfg.max_staleness + 1)
-            if cfg.max_staleness
-            else rcfg.full_fill,
-        )
-        self.reallocator = Reallocator(rcfg)
-        self.switch_cost_s = self.estimated_switch_cost_s()
-        self.running: dict[int, _Request] = {}
-        self.lender = None
-        if cfg.mode == "lend":
-            config = cfg.lending or LendingConfig(enabled=True)
-            self.lender = Lender(self, config, self.force_lending)
-        self.requeue: list[int] = []
-        self.sampler_version = 0
-        self.learner_busy = False
-        self.replica_seconds = self._replicas_since = 0.0
-        self.retired: list[Replica] = []
-        self.learner_train = self.retired_busy = 0.0
-        self._training = (0.0, 0)  # start and tokens of the step being trained
-        self.steps_done = self.dispatched = self.aborted = 0
-        self.staleness, self.consumed_prompts, self.moves, self.spans = [], [], [], []
+        self._start()
         now = 0.0
         self._dispatch(now)
         # The loop runs once per finished sequence (a million times at pod scale), so it skips

@@ -84,7 +84,8 @@ class LengthModel:
             return draw_hist
 
         mu, sigma, tail_prob = math.log(self.median), self.sigma, self.tail_prob
-        exp, log, magic = math.exp, math.log, random.NV_MAGICCONST
+        exp, log = math.exp, math.log
+        magic = 4 * math.exp(-0.5) / math.sqrt(2.0)  # random.NV_MAGICCONST (typeshed omits it)
 
         def draw(version: int, count: int) -> list[int]:
             # random.lognormvariate(mu, sigma) inlined (Kinderman-Monahan normalvariate, then

@@ -166,7 +166,7 @@ class LendWorkload:
         return MeasuredCosts(
             model=presets.PRESETS["smollm2-135m"],
             tp=self.tp,
-            decode_step_s=self.decode_s,
+            decode_s_per_step=self.decode_s,
             train_step_s_per_token=self.learn_per_token_s,
             learner_chips=self.learner_chips,
             publish_s=self.sync_s,

@@ -17,7 +17,7 @@ from tests.sim.test_simulator import check_invariants
 COST = MeasuredCosts(
     model=PRESETS["qwen2.5-0.5b"],
     tp=6,
-    decode_step_s=0.01,
+    decode_s_per_step=0.01,
     prefill_s_per_group=0.02,
     train_step_s_per_token=0.001,
     learner_chips=2,
@@ -45,7 +45,10 @@ def config(mode, **overrides):
 
 
 def test_measured_costs_are_charged_as_measured():
-    assert COST.decode_step_s == COST.decode_memory_s(1e6) and COST.decode_compute_s(256) == 0
+    # Every decode step costs the measured seconds, whatever its batch and KV (the roofline
+    # method answers for the measured field, which once shadowed it).
+    assert COST.decode_step_s(256, 1e6) == COST.decode_step_s(1, 0) == COST.decode_s_per_step
+    assert COST.decode_memory_s(1e6) == COST.decode_s_per_step and COST.decode_compute_s(256) == 0
     assert COST.train_step_s(1000, 2) == pytest.approx(1.0)
     assert COST.train_step_s(1000, 4) == pytest.approx(0.5)  # linear in the chips
     assert COST.sync_s(6, 2) == COST.reshard_local_s() == 0.05
