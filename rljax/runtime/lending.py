@@ -75,8 +75,8 @@ class _Replica:
 
 
 def build(run) -> RunLending | None:
-    """The run's lending (None with ``lending.enabled`` off); refuses what cannot run yet."""
-    check_lending(run.cfg, run.shard_count)
+    """The run's lending (None with ``lending.enabled`` off; the run's hosting checked that it
+    can run: :func:`check_lending`)."""
     return RunLending(run) if run.cfg.lending.enabled else None
 
 

@@ -31,10 +31,12 @@ No host's clock feeds another host's decision: the leader's decisions depend on 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -51,6 +53,39 @@ from rljax.runtime.pod_weights import PodWeights
 from rljax.runtime.rollout import decode_group, encode_group
 
 log = logging.getLogger(__name__)
+
+
+class Op(enum.Enum):
+    """The operations the leader posts; a tick is a list of ``[op.value, arg]``."""
+
+    SUBMIT = "submit"  # requests enter the sampler (arg: the encoded requests)
+    SWAP = "swap"  # weights move to the sampler (arg: the version)
+    STEP = "step"  # one generate call
+    INTERRUPT = "interrupt"  # a request leaves its slots, resumable (arg: its id)
+    RESUME = "resume"
+    ABORT = "abort"
+    CLEAR = "clear"  # every slot and queue emptied
+    LEARN = "learn"  # one learner step (arg: the version and the encoded groups)
+    SFT = "sft"  # the supervised warm start
+    SAVE = "save"  # every process saves (arg: version, meta, whether to wait)
+    RESIZE = "resize"  # the build ends; the pod rebuilds for a split (arg: split, cause)
+    END = "end"  # the build ends; the run is over
+
+
+class PodProtocolError(RuntimeError):
+    """A tick this process cannot replay: the pod fails at once rather than hang."""
+
+
+def parse_op(name: Any, tick: int) -> Op:
+    """The operation ``name`` read from tick ``tick``; a one-line error for an unknown one."""
+    try:
+        return Op(name)
+    except ValueError:
+        known = ", ".join(op.value for op in Op)
+        raise PodProtocolError(
+            f"unknown pod operation {name!r} in the leader's tick {tick} (known: {known}); "
+            "every process of a pod must run the same rljax: relaunch them from one install"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,15 +196,15 @@ class Ticks:
         self.deleted = 0  # ticks below this are gone from the store
         self._ops: list[list] = []
 
-    def queue(self, op: str, arg: Any = None) -> None:
+    def queue(self, op: Op, arg: Any = None) -> None:
         with self.lock:
-            self._ops.append([op, arg])
+            self._ops.append([op.value, arg])
 
-    def flush(self, op: str | None = None, arg: Any = None) -> None:
+    def flush(self, op: Op | None = None, arg: Any = None) -> None:
         """Posts the queued operations (and ``op``) as the next tick."""
         with self.lock:
             if op is not None:
-                self._ops.append([op, arg])
+                self._ops.append([op.value, arg])
             if not self._ops:
                 return
             self.channel.post(f"tick/{self.count}", self._ops)
@@ -222,7 +257,7 @@ class PodSampler:
     def submit(self, requests) -> list[int]:
         with self.ticks.lock:
             ids = self.real.submit(requests)
-            self.ticks.queue("submit", [encode_request(r) for r in requests])
+            self.ticks.queue(Op.SUBMIT, [encode_request(r) for r in requests])
             return ids
 
     def set_params(self, _params, version: int) -> None:
@@ -230,7 +265,7 @@ class PodSampler:
         with self.ticks.lock:
             if version <= self.swapped:
                 return
-            self.ticks.flush("swap", version)
+            self.ticks.flush(Op.SWAP, version)
             start = time.perf_counter()
             params = self.weights.move()
             self.sync.record(
@@ -253,7 +288,7 @@ class PodSampler:
     def step(self):
         self.on_tick()  # outside the tick lock: it may take the driver's
         with self.ticks.lock:
-            self.ticks.flush("step")
+            self.ticks.flush(Op.STEP)
             return self.real.step()
 
     def run(self, requests=()):
@@ -263,24 +298,25 @@ class PodSampler:
             out.extend(self.step())
         return out
 
-    def _host_op(self, name: str, request_id: int):
+    def interrupt(self, request_id: int) -> int:
         with self.ticks.lock:
-            out = getattr(self.real, name)(request_id)
-            self.ticks.queue(name, request_id)
+            out = self.real.interrupt(request_id)
+            self.ticks.queue(Op.INTERRUPT, request_id)
             return out
 
-    def interrupt(self, request_id: int) -> int:
-        return self._host_op("interrupt", request_id)
-
     def resume(self, request_id: int) -> None:
-        self._host_op("resume", request_id)
+        with self.ticks.lock:
+            self.real.resume(request_id)
+            self.ticks.queue(Op.RESUME, request_id)
 
     def abort(self, request_id: int) -> None:
-        self._host_op("abort", request_id)
+        with self.ticks.lock:
+            self.real.abort(request_id)
+            self.ticks.queue(Op.ABORT, request_id)
 
     def clear(self) -> int:
         with self.ticks.lock:
-            self.ticks.queue("clear")
+            self.ticks.queue(Op.CLEAR)
             return self.real.clear()
 
 
@@ -341,7 +377,7 @@ class RemoteLearner:
             # The learner processes send weights in tick order: a version announced but not
             # yet swapped must go out before the step that overwrites those params.
             self.sampler.catch_up()
-            self.sampler.ticks.flush("learn", {"version": self.version, "groups": batch.groups})
+            self.sampler.ticks.flush(Op.LEARN, {"version": self.version, "groups": batch.groups})
         metrics = self.channel.get(f"done/{self.version}", waiting_for="a learner step")
         self.version += 1
         return metrics
@@ -357,68 +393,87 @@ def make_pod_batch(groups) -> PodBatch:
 # -- the other processes ------------------------------------------------------------------------
 
 
-def follow_sampler(
-    run, channel: Channel, sampler: Sampler, weights: PodWeights, k: int = 0
-) -> tuple[int, str, Any]:
-    """A sampler follower: replays the leader's sampler operations from tick ``k`` until 'end'
-    or 'resize'; returns (the next tick, that op, its argument)."""
+def replay(
+    channel: Channel, k: int, handlers: dict[Op, Callable[[Any], Any]]
+) -> tuple[int, Op, Any]:
+    """Replay the leader's ticks from ``k`` with ``handlers`` (an operation this role has no
+    handler for is none of its business) until END or RESIZE; returns (the next tick, that
+    operation, its argument). An unknown operation fails the pod (:func:`parse_op`)."""
     while True:
         report_progress(channel, k)
-        for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
-            if op == "submit":
-                sampler.submit([decode_request(r) for r in arg])
-            elif op == "swap":
-                sampler.set_params(weights.move(), arg)
-            elif op == "step":
-                sampler.step()
-            elif op in ("interrupt", "resume", "abort"):
-                getattr(sampler, op)(arg)
-            elif op == "clear":
-                sampler.clear()
-            elif op == "save":
-                run.save_state(arg["version"], arg["meta"], wait=arg["wait"])
-            elif op in ("end", "resize"):
+        for name, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
+            op = parse_op(name, k)
+            if op in (Op.END, Op.RESIZE):
                 return k + 1, op, arg
+            handler = handlers.get(op)
+            if handler is not None:
+                handler(arg)
         k += 1
 
 
-def follow_learner(
-    run, channel: Channel, weights: PodWeights, roles: Roles, k: int = 0
-) -> tuple[int, str, Any]:
+def follow_sampler(run, hosting, sampler: Sampler, k: int = 0) -> tuple[int, Op, Any]:
+    """A sampler follower: replays the leader's sampler operations from tick ``k``."""
+    weights = hosting.weights
+    return replay(
+        hosting.channel,
+        k,
+        {
+            Op.SUBMIT: lambda arg: sampler.submit([decode_request(r) for r in arg]),
+            Op.SWAP: lambda version: sampler.set_params(weights.move(), version),
+            Op.STEP: lambda _: sampler.step(),
+            Op.INTERRUPT: sampler.interrupt,
+            Op.RESUME: sampler.resume,
+            Op.ABORT: sampler.abort,
+            Op.CLEAR: lambda _: sampler.clear(),
+            Op.SAVE: lambda arg: hosting.save_state(
+                run, arg["version"], arg["meta"], wait=arg["wait"]
+            ),
+        },
+    )
+
+
+def follow_learner(run, hosting, k: int = 0) -> tuple[int, Op, Any]:
     """A learner process: trains, sends weights and saves as the leader's ticks say, from tick
-    ``k`` until 'end' or 'resize'; returns (the next tick, that op, its argument)."""
-    learner = run.learner
-    while True:
-        report_progress(channel, k)
-        for op, arg in channel.get(f"tick/{k}", waiting_for=f"the leader's tick {k}"):
-            if op == "swap":
-                if arg != learner.version:
-                    raise RuntimeError(
-                        f"pod out of order: the leader swaps to version {arg} but this learner "
-                        f"holds version {learner.version} (a bug in the tick stream)"
-                    )
-                weights.move(learner.params)
-            elif op == "learn":
-                if arg["version"] != learner.version:
-                    raise RuntimeError(
-                        f"pod out of order: step for version {arg['version']} on a learner at "
-                        f"version {learner.version} (a bug in the tick stream)"
-                    )
-                groups = [decode_group(g) for g in arg["groups"]]
-                compiled = compile_seconds()
-                metrics = learner.step(run.make_batch(groups))
-                if roles.is_learner_leader:
-                    metrics["compile_s"] = compile_seconds() - compiled
-                    channel.post(f"done/{arg['version']}", _plain(metrics))
-            elif op == "sft":
-                run.warm_start_learner()
-                if roles.is_learner_leader:
-                    channel.post("done/sft", {})
-            elif op == "save":
-                run.save_state(arg["version"], arg["meta"], wait=arg["wait"])
-            elif op in ("end", "resize"):
-                return k + 1, op, arg
-        k += 1
+    ``k``."""
+    learner, channel, roles = run.learner, hosting.channel, hosting.roles
+
+    def check_version(version: int, what: str) -> None:
+        if version != learner.version:
+            raise PodProtocolError(
+                f"pod out of order: {what} {version} on a learner at version "
+                f"{learner.version} (a bug in the tick stream)"
+            )
+
+    def swap(version: int) -> None:
+        check_version(version, "the leader swaps to version")
+        hosting.weights.move(learner.params)
+
+    def learn(arg: dict[str, Any]) -> None:
+        check_version(arg["version"], "a step for version")
+        groups = [decode_group(g) for g in arg["groups"]]
+        compiled = compile_seconds()
+        metrics = learner.step(run.make_batch(groups))
+        if roles.is_learner_leader:
+            metrics["compile_s"] = compile_seconds() - compiled
+            channel.post(f"done/{arg['version']}", _plain(metrics))
+
+    def sft(_: Any) -> None:
+        run.warm_start_learner()
+        if roles.is_learner_leader:
+            channel.post("done/sft", {})
+
+    return replay(
+        channel,
+        k,
+        {
+            Op.SWAP: swap,
+            Op.LEARN: learn,
+            Op.SFT: sft,
+            Op.SAVE: lambda arg: hosting.save_state(
+                run, arg["version"], arg["meta"], wait=arg["wait"]
+            ),
+        },
+    )
 
 
 def shard_digests(params) -> dict[str, list[str]]:

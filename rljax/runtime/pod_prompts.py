@@ -57,8 +57,9 @@ def _read(dataset, position: int) -> dict:
 class PodPrompts:
     """The leader's prompt stream: positions in order, each from the host that reads it.
 
-    Duck-types the prompt iterator a :class:`~rljax.runtime.run.Run` reads: ``next()`` gives
-    the next batch, ``get_state()`` the position to resume from.
+    A :class:`~rljax.runtime.hosting.PromptSource`: ``next()`` gives the next batch,
+    ``get_state()`` the position to resume from, ``home()`` the host an example's samples
+    take.
     """
 
     def __init__(
@@ -87,6 +88,9 @@ class PodPrompts:
 
     def get_state(self) -> dict[str, int]:
         return {"position": self.position}
+
+    def home(self, example: dict) -> int | None:
+        return home(example, self.hosts)
 
     def _example(self, position: int) -> dict:
         host = position % self.hosts
@@ -165,14 +169,23 @@ def resumed_position(meta: dict[str, Any] | None) -> int:
     return int(state["position"])
 
 
-def open_stream(run, batch_size: int, read_by_host: dict[int, int]):
-    """This sampler host's side of the stream for the current build of ``run`` (a PodRun):
-    the leader's :class:`PodPrompts`, or a follower's :class:`PromptFeeder`."""
-    roles = run.roles
+def open_stream(
+    roles,
+    channel: Channel,
+    epoch: int,
+    examples: list[dict],
+    seed: int,
+    meta: dict[str, Any] | None,
+    batch_size: int,
+    read_by_host: dict[int, int],
+) -> PodPrompts | PromptFeeder:
+    """This sampler host's side of the stream for build ``epoch`` of a pod run: the leader's
+    :class:`PodPrompts`, or a follower's :class:`PromptFeeder` (from the position ``meta``, a
+    checkpoint's, holds)."""
     hosts, me = len(roles.sampler), roles.sampler.index(roles.me)
-    dataset = prompt_dataset(run.train_examples, seed=run.cfg.seed)
-    start = resumed_position(run.resumed_meta)
+    dataset = prompt_dataset(examples, seed=seed)
+    start = resumed_position(meta)
     if roles.is_leader:
-        return PodPrompts(dataset, run.channel, hosts, run.resizes, start, batch_size, read_by_host)
+        return PodPrompts(dataset, channel, hosts, epoch, start, batch_size, read_by_host)
     chunk = chunk_size(batch_size, hosts)
-    return PromptFeeder(dataset, run.channel, me, hosts, run.resizes, start, chunk)
+    return PromptFeeder(dataset, channel, me, hosts, epoch, start, chunk)

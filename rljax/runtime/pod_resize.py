@@ -28,13 +28,17 @@ and ``first_step_compile_s`` what the first learner step after it compiled).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rljax.config import ConfigError
 from rljax.mesh.resize import plan_resize
 from rljax.policy.reallocation import Split
-from rljax.runtime import pod
+from rljax.runtime import pod, resizing
 from rljax.runtime.clocks import compile_seconds
+
+if TYPE_CHECKING:
+    from rljax.runtime.pod_hosting import PodHosting
+    from rljax.runtime.run import Run
 
 
 def check_shape(saved: dict[str, Any] | None, shape: dict[str, Any]) -> None:
@@ -76,7 +80,74 @@ def check_granularity(granularity: int, per_host: int) -> None:
         )
 
 
-def rebuild(run, split: Split, started: float) -> dict[str, Any]:
+def split_of(arg: dict[str, Any]) -> Split:
+    """The split a ``resize`` tick carries."""
+    return Split(*arg["split"])
+
+
+class PodResizer:
+    """The leader's resizer: a resize (the API's, the schedule's or the reallocator's) stops
+    the driver at a step boundary as SIGTERM would, and the pod rebuilds through that boundary's
+    checkpoint (:func:`rebuild`); the record is logged with the first step after it."""
+
+    def __init__(self, run: Run, hosting: PodHosting):
+        self.run, self.hosting = run, hosting
+        self._record: dict[str, Any] | None = None
+        self._asked: Split | None = None
+
+    def resize(self, split: Split, cause: str) -> None:
+        """Ask for ``split`` at the next step boundary; refused with one line when it is not
+        whole hosts, or when no driver runs (a pod resizes only mid-run)."""
+        run = self.run
+        check_split(run, split, what="Run.resize:")
+        if run.driver is None or not run.driver.running:
+            raise ConfigError(
+                "Run.resize on a pod moves hosts through a checkpoint at a step boundary of a "
+                "running train(); call it from a step hook or another thread while train() "
+                "runs, or set mesh.resize_schedule"
+            )
+        self._asked = split
+
+    def at_boundary(self) -> None:
+        run = self.run
+        done = run.learner.version >= run.cfg.num_steps
+        if run.stop_requested or done or run.driver is None:
+            return
+        asked, self._asked = self._asked, None
+        proposal = (asked, "api") if asked is not None else resizing.propose(run)
+        if proposal is None or proposal[0] == run.topology.split:
+            return
+        split, cause = proposal
+        try:  # the schedule was checked at start; a policy may propose part of a host
+            check_split(run, split, what=f"the {cause} proposed")
+        except ConfigError as e:
+            run.metrics.print(f"{e}; staying")
+            return
+        self.hosting.resize_to = (split, cause, time.perf_counter())
+        run.stop_requested = True
+        run.driver.stop()
+
+    def logged(self, record: dict[str, Any], cause: str) -> None:
+        """The leader logs a resize (completed by the first step after it, :meth:`after_step`)."""
+        run = self.run
+        self._record = {**record, "cause": cause}
+        if run.reallocation is not None:  # the next decision weighs the measured cost
+            run.reallocation.switch_cost_s = record["seconds"]
+        run.metrics.print(
+            f"resized sampler/learner chips {record['from']} -> {record['to']} (hosts "
+            f"{record['hosts_from']} -> {record['hosts_to']}) in {record['seconds']:.1f} s: save "
+            f"{record['save_s']:.1f}, rebuild {record['rebuild_s']:.1f}, restore "
+            f"{record['restore_s']:.1f}, compile {record['compile_s']:.1f}"
+        )
+
+    def after_step(self, metrics: dict[str, Any]) -> None:
+        record, self._record = self._record, None
+        if record is not None:  # the first step after a resize: what it compiled
+            record["first_step_compile_s"] = metrics.get("compile_s", 0.0)
+            self.run.metrics.write(record["version"], "resize", record)
+
+
+def rebuild(run: Run, hosting: PodHosting, split: Split, started: float) -> dict[str, Any]:
     """Every process, at the ``resize`` tick: save made durable, rebuild for ``split``, restore.
 
     ``started`` is when this process learned of the resize (the leader: when it decided).
@@ -84,16 +155,19 @@ def rebuild(run, split: Split, started: float) -> dict[str, Any]:
     """
     compiled = compile_seconds()
     old = run.topology.split
-    old_hosts = (len(run.roles.sampler), len(run.roles.learner))
+    roles = hosting.roles
+    assert roles is not None and run.ckpt is not None
+    old_hosts = (len(roles.sampler), len(roles.learner))
     run.ckpt.close()  # waits for the boundary's save: the restore reads it
+    run.ckpt = run.open_checkpointer()
     saved = time.perf_counter()
-    run.release_role()
+    hosting.release_role(run)
     run.topology = check_split(run, split, what="cannot resize to")
-    run.roles = pod.roles(run.topology)
-    run.resizes += 1
+    hosting.roles = roles = pod.roles(run.topology)
+    hosting.resizes += 1
     # The restore ends in a collective over every device: enter it together.
-    run.channel.barrier(f"resizing{run.resizes}")
-    restore_s = run.build_split()
+    hosting.channel.barrier(f"resizing{hosting.resizes}")
+    restore_s = hosting.build_split(run)
     rebuilt = time.perf_counter()
     mine = {
         "save_s": saved - started,
@@ -102,19 +176,20 @@ def rebuild(run, split: Split, started: float) -> dict[str, Any]:
         "compile_s": compile_seconds() - compiled,
     }
     # Posting and reading every process's costs is also the barrier before the next collective.
-    key = f"resized{run.resizes}"
-    run.channel.post(f"{key}/{run.roles.me}", mine)
-    costs = [run.channel.get(f"{key}/{p}", waiting_for=key) for p in range(run.channel.count)]
+    key = f"resized{hosting.resizes}"
+    hosting.channel.post(f"{key}/{roles.me}", mine)
+    count = hosting.channel.count
+    costs = [hosting.channel.get(f"{key}/{p}", waiting_for=key) for p in range(count)]
     record = {k: max(c[k] for c in costs) for k in mine}
     record["save_s"] = costs[0]["save_s"]  # the leader's: it drained and saved the pipeline
     return {
         "from": f"{old.sampler_chips}/{old.learner_chips}",
         "to": f"{split.sampler_chips}/{split.learner_chips}",
         "hosts_from": f"{old_hosts[0]}+{old_hosts[1]}",
-        "hosts_to": f"{len(run.roles.sampler)}+{len(run.roles.learner)}",
+        "hosts_to": f"{len(roles.sampler)}+{len(roles.learner)}",
         "sampler_devices": split.sampler_chips,
         "learner_devices": split.learner_chips,
         **record,
         "seconds": time.perf_counter() - started,
-        "version": run.learner_version,
+        "version": hosting.learner_version,
     }

@@ -38,7 +38,7 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
     with pause as interrupted:
         detach_sampler(run.sampler)
         run.learner = move_learner(run.learner, topology.learner, run.learners)
-        run.engine = run.engines.get(topology.sampler, lambda: run._build_engine(topology.sampler))
+        run.engine = run.engines.get(topology.sampler, lambda: run.build_engine(topology.sampler))
         run.weight_sync.retarget(run.engine.param_shardings)
         sync = run.weight_sync.publish(run.learner.params, run.learner.version)
         attach_sampler(run.sampler, run.engine, *run.weight_sync.acquire())

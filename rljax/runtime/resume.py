@@ -7,16 +7,22 @@ initial checkpoint is read again only for the reference model of a KL penalty (b
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
+
+import jax
 
 from rljax.checkpoint import Checkpointer, CheckpointError
 from rljax.config import ConfigError, RunConfig, to_config_dict
 from rljax.learner.learner import Learner
 from rljax.learner.losses import Loss
 from rljax.mesh import distributed
+from rljax.mesh.resize import MeshCache
+from rljax.mesh.transfer import transfer
 from rljax.models.loading import abstract_params, initial_model_config, load_initial_params
 from rljax.policy.staleness import StalenessBuffer
 from rljax.runtime.rollout import decode_group
@@ -48,41 +54,105 @@ def can_resume(ckpt: Checkpointer | None) -> bool:
     return ckpt is not None and ckpt.latest_step() is not None
 
 
-def new_learner(cfg: RunConfig, mesh, loss: Loss) -> tuple[Any, Learner]:
-    """(model config, learner) for a fresh run, from ``cfg.init``."""
-    model_cfg, graphdef, params = load_initial_params(cfg, mesh)
-    return model_cfg, make_learner(cfg, graphdef, params, mesh, loss, ref_params=params)
+def new_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
+    """The learner of a fresh run, from ``cfg.init``."""
+    _, graphdef, params = load_initial_params(cfg, mesh)
+    return make_learner(cfg, graphdef, params, mesh, loss, ref_params=params)
 
 
-def restored_learner(
-    cfg: RunConfig, mesh, loss: Loss, ckpt: Checkpointer
-) -> tuple[Any, Learner, dict[str, Any]]:
-    """(model config, learner, meta) restored from the newest good step of ``ckpt``."""
-    try:  # refuse a changed config before reading (or failing to read) any array
-        check_resume_config(ckpt.read_meta(), cfg, where=str(ckpt.directory))
-    except CheckpointError as e:  # a damaged newest step: the fallback restore handles it
-        log.warning("could not check the config of the newest checkpoint first: %s", e)
-    model_cfg = initial_model_config(cfg)
-    graphdef, abstract = abstract_params(model_cfg, mesh)
-    target = Learner.abstract(
+def abstract_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
+    """The learner state's shapes, dtypes and shardings on ``mesh``: the restore target."""
+    graphdef, abstract = abstract_params(initial_model_config(cfg), mesh)
+    return Learner.abstract(
         cfg.learner, graphdef, abstract, mesh, loss=loss, kernel_impl=cfg.kernel_impl
     )
+
+
+def restore(
+    ckpt: Checkpointer | None,
+    cfg: RunConfig,
+    abstract: Learner | None,
+    *,
+    check_meta: Callable[[dict[str, Any]], None] = lambda meta: None,
+    layout: Any = None,
+) -> Restored | None:
+    """The newest good step of ``ckpt`` onto ``abstract``'s shardings; None with nothing saved.
+
+    A changed config (and whatever ``check_meta`` refuses, a pod's shape) is refused with one
+    line before any array is read. ``layout``: the shardings the state was saved with (a pod
+    saves over every device of the pod), restored onto and then moved to ``abstract``'s: a
+    collective over those devices, every process takes part.
+    """
+    if not can_resume(ckpt):
+        return None
+    assert ckpt is not None
+    where = str(ckpt.directory)
+    try:  # refuse a changed config before reading (or failing to read) any array
+        newest = ckpt.read_meta()
+        check_resume_config(newest, cfg, where=where)
+        check_meta(newest)
+    except CheckpointError as e:  # a damaged newest step: the fallback restore handles it
+        log.warning("could not check the config of the newest checkpoint first: %s", e)
+    assert abstract is not None
+    state = (abstract.params, abstract.opt_state)
+    target = state if layout is None else jax.tree.map(_on, state, layout)
     params, opt_state, meta = ckpt.restore(
-        abstract_params=target.params, abstract_opt_state=target.opt_state, fallback=True
+        abstract_params=target[0], abstract_opt_state=target[1], fallback=True
     )
-    check_resume_config(meta, cfg, where=str(ckpt.directory))  # the step that loaded
-    ref = load_initial_params(cfg, mesh)[2] if cfg.learner.beta > 0 else None
-    learner = make_learner(
-        cfg,
-        graphdef,
-        params,
-        mesh,
-        loss,
-        ref_params=ref,
-        opt_state=opt_state,
-        version=int(meta["version"]),
-    )
-    return model_cfg, learner, meta
+    check_resume_config(meta, cfg, where=where)  # the step that loaded
+    check_meta(meta)
+    if layout is not None:
+        params, opt_state = transfer((params, opt_state), jax.tree.map(_sharding, state))
+    return Restored(params, opt_state, meta)
+
+
+@dataclasses.dataclass
+class Restored:
+    """A checkpoint's learner state (on the learner mesh) and meta."""
+
+    params: Any
+    opt_state: Any
+    meta: dict[str, Any]
+
+    @property
+    def version(self) -> int:
+        return int(self.meta["version"])
+
+
+def learner_for(
+    cfg: RunConfig, mesh, loss: Loss, restored: Restored | None, cache: MeshCache
+) -> Learner:
+    """The run's learner on ``mesh``: new, or the restored state (into the learner cached for
+    ``mesh``, compiled already, when the run learned on it before)."""
+    if restored is None:
+        learner = new_learner(cfg, mesh, loss)
+    elif (cached := cache.peek(mesh)) is not None:
+        cached.params, cached.opt_state = restored.params, restored.opt_state
+        cached.version = restored.version
+        learner = cached
+    else:
+        graphdef = abstract_params(initial_model_config(cfg), mesh)[0]
+        ref = load_initial_params(cfg, mesh)[2] if cfg.learner.beta > 0 else None
+        learner = make_learner(
+            cfg,
+            graphdef,
+            restored.params,
+            mesh,
+            loss,
+            ref_params=ref,
+            opt_state=restored.opt_state,
+            version=restored.version,
+        )
+    cache.put(mesh, learner)
+    return learner
+
+
+def _on(x, sharding):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def _sharding(x):
+    return x.sharding
 
 
 def make_learner(cfg: RunConfig, graphdef, params, mesh, loss, **kwargs) -> Learner:

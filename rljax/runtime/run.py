@@ -6,10 +6,10 @@ threaded for mode='async'), held-out accuracy again. With checkpointing on, a wo
 holds a checkpoint resumes from it (``runtime.resume``), and SIGTERM checkpoints at the next
 step boundary and returns.
 
-On several processes (one ``jax.distributed`` program, see docs/multihost.md) each process reads
-its own shard of the prompt stream and scores only its own prompts' trajectories; the seams
-``next_prompts`` and ``score`` all-gather the prompts and the rewards, so every process feeds
-the same global batch to the engine and the learner.
+One ``Run`` serves one process and a pod. What differs (where prompts are read and scored,
+how weights cross the meshes, how a resize moves chips, how the state is written, which
+phases this process runs) is the run's :class:`~rljax.runtime.hosting.Hosting`, chosen once
+when the run is built; everything here is the same on every kind of run.
 """
 
 from __future__ import annotations
@@ -25,28 +25,27 @@ import numpy as np
 
 from rljax import io
 from rljax.checkpoint import Checkpointer
-from rljax.config import ConfigError, RunConfig
-from rljax.data.pipeline import prompt_iterator
+from rljax.config import RunConfig
 from rljax.data.tasks import check_prompts, encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
-from rljax.engine.sampler import Request, Sampler, Trajectory
+from rljax.engine.sampler import Request, Trajectory
 from rljax.learner.advantages import group_advantages, resolve_scale
 from rljax.learner.batch import TrainSequence, pack_batch
-from rljax.learner.learner import check_divisible
+from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss, get_loss
-from rljax.mesh import distributed
 from rljax.mesh.resize import MeshCache, Reallocation
 from rljax.mesh.topology import Topology, build_topology
-from rljax.mesh.weight_sync import WeightSync, sampler_model
+from rljax.mesh.weight_sync import sampler_model
 from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
-from rljax.rewards.pool import RewardPool, failure_metrics
+from rljax.rewards.pool import failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import lending, resizing, resume, scoring
+from rljax.runtime import lending, resume, scoring
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
+from rljax.runtime.hosting import Hosting, hosting_for, not_leader
 from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.warm_start import warm_start
 
@@ -55,42 +54,12 @@ RewardFn = Callable[[str, dict], float]
 log = logging.getLogger(__name__)
 
 
-def check_supported(cfg: RunConfig, process_count: int) -> None:
-    """Refuse, with a one-line error, what this runtime cannot run yet."""
-    if cfg.mesh.reallocate and cfg.mode != "async":
-        raise ConfigError(
-            "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
-            "each role idles while the other works); set mode='async' or turn it off"
-        )
-    if cfg.mesh.reallocate and process_count > 1:
-        raise ConfigError(
-            "config key 'mesh.reallocate' = True is single-host for now: each host measures "
-            "its own phase times, and hosts that decided differently would hang; turn it off"
-        )
-    if cfg.learner.batch_groups % process_count:
-        raise ConfigError(
-            f"config key 'learner.batch_groups' = {cfg.learner.batch_groups} does not divide "
-            f"by the process count {process_count} (each process reads an equal share of "
-            f"the prompts); set it to a multiple of {process_count}"
-        )
-    if cfg.mode == "async" and process_count > 1:
-        raise ConfigError(
-            f"config key 'mode' = 'async' on {process_count} processes needs split meshes (a "
-            f"pod run: mesh.mode='split', sampler and learner on whole hosts); set mesh.mode="
-            f"'split', or mode='sync' and buffer.max_staleness=0"
-        )
-
-
 class Run:
     """One experiment, built from a :class:`RunConfig`. ``Run(cfg, workdir).train()``.
 
-    On a pod (several processes, split meshes) it is ``pod_class``: runtime.pod_run.PodRun."""
-
-    pod_class: type | None = None
-
-    def __new__(cls, cfg: RunConfig, *args: Any, **kwargs: Any):
-        pod = jax.process_count() > 1 and cfg.mesh.mode == "split"
-        return super().__new__(Run.pod_class if cls is Run and pod else cls)
+    The same on one process and on every process of a pod (docs/multihost.md): ``hosting``
+    (:func:`~rljax.runtime.hosting.hosting_for`) builds this process's parts.
+    """
 
     def __init__(
         self,
@@ -100,98 +69,86 @@ class Run:
         reward_fn: RewardFn | None = None,
         loss: str | Loss | None = None,
         devices: Sequence[jax.Device] | None = None,
+        hosting: Hosting | None = None,
     ):
-        self.ckpt = self.rewards = self.metrics = None
+        self.ckpt: Checkpointer | None = None
+        self.rewards = self.metrics = None
+        self.hosting: Hosting = hosting_for(cfg) if hosting is None else hosting
         try:
             self._build(cfg, workdir, reward_fn, loss, devices)
-        except BaseException:
+        except BaseException as e:
+            self.hosting.fail(e)  # a pod's other processes stop waiting for this one at once
             self.close()  # a refused start leaves no checkpoint manager or worker running
             raise
 
     def _build(self, cfg, workdir, reward_fn, loss, devices) -> None:
-        # Each process reads batch_groups / process_count prompts a step (next_prompts).
-        self.shard_index, self.shard_count = distributed.data_shard()
-        check_supported(cfg, self.shard_count)
-        if self.shard_count > 1:
-            distributed.check_same_config(cfg)
+        self.hosting.check(cfg)
         self.cfg = cfg
         self.workdir = str(io.ensure_writable_dir(workdir))
         self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
-        self._scale = resolve_scale(cfg.learner, self.loss)  # dr_grpo: no std scaling
         self.tokenizer = load_tokenizer(cfg)
         self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
         prompts = self.train_examples + self.heldout_examples[: cfg.eval_examples]
         check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
-        check_tokenizer_fits(cfg, self.tokenizer, initial_model_config(cfg))
-        reward = get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
+        self.model_cfg = initial_model_config(cfg)
+        check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
+        self.reward = (
+            get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
+        )
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology: Topology = build_topology(cfg.mesh, self.devices)
-        self.ckpt = (
-            Checkpointer(io.join(self.workdir, "checkpoints"), cfg.checkpoint)
-            if cfg.checkpoint.enabled
-            else None
-        )
-        # A resumed run restores onto abstract state: the model is not loaded to be overwritten.
-        self.resumed_meta: dict[str, Any] | None = None
-        if resume.can_resume(self.ckpt):
-            self.model_cfg, self.learner, self.resumed_meta = resume.restored_learner(
-                cfg, self.topology.learner, self.loss, self.ckpt
-            )
-        else:
-            self.model_cfg, self.learner = resume.new_learner(cfg, self.topology.learner, self.loss)
-        self.graphdef = self.learner.graphdef  # the engine's is in sampling.dtype:
-        self.sampler_model = sampler_model(self.model_cfg, self.graphdef, cfg.sampling.dtype)
         self.timeline = Timeline()
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
         )
-        self.rewards = RewardPool.from_config(reward, cfg.reward)
-        self.engine = self._build_engine(self.topology.sampler)
-        check_divisible(
-            "learner.batch_groups * learner.group_size", cfg.learner.batch_size, self.learner.dp
-        )
-        if cfg.sft.steps:
-            check_divisible("sft.batch_size", cfg.sft.batch_size, self.learner.dp)
-        self.weight_sync = WeightSync(
-            self.engine.param_shardings, dtype=cfg.sampling.dtype, slices=self.topology.slices
-        )
+        self.ckpt = self.open_checkpointer()
         # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
         self.engines, self.learners = MeshCache(), MeshCache()
-        self.engines.put(self.topology.sampler, self.engine)
-        self.learners.put(self.topology.learner, self.learner)
         # Called as hook(run, step) on the learner thread at each step boundary (see resize).
         self.step_hooks: list[Callable[[Run, int], None]] = []
         self.reallocation = Reallocation(cfg.mesh, cfg.reallocator) if cfg.mesh.reallocate else None
-        self.sampler = Sampler(
-            self.engine,
-            self.weight_sync.copy(self.learner.params),
-            version=self.learner.version,
-            stop_ids=sorted(self.tokenizer.stop_ids),
-        )
-        self.lending = lending.build(self)  # lending.enabled: chips lent inside a step
-        # This process's shard only; next_prompts all-gathers the shards into the global batch.
-        self.prompts = prompt_iterator(
-            self.train_examples,
-            batch_size=cfg.learner.batch_groups // self.shard_count,
-            seed=cfg.seed,
-            shard_index=self.shard_index,
-            shard_count=self.shard_count,
-        )
-        # Reward failures summed over processes (each scores only its share), for metrics.
+        # Reward failures summed over the scoring processes, for metrics.
         self.reward_failures: dict[str, int] = {}
-        self._stop_requested = False
+        self.stop_requested = False
         self.last_metrics: dict[str, Any] = {}
         self.driver: Driver | None = None
+        self.lending = None
         self.initial_accuracy = float("nan")
-        if self.resumed_meta is not None:
-            self.prompts.set_state(resume.data_state(self.resumed_meta))
-            self.initial_accuracy = self.resumed_meta["initial_accuracy"]
-            self.metrics.rewind(self.resumed_meta.get("metrics_offset"))
+        # A resumed run restores onto abstract state: the model is not loaded to be overwritten.
+        self.resumed_meta: dict[str, Any] | None = None
+        self.hosting.build(self)
+
+    def open_checkpointer(self) -> Checkpointer | None:
+        """The run's checkpoints (None with ``checkpoint.enabled`` off)."""
+        if not self.cfg.checkpoint.enabled:
+            return None
+        return Checkpointer(io.join(self.workdir, "checkpoints"), self.cfg.checkpoint)
+
+    def adopt_learner(
+        self, learner: Learner | None, resumed_meta: dict[str, Any] | None, graphdef: Any
+    ) -> None:
+        """Take what a hosting built: this process's learner (None on a process without one),
+        the meta it was restored from (None for a fresh run: the version, metrics and accuracy
+        resume there) and the model's graphdef (the engine's comes from it)."""
+        cfg = self.cfg
+        self.resumed_meta = resumed_meta
+        self.learner = learner
+        self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype)
+        if learner is not None:
+            check_divisible(
+                "learner.batch_groups * learner.group_size", cfg.learner.batch_size, learner.dp
+            )
+            if cfg.sft.steps:
+                check_divisible("sft.batch_size", cfg.sft.batch_size, learner.dp)
+        if resumed_meta is not None:
+            self.initial_accuracy = resumed_meta["initial_accuracy"]
+            self.metrics.rewind(resumed_meta.get("metrics_offset"))
         elif self.ckpt is not None:
             # A run killed before its first checkpoint starts afresh, and so do its metrics.
             self.metrics.rewind(0)
 
-    def _build_engine(self, mesh) -> Engine:
+    def build_engine(self, mesh) -> Engine:
+        """The engine of this run's sampler on ``mesh``."""
         cfg = self.cfg
         model_cfg, graphdef = self.sampler_model
         return Engine(model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl)
@@ -205,7 +162,8 @@ class Run:
         return scoring.completion_text(self.tokenizer, t)
 
     def publish(self) -> None:
-        """Hand the learner's newest weights to the sampler (a device_put across meshes)."""
+        """Hand the learner's newest weights to the sampler (across meshes, and hosts)."""
+        self._lead("Run.publish")
         with self.timeline.span("weight_sync"):
             self.weight_sync.publish(self.learner.params, self.learner.version)
             self.sampler.set_params(*self.weight_sync.acquire())
@@ -219,28 +177,23 @@ class Run:
             sampling=SlotSampling(temperature=0.0) if greedy else None,
             payload=example,
             request_id=request_id,
+            home=self.prompts.home(example),
         )
 
     def next_prompts(self) -> list[dict]:
-        """The next global batch of prompts: every process's shard, in process order.
-
-        Each process reads ``batch_groups / process_count`` examples from its own shard of the
-        stream; the all-gather gives every process the same list, which the global-mesh engine
-        and learner need.
-        """
-        local = next(self.prompts)
-        _debug("read", process=self.shard_index, prompts=[ex["prompt"] for ex in local])
-        return [ex for share in distributed.allgather_objects(local) for ex in share]
+        """The next global batch of prompts (the same list on every process that reads it)."""
+        batch = next(self.prompts)
+        _debug("read", prompts=[ex["prompt"] for ex in batch])
+        return batch
 
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
-        """Rewards for ``trajs`` (in order), scored by process and gathered (runtime.scoring)."""
-        rewards, self.reward_failures = scoring.score(
-            trajs, self.rewards, self.tokenizer, self.shard_index, self.shard_count
-        )
+        """Rewards for ``trajs`` (in order), wherever the hosting scores them."""
+        rewards, self.reward_failures = self.scorer.score(trajs)
         return rewards
 
     def evaluate(self, step: int, phase: str = "eval") -> float:
         """Greedy accuracy on the held-out split."""
+        self._lead("Run.evaluate")
         examples = self.heldout_examples[: self.cfg.eval_examples]
         latest = self.weight_sync.acquire()  # the driver's sampler swaps only when it generates
         if latest is not None and latest[1] > self.sampler.version:
@@ -265,7 +218,7 @@ class Run:
 
     def make_batch(self, groups: list[Group]):
         """Group-normalised advantages, then a packed batch for the configured loss."""
-        _debug("learner", process=self.shard_index, prompts=[g.example["prompt"] for g in groups])
+        _debug("learner", prompts=[g.example["prompt"] for g in groups])
         adv = group_advantages(
             np.stack([g.rewards for g in groups]),
             scale=resolve_scale(self.cfg.learner, self.learner.loss),
@@ -288,9 +241,12 @@ class Run:
     def save(self, *, force: bool = False) -> None:
         """Checkpoint the full training state at this step boundary if due (or forced).
 
-        The driver's state (buffer, pending prompts) and the prompt iterator's are read under
-        one lock, so no prompt drawn in between is skipped or repeated on resume.
+        Due is :meth:`Checkpointer.should_save`'s answer: every ``checkpoint.every_steps``, or a
+        preemption notice. The driver's state (buffer, pending prompts) and the prompt
+        stream's are read under one lock, so no prompt drawn in between is skipped or repeated
+        on resume; the hosting then writes it (on a pod, every process at the same tick).
         """
+        self._lead("Run.save")
         version = self.learner.version
         if self.ckpt is None or not self.ckpt.should_save(version, force=force):
             return
@@ -302,22 +258,20 @@ class Run:
                 data_state=data,
                 initial_accuracy=self.initial_accuracy,
                 metrics_offset=self.metrics.offset(),
-                extra={"driver": driver} if driver else None,
+                extra={**self.hosting.checkpoint_extra(), **({"driver": driver} if driver else {})},
                 config=self.cfg,
+                gather=self.hosting.gather_data,
             )
-            self.ckpt.save(
-                version,
-                params=self.learner.params,
-                opt_state=self.learner.opt_state,
-                meta=meta,
-                force=force,
-            )
+            self.hosting.write_state(self, version, meta, force=force)
 
     def request_stop(self, *_: Any) -> None:
         """Finish the current step, checkpoint, and return (SIGTERM lands here)."""
-        self._stop_requested = True
-        if self.driver is not None:
-            self.driver.stop()
+        self.stop_requested = True
+        self.hosting.request_stop(self)
+
+    def _lead(self, what: str) -> None:
+        if not self.hosting.is_leader:
+            raise not_leader(what)
 
     # -- resizing ---------------------------------------------------------------------------
 
@@ -328,23 +282,24 @@ class Run:
         step, before its weights go out), before or after ``train``, or from another thread
         during an async run (it then waits for the next step boundary). See
         :func:`rljax.runtime.resizing.resize` for what moves; returns the record logged to
-        metrics.jsonl (phase 'resize'), or None when ``split`` is the current split.
+        metrics.jsonl (phase 'resize'), or None when ``split`` is the current split. On a
+        pod, the run resizes through a checkpoint at the next step boundary, as
+        ``mesh.resize_schedule`` would (:mod:`rljax.runtime.pod_resize`): the record is
+        logged then, and this returns None.
         """
-        return resizing.resize(self, split, cause="api")
+        self._lead("Run.resize")
+        return self.resizer.resize(split, "api")
 
     def _at_boundary(self, step: int) -> None:
-        """The safe point after each learner step: step hooks, then the reallocation policy."""
+        """The safe point after each learner step: step hooks, then the resizer."""
         for hook in list(self.step_hooks):
             hook(self, step)
-        resizing.maybe_reallocate(self)
+        self.resizer.at_boundary()
 
     # -- phases -----------------------------------------------------------------------------
 
-    def _warm_start(self) -> None:
-        self.warm_start_learner()
-        self.publish()
-
-    def warm_start_learner(self) -> None:  # the sft.* warm start, not yet published
+    def warm_start_learner(self) -> None:
+        """The ``sft.*`` warm start of this process's learner (not yet published)."""
         eos = self.tokenizer.eos_id
         warm_start(
             self.cfg,
@@ -362,7 +317,8 @@ class Run:
         self.last_metrics = metrics
         self.metrics.write(step, "train", metrics)
         self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])
-        if self._stop_requested:
+        self.resizer.after_step(metrics)
+        if self.stop_requested:
             return
         cfg = self.cfg
         # Evaluating mid-run needs the sampler to itself: only the lock-step schedule allows it.
@@ -392,7 +348,7 @@ class Run:
             prompts=iter(self.next_prompts, None),
             make_request=self.make_request,
             score=self.score,
-            make_batch=self.make_batch,
+            make_batch=self.batches,
             group_size=cfg.learner.group_size,
             num_steps=cfg.num_steps,
             lockstep=cfg.mode == "sync",
@@ -409,26 +365,34 @@ class Run:
         )
 
     def train(self) -> dict[str, Any]:
-        """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again."""
+        """Warm start, evaluate, run ``num_steps`` RL steps, evaluate again.
+
+        On a pod every process calls it: process 0 runs the phases, the others their share.
+        """
         # SIGTERM stops the run gracefully until train returns: one during the final
         # evaluation lets it finish (it used to kill the process there).
         previous = install_sigterm(self.request_stop)
         try:
-            return self._train()
+            return self.hosting.train(self)
+        except BaseException as e:
+            self.hosting.fail(e)
+            raise
         finally:
             restore_sigterm(previous)
 
-    def _train(self) -> dict[str, Any]:
+    def run_phases(self) -> dict[str, Any]:
+        """The leader's phases (:meth:`train` without the SIGTERM handling); the summary."""
         cfg = self.cfg
         start = time.perf_counter()
         if self.resumed_meta is None:
-            self._warm_start()
+            self.hosting.warm_start(self)
+            self.publish()
             self.initial_accuracy = self.evaluate(0, "eval_initial")
             self.metrics.print(f"held-out accuracy after warm start: {self.initial_accuracy:.3f}")
         else:
             self.metrics.print(f"resumed from checkpoint at step {self.learner.version}")
         self.driver = self._make_driver()
-        if self._stop_requested:  # a SIGTERM before the driver existed (warm start, eval)
+        if self.stop_requested:  # a SIGTERM before the driver existed (warm start, eval)
             self.driver.stop()
         self.driver.run(start_step=self.learner.version)
         # Rollouts still in flight belong to versions nobody will train; evaluation needs
@@ -437,7 +401,7 @@ class Run:
         latest = self.weight_sync.acquire()
         if latest is not None:
             self.sampler.set_params(*latest)
-        if self._stop_requested:
+        if self.stop_requested:
             self.save(force=True)
             if self.ckpt is not None:
                 self.ckpt.wait()

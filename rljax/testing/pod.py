@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,47 @@ def result(log: str) -> Any:
     Parsed with ``raw_decode``: gloo's C++ logging can land on the same line, right after it.
     """
     return json.JSONDecoder().raw_decode(log.split("RESULT ", 1)[1])[0]
+
+
+class MemoryChannel:
+    """The coordination service's key-value store, in memory: enough of Channel for threads."""
+
+    def __init__(self, *, blocking: bool = True, count: int = 1):
+        # blocking=False: a get of a key nobody posted raises at once (single-threaded tests)
+        self.blocking, self.count = blocking, count
+        self.store: dict[str, object] = {}
+        self.cond = threading.Condition()
+        self.failed: BaseException | None = None
+
+    def post(self, key, value, *, overwrite=False):
+        with self.cond:
+            assert overwrite or key not in self.store, f"{key} posted twice"
+            self.store[key] = value
+            self.cond.notify_all()
+
+    def get(self, key, *, waiting_for="the pod"):
+        with self.cond:
+            while key not in self.store:
+                if self.failed is not None:
+                    raise RuntimeError(f"lost while waiting for {waiting_for}")
+                if not self.blocking:
+                    raise LookupError(f"nothing posted under {key!r} ({waiting_for})")
+                self.cond.wait()
+            return self.store[key]
+
+    def try_get(self, key):
+        with self.cond:
+            return self.store.get(key)
+
+    def keys(self, directory):
+        with self.cond:
+            return [k for k in self.store if k.startswith(f"{directory}/")]
+
+    def delete(self, key):
+        with self.cond:
+            self.store.pop(key, None)
+
+    def fail(self, error):
+        with self.cond:
+            self.failed = error
+            self.cond.notify_all()

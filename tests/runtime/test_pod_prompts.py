@@ -4,8 +4,6 @@ any host count, and stops every feeder with nothing left in the store."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from rljax.config import ConfigError
@@ -20,41 +18,10 @@ from rljax.runtime.pod_prompts import (
     resumed_position,
     task_example,
 )
+from rljax.testing.pod import MemoryChannel
 
 EXAMPLES = [{"prompt": f"{i} + 1", "answer": i + 1} for i in range(11)]
 SEED, BATCH = 5, 4
-
-
-class MemoryChannel:
-    """The coordination service's key-value store, in memory: enough of Channel for threads."""
-
-    def __init__(self):
-        self.store: dict[str, object] = {}
-        self.cond = threading.Condition()
-        self.failed: BaseException | None = None
-
-    def post(self, key, value, *, overwrite=False):
-        with self.cond:
-            assert overwrite or key not in self.store, f"{key} posted twice"
-            self.store[key] = value
-            self.cond.notify_all()
-
-    def get(self, key, *, waiting_for="the pod"):
-        with self.cond:
-            while key not in self.store:
-                if self.failed is not None:
-                    raise RuntimeError(f"lost while waiting for {waiting_for}")
-                self.cond.wait()
-            return self.store[key]
-
-    def delete(self, key):
-        with self.cond:
-            self.store.pop(key, None)
-
-    def fail(self, error):
-        with self.cond:
-            self.failed = error
-            self.cond.notify_all()
 
 
 def _one_process_stream(batches: int, skip: int = 0) -> list[dict]:

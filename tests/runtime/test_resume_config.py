@@ -73,7 +73,7 @@ def test_keys_newer_than_the_checkpoint_compare_with_their_default(caplog):
     assert "checkpoint /old holds no run config" in caplog.text
 
 
-def test_restored_learner_refuses_before_touching_the_model(tmp_path):
+def test_restore_refuses_before_touching_the_model(tmp_path):
     mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
     tree = {"w": jax.device_put(jnp.zeros(4), NamedSharding(mesh, PartitionSpec()))}
     cfg = CheckpointConfig(enabled=True, every_steps=1, keep=2, async_save=False)
@@ -81,6 +81,7 @@ def test_restored_learner_refuses_before_touching_the_model(tmp_path):
         ckpt.save(3, params=tree, opt_state=tree, meta=_meta(CFG))
         assert ckpt.read_meta()["config"] == resume.flat_config(CFG)
         changed = replace(CFG, **{"learner.group_size": 4})
-        # The saved arrays are no learner state at all: only the config check can stop it.
+        # The saved arrays are no learner state, and there is no restore target at all: only
+        # the config check, before anything is read, can stop it.
         with pytest.raises(ConfigError, match=r"learner.group_size \(8 -> 4\)"):
-            resume.restored_learner(changed, mesh, None, ckpt)
+            resume.restore(ckpt, changed, None)

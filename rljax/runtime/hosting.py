@@ -1,0 +1,306 @@
+"""Where a run's parts live: one process (or processes sharing both meshes), or a pod.
+
+:class:`~rljax.runtime.run.Run` builds what every process builds alike (config checks, task,
+tokenizer, topology, metrics, checkpoints) and runs the phases (warm start, evaluation, the
+driver, evaluation). What differs on a pod is chosen once, when the run is built, as a
+:class:`Hosting`:
+
+- :class:`LocalHosting`: one process, or several processes that share both meshes (one SPMD
+  program; each process reads and scores its own shard of the prompts, all-gathered).
+- :class:`~rljax.runtime.pod_hosting.PodHosting`: several processes on split meshes, each
+  playing one role; process 0 leads, the others replay its operations (docs/multihost.md).
+
+A hosting builds the run's parts, each behind a Protocol (here, or in
+:mod:`rljax.runtime.parts`): ``prompts`` (:class:`PromptSource`), ``scorer``
+(:class:`Scorer`), ``resizer`` (:class:`Resizer`), the sampler, learner and weight sync; and it
+writes the checkpoints the run decides to save. Nothing else in the runtime asks which kind of
+run it is in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import jax
+import numpy as np
+
+from rljax.config import ConfigError, RunConfig
+from rljax.data.pipeline import prompt_iterator
+from rljax.engine.sampler import Sampler, Trajectory
+from rljax.mesh import distributed
+from rljax.mesh.weight_sync import WeightSync
+from rljax.policy.reallocation import Split
+from rljax.rewards.pool import RewardPool
+from rljax.runtime import lending, resizing, resume, scoring
+
+if TYPE_CHECKING:
+    from rljax.runtime.run import Run
+
+
+class PromptSource(Protocol):
+    """The training prompt stream the run's driver reads, a batch at a time."""
+
+    def __next__(self) -> list[dict]:
+        """The next global batch of examples (every process gets the same list)."""
+        ...
+
+    def get_state(self) -> dict[str, Any]:
+        """This process's position, as a checkpoint holds it."""
+        ...
+
+    def home(self, example: dict) -> int | None:
+        """The sampler host whose slots ``example``'s samples take (None: any slot)."""
+        ...
+
+    def stop(self) -> None:
+        """The end of a build: let go of whatever reads ahead."""
+        ...
+
+
+class Scorer(Protocol):
+    """Rewards for trajectories, wherever the reward functions run."""
+
+    def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
+        """(rewards of ``trajs`` in order, failures by kind over every scoring process); each
+        trajectory's ``reward`` is set too."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class Resizer(Protocol):
+    """Moves chips between the meshes: asked by the API or at the driver's step boundary."""
+
+    def resize(self, split: Split, cause: str) -> dict[str, Any] | None:
+        """Move to ``split``; the record logged, or None when nothing moved (yet)."""
+        ...
+
+    def at_boundary(self) -> None:
+        """The safe point after a learner step: resize if the schedule or the policy asks."""
+        ...
+
+    def after_step(self, metrics: dict[str, Any]) -> None:
+        """A train step was logged with ``metrics`` (a resize's record may wait for it)."""
+        ...
+
+
+class Hosting(Protocol):
+    """What differs between one process and a pod, chosen when the run is built."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process runs the phases (and the driver) and writes the metrics."""
+        ...
+
+    @property
+    def gather_data(self) -> bool:
+        """Whether every process holds a share of the prompt stream's state (all-gathered into
+        the checkpoint), or the leader alone holds it."""
+        ...
+
+    def check(self, cfg: RunConfig) -> None:
+        """Refuse, with a one-line error, what this hosting cannot run (before any work)."""
+        ...
+
+    def build(self, run: Run) -> None:
+        """Build the run's parts on this process (learner state restored or new included)."""
+        ...
+
+    def train(self, run: Run) -> dict[str, Any]:
+        """Run the phases (:meth:`Run.run_phases`), or this process's share of them."""
+        ...
+
+    def warm_start(self, run: Run) -> None:
+        """The supervised warm start (``sft.*``), wherever the learner is."""
+        ...
+
+    def check_meta(self, meta: dict[str, Any]) -> None:
+        """Refuse a checkpoint this hosting cannot resume (before its arrays are read)."""
+        ...
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What a checkpoint's meta holds beside the run's state (a pod's shape)."""
+        ...
+
+    def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
+        """Write the learner state and ``meta`` as ``version`` (the run decided it is due)."""
+        ...
+
+    def request_stop(self, run: Run) -> None:
+        """SIGTERM: stop at the next step boundary, checkpoint, return."""
+        ...
+
+    def fail(self, error: BaseException) -> None:
+        """A build or a phase failed on this process: stop the others waiting for it."""
+        ...
+
+
+def hosting_for(cfg: RunConfig) -> Hosting:
+    """The hosting of this process: a pod on several processes with split meshes."""
+    if jax.process_count() > 1 and cfg.mesh.mode == "split":
+        from rljax.runtime.pod_hosting import PodHosting
+
+        return PodHosting()
+    return LocalHosting()
+
+
+def not_leader(what: str) -> ConfigError:
+    """The one-line refusal of a leader's operation called on another process of a pod."""
+    return ConfigError(
+        f"{what} runs on the pod's leader (process {jax.process_index()} is not process 0, "
+        "which takes every decision and posts it to the others); call it on process 0"
+    )
+
+
+# -- one process, or processes sharing both meshes ----------------------------------------------
+
+
+class ProcessPrompts:
+    """Each process reads ``batch_groups / process_count`` examples a step from its shard of
+    the stream; the all-gather gives every process the same global batch, which the shared
+    engine and learner need."""
+
+    def __init__(self, run: Run, shard_index: int, shard_count: int):
+        cfg = run.cfg
+        self.shard_index, self.shard_count = shard_index, shard_count
+        self._it: Iterator[list[dict]] = prompt_iterator(
+            run.train_examples,
+            batch_size=cfg.learner.batch_groups // shard_count,
+            seed=cfg.seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+        )
+        if run.resumed_meta is not None:
+            self._it.set_state(resume.data_state(run.resumed_meta))  # type: ignore[attr-defined]
+
+    def __iter__(self) -> ProcessPrompts:
+        return self
+
+    def __next__(self) -> list[dict]:
+        local = next(self._it)
+        return [ex for share in distributed.allgather_objects(local) for ex in share]
+
+    def get_state(self) -> dict[str, Any]:
+        return self._it.get_state()  # type: ignore[attr-defined]
+
+    def home(self, example: dict) -> int | None:
+        return None
+
+    def stop(self) -> None:
+        pass
+
+
+class ProcessScorer:
+    """Each process scores its own prompts' groups in its own pool; rewards all-gathered
+    (:func:`rljax.runtime.scoring.score`)."""
+
+    def __init__(self, pool: RewardPool, tokenizer: Any, shard_index: int, shard_count: int):
+        self.pool, self.tokenizer = pool, tokenizer
+        self.shard_index, self.shard_count = shard_index, shard_count
+
+    def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
+        return scoring.score(trajs, self.pool, self.tokenizer, self.shard_index, self.shard_count)
+
+    def stop(self) -> None:
+        pass
+
+
+class InPlaceResizer:
+    """Resizes within the process: reshard the learner, rebuild the engine, re-publish
+    (:mod:`rljax.runtime.resizing`)."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def resize(self, split: Split, cause: str) -> dict[str, Any] | None:
+        return resizing.resize(self.run, split, cause)
+
+    def at_boundary(self) -> None:
+        resizing.maybe_reallocate(self.run)
+
+    def after_step(self, metrics: dict[str, Any]) -> None:
+        pass  # an in-place resize logs its record at once
+
+
+class LocalHosting:
+    """One process, or several processes that share both meshes (one SPMD program)."""
+
+    is_leader = True
+    gather_data = True
+
+    def __init__(self) -> None:
+        self.shard_index, self.shard_count = distributed.data_shard()
+
+    def check(self, cfg: RunConfig) -> None:
+        n = self.shard_count
+        if cfg.mesh.reallocate and n > 1:
+            raise ConfigError(
+                "config key 'mesh.reallocate' = True on processes that share both meshes: each "
+                "host measures its own phase times, and hosts that decided differently would "
+                "hang; turn it off, or run a pod (mesh.mode='split', whole hosts per mesh)"
+            )
+        if cfg.learner.batch_groups % n:
+            raise ConfigError(
+                f"config key 'learner.batch_groups' = {cfg.learner.batch_groups} does not divide "
+                f"by the process count {n} (each process reads an equal share of the prompts); "
+                f"set it to a multiple of {n}"
+            )
+        if cfg.mode == "async" and n > 1:
+            raise ConfigError(
+                f"config key 'mode' = 'async' on {n} processes needs split meshes (a pod run: "
+                f"mesh.mode='split', sampler and learner on whole hosts); set mesh.mode="
+                f"'split', or mode='sync' and buffer.max_staleness=0"
+            )
+        lending.check_lending(cfg, n)
+        if n > 1:
+            distributed.check_same_config(cfg)
+
+    def build(self, run: Run) -> None:
+        cfg = run.cfg
+        learner_mesh = run.topology.learner
+        abstract = resume.abstract_learner(cfg, learner_mesh, run.loss)
+        restored = resume.restore(run.ckpt, cfg, abstract, check_meta=self.check_meta)
+        learner = resume.learner_for(cfg, learner_mesh, run.loss, restored, run.learners)
+        run.adopt_learner(learner, None if restored is None else restored.meta, learner.graphdef)
+        sampler_mesh = run.topology.sampler
+        run.engine = run.engines.get(sampler_mesh, lambda: run.build_engine(sampler_mesh))
+        run.weight_sync = WeightSync(
+            run.engine.param_shardings, dtype=cfg.sampling.dtype, slices=run.topology.slices
+        )
+        run.sampler = Sampler(
+            run.engine,
+            run.weight_sync.copy(run.learner.params),
+            version=run.learner.version,
+            stop_ids=sorted(run.tokenizer.stop_ids),
+        )
+        run.rewards = RewardPool.from_config(run.reward, cfg.reward)
+        run.scorer = ProcessScorer(run.rewards, run.tokenizer, self.shard_index, self.shard_count)
+        run.prompts = ProcessPrompts(run, self.shard_index, self.shard_count)
+        run.resizer = InPlaceResizer(run)
+        run.batches = lambda groups: run.make_batch(groups)  # read late: tests wrap make_batch
+        run.lending = lending.build(run)  # lending.enabled: chips lent inside a step
+
+    def train(self, run: Run) -> dict[str, Any]:
+        return run.run_phases()
+
+    def warm_start(self, run: Run) -> None:
+        run.warm_start_learner()
+
+    def check_meta(self, meta: dict[str, Any]) -> None:
+        pass
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {}
+
+    def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
+        assert run.ckpt is not None
+        params, opt_state = run.learner.params, run.learner.opt_state
+        run.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=force)
+
+    def request_stop(self, run: Run) -> None:
+        if run.driver is not None:
+            run.driver.stop()
+
+    def fail(self, error: BaseException) -> None:
+        pass

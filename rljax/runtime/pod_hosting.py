@@ -1,0 +1,313 @@
+"""A :class:`~rljax.runtime.run.Run` on a pod: each process builds and plays one role.
+
+``rljax.Run(cfg, workdir)`` on several processes running a split topology
+(``mesh.mode='split'``) is hosted by :class:`PodHosting`; the launcher and the library need
+nothing else. The sampler leader (process 0) runs the run's phases (warm start, evaluation,
+the driver, checkpoints) through stand-ins that post each operation to the other processes
+(:mod:`rljax.runtime.pod`); the sampler followers and the learner processes replay them.
+
+Checkpoints hold what one host would hold: the learner's params and optimiser state (laid
+out over every device of the pod, :func:`~rljax.checkpoint.save_shardings`, so every process
+takes part in orbax's save and restore), and the leader's meta (buffer, pending prompts,
+prompt-stream position, metrics cursor) plus the pod's shape, so a resume with another process
+count is refused (another split of whole hosts is fine). A resize mid-run goes through such a
+checkpoint, in-process (:mod:`rljax.runtime.pod_resize`).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from rljax.checkpoint import save_shardings, use_orbax_distributed_barriers
+from rljax.config import ConfigError, RunConfig
+from rljax.engine.homes import process_homes
+from rljax.engine.sampler import Sampler
+from rljax.mesh import distributed
+from rljax.mesh.control import Channel
+from rljax.mesh.transfer import transfer
+from rljax.rewards.pool import RewardPool
+from rljax.runtime import pod, pod_prompts, pod_resize, resume
+from rljax.runtime.clocks import compile_seconds
+from rljax.runtime.pod import Op
+from rljax.runtime.pod_scoring import PodScorer, ScoreServer
+
+if TYPE_CHECKING:
+    from rljax.runtime.run import Run
+
+
+def check_pod(cfg: RunConfig) -> None:
+    """Refuse, with a one-line error, what a pod cannot run."""
+    if cfg.lending.enabled:
+        raise ConfigError(
+            "config key 'lending.enabled' = True is single-process for now (a pod's lent chips "
+            "would need their own tick stream); turn it off for a pod run"
+        )
+    resizes = cfg.mesh.reallocate or cfg.mesh.resize_schedule
+    if resizes and not cfg.checkpoint.enabled:
+        raise ConfigError(
+            "a pod resizes through a checkpoint (every process saves, rebuilds for the new "
+            "split, restores); set checkpoint.enabled=True, or turn mesh.reallocate and "
+            "mesh.resize_schedule off"
+        )
+    if cfg.mesh.reallocate:
+        pod_resize.check_granularity(cfg.mesh.reallocate_granularity, jax.local_device_count())
+
+
+class PodHosting:
+    """This process's part in a pod run: its role's objects, rebuilt at each resize."""
+
+    gather_data = False  # the leader alone holds the stream's position
+
+    def __init__(self, channel: Channel | None = None):
+        self.channel = Channel() if channel is None else channel
+        self.roles: pod.Roles | None = None
+        self.preempted = False
+        self.resizes = 0  # builds since the start: the epoch of every per-build key
+        self.tick = 0  # the next tick this process reads (a follower)
+        self.ticks: pod.Ticks | None = None  # the leader's, one count across resizes
+        self.scored_by_host: dict[int, int] = {}  # trajectories each sampler host scored
+        self.read_by_host: dict[int, int] = {}  # prompts each sampler host read
+        self.slot_homes: list[int] | None = None
+        self.resize_to: tuple | None = None  # (split, cause, when decided): the leader's
+
+    @property
+    def is_leader(self) -> bool:
+        return self.roles.is_leader if self.roles is not None else jax.process_index() == 0
+
+    @property
+    def learner_role(self) -> bool:
+        return self.roles is not None and self.roles.role == "learner"
+
+    def check(self, cfg: RunConfig) -> None:
+        check_pod(cfg)
+        distributed.check_same_config(cfg)
+        use_orbax_distributed_barriers()  # before any Checkpointer opens
+
+    def fail(self, error: BaseException) -> None:
+        self.channel.fail(error)  # the others stop waiting for this process at once
+
+    def build(self, run: Run) -> None:
+        self.roles = pod.roles(run.topology)
+        pod_resize.check_schedule(run)
+        compile_seconds()  # from now on, count the seconds spent compiling
+        self.build_split(run)
+
+    def build_split(self, run: Run) -> float:
+        """The parts that depend on the split (at start, and after each resize); returns the
+        seconds spent restoring a checkpoint."""
+        cfg, roles = run.cfg, self.roles
+        assert roles is not None
+        abstract = resume.abstract_learner(cfg, run.topology.learner, run.loss)
+        self.abstract_state = (abstract.params, abstract.opt_state)
+        self.weights = pod.PodWeights(
+            abstract.params, run.topology.sampler, cfg.sampling.dtype, run.topology.slices
+        )
+        self.save_layout = save_shardings(self.abstract_state, run.devices)
+        start = time.perf_counter()
+        restored = resume.restore(
+            run.ckpt, cfg, abstract, check_meta=self.check_meta, layout=self.save_layout
+        )
+        restore_s = time.perf_counter() - start
+        meta = None if restored is None else restored.meta
+        self.learner_version = 0 if restored is None else restored.version
+        learner = None
+        if roles.role == "learner":
+            mesh = run.topology.learner
+            learner = resume.learner_for(cfg, mesh, run.loss, restored, run.learners)
+        run.adopt_learner(learner, meta, abstract.graphdef)
+        if roles.role == "sampler":
+            self._build_sampler(run)
+        if not self.resizes:  # a resize's cost exchange is its barrier (pod_resize.rebuild)
+            self.channel.barrier("built")
+        return restore_s
+
+    def _build_sampler(self, run: Run) -> None:
+        cfg, roles = run.cfg, self.roles
+        assert roles is not None
+        mesh = run.topology.sampler
+        run.engine = run.engines.get(mesh, lambda: run.build_engine(mesh))
+        # each host's prompts take its own slots (None: slots replicated over the hosts)
+        self.slot_homes = homes = process_homes(run.engine, roles.sampler)
+        # No weights until the first swap.
+        sampler = Sampler(
+            run.engine,
+            None,
+            version=self.learner_version,
+            stop_ids=sorted(run.tokenizer.stop_ids),
+            slot_homes=homes,
+        )
+        stream = pod_prompts.open_stream(
+            roles,
+            self.channel,
+            self.resizes,
+            run.train_examples,
+            cfg.seed,
+            run.resumed_meta,
+            cfg.learner.batch_groups,
+            self.read_by_host,
+        )
+        if run.rewards is None:  # every sampler host scores a share of the groups
+            run.rewards = RewardPool.from_config(run.reward, cfg.reward)
+        if not roles.is_leader:
+            self.real_sampler, self.feeder = sampler, stream
+            self.score_server = ScoreServer(
+                self.channel, roles.me, self.resizes, run.rewards, run.tokenizer
+            )
+            return
+        assert isinstance(stream, pod_prompts.PodPrompts)
+        run.prompts = stream
+        run.scorer = PodScorer(
+            self.channel,
+            roles.sampler,
+            self.resizes,
+            run.rewards,
+            run.tokenizer,
+            scored=self.scored_by_host,
+        )
+        run.weight_sync = sync = pod.PodWeightSync()
+        self.ticks = self.ticks or pod.Ticks(self.channel)
+        run.sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync)
+        run.learner = pod.RemoteLearner(run.sampler, self.channel, self.learner_version)
+        run.resizer = pod_resize.PodResizer(run, self)
+        run.batches = pod.make_pod_batch
+
+    def release_role(self, run: Run) -> None:
+        """Let go of this process's role objects before a resize (their meshes are cached)."""
+        if self.learner_role:
+            run.learner.params = run.learner.opt_state = None
+        run.learner = run.sampler = run.engine = run.driver = None
+        self.real_sampler = self.score_server = self.feeder = None
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def shape(self) -> dict[str, Any]:
+        r = self.roles
+        assert r is not None
+        return {
+            "processes": jax.process_count(),
+            "sampler": list(r.sampler),
+            "learner": list(r.learner),
+        }
+
+    def check_meta(self, meta: dict[str, Any]) -> None:
+        pod_resize.check_shape(meta.get("pod"), self.shape())
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {"pod": self.shape()}
+
+    def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
+        """The leader's save: every process saves at this tick (:meth:`save_state`)."""
+        assert self.ticks is not None
+        with self.ticks.lock:
+            self.ticks.flush(Op.SAVE, {"version": version, "meta": meta, "wait": force})
+            self.save_state(run, version, meta, wait=force)
+
+    def save_state(self, run: Run, version: int, meta: dict[str, Any], *, wait: bool) -> None:
+        """Every process: the learner state onto the save layout, then one orbax save."""
+        assert run.ckpt is not None
+        state = (run.learner.params, run.learner.opt_state) if self.learner_role else None
+        params, opt_state = transfer(state or self.abstract_state, self.save_layout)
+        run.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=True)
+        if wait:
+            run.ckpt.wait()
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def request_stop(self, run: Run) -> None:
+        """SIGTERM: the leader stops at the next step boundary; others tell the leader."""
+        self.preempted = True
+        if self.is_leader:
+            if run.driver is not None:
+                run.driver.stop()
+        else:
+            self.channel.post(f"stop/{jax.process_index()}", {}, overwrite=True)
+
+    def _poll_stop(self, run: Run) -> None:
+        if not run.stop_requested and self.channel.keys("stop"):
+            run.request_stop()
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def warm_start(self, run: Run) -> None:
+        """The learner processes warm-start at the 'sft' tick; the leader waits for them."""
+        if run.cfg.sft.steps:
+            assert self.ticks is not None
+            self.ticks.flush(Op.SFT)
+            self.channel.get("done/sft", waiting_for="the warm start")
+
+    def train(self, run: Run) -> dict[str, Any]:
+        start = time.perf_counter()
+        while True:
+            summary, resize = self._train_split(run)
+            if resize is None:
+                break
+            split, cause, decided = resize
+            record = pod_resize.rebuild(run, self, split, decided)
+            if self.is_leader:
+                run.resizer.logged(record, cause)
+        if self.learner_role:
+            digests = pod.shard_digests(run.learner.params)
+            self.channel.post(f"replicas/{jax.process_index()}", digests)
+        if self.is_leader:
+            summary["pod"] = self._summary(run, time.perf_counter() - start)
+        return summary
+
+    def _summary(self, run: Run, wall_s: float) -> dict[str, Any]:
+        roles = self.roles
+        assert roles is not None
+        out: dict[str, Any] = {**self.shape(), "resizes": self.resizes, "wall_s": wall_s}
+        for what, counts in (("scored", self.scored_by_host), ("read", self.read_by_host)):
+            out[f"{what}_by_host"] = {str(h): n for h, n in counts.items()}
+        slots = collections.Counter(self.slot_homes or [])
+        out["slots_by_host"] = {str(h): n for h, n in sorted(slots.items())}
+        digests = [
+            self.channel.get(f"replicas/{p}", waiting_for=f"learner process {p}'s digests")
+            for p in roles.learner
+        ]
+        check = pod.compare_replicas(digests)
+        run.metrics.write(run.learner.version, "replicas", check)
+        out["learner_replicas"] = check
+        return out
+
+    def _train_split(self, run: Run) -> tuple[dict[str, Any], tuple | None]:
+        """Run until the end or a resize: (summary, (split, cause, when decided) or None)."""
+        roles = self.roles
+        assert roles is not None
+        if roles.role == "learner":
+            self.tick, op, arg = pod.follow_learner(run, self, self.tick)
+            summary: dict[str, Any] = {"role": "learner", "steps": run.learner.version}
+        elif not roles.is_leader:
+            self.tick, op, arg = pod.follow_sampler(run, self, self.real_sampler, self.tick)
+            self.score_server.join()  # the leader stopped both before this tick
+            self.feeder.join()
+            summary = {"role": "sampler"}
+        else:
+            summary, op, arg = self._lead(run)
+        if op is Op.END:
+            return summary, None
+        decided = arg.get("decided", time.perf_counter())  # a follower: when the tick came
+        return summary, (pod_resize.split_of(arg), arg["cause"], decided)
+
+    def _lead(self, run: Run) -> tuple[dict[str, Any], Op, Any]:
+        assert self.ticks is not None
+        run.sampler.on_tick = lambda: self._poll_stop(run)
+        if run.resumed_meta is not None:
+            run.publish()  # the restored version, before anything samples
+        summary = run.run_phases()
+        resize, self.resize_to = self.resize_to, None
+        run.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
+        run.prompts.stop()
+        if resize is not None and not self.preempted:
+            split, cause, decided = resize
+            arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}
+            self.ticks.flush(Op.RESIZE, arg)
+            run.stop_requested = False
+            return summary, Op.RESIZE, {**arg, "decided": decided}
+        # Only on success: after an error the others learn of it from Channel.fail and exit
+        # non-zero instead of ending cleanly.
+        self.ticks.flush(Op.END)
+        return summary, Op.END, None
