@@ -58,8 +58,7 @@ from rljax.engine.state import (
 )
 from rljax.engine.steps import build_steps
 from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
-from rljax.engine.weights import load_checkpoint
-from rljax.models.serving import ServingDecoder, serving_converter
+from rljax.engine.weights import ServingLayout, load_checkpoint, serving_layout
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
@@ -134,14 +133,11 @@ class Engine:
         self._parked = False  # host slots freed since the device state last saw the table
         self._base_key = jax.random.key(seed)
         self._prefills = itertools.count()
-        layout = sampling_cfg.weights_layout
-        if layout == "auto":
-            on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
-            layout = "per_layer" if on_cpu else "stacked"
-        self.weights_layout = layout
-        self._to_serving = None
-        if layout == "per_layer":
-            self._to_serving = serving_converter(model_cfg, graphdef, mesh, rules)
+        # How the served weights are held, fixed for the engine's life (rljax.engine.weights).
+        self.layout: ServingLayout = serving_layout(
+            sampling_cfg.weights_layout, model_cfg, graphdef, mesh, rules
+        )
+        self.weights_layout = self.layout.name
         self._steps = build_steps(self)
 
     # -- JetStream properties ---------------------------------------------------------------
@@ -229,7 +225,7 @@ class Engine:
                 "load_params() needs the params to serve: pass a params state, e.g. "
                 "load_params(learner.params), or build the Engine with checkpoint=PATH"
             )
-        if isinstance(params, ServingDecoder):
+        if not isinstance(params, nnx.State):
             raise ValueError(
                 "load_params() takes a params state (the learner's layout), not params this "
                 "engine already serves; pass those to prefill/generate as they are"
@@ -240,14 +236,14 @@ class Engine:
     def serving_params(self, params):
         """``params`` (on the sampler mesh) in the layout this engine serves from.
 
-        With ``weights_layout='per_layer'`` a params state becomes a new
-        :class:`~rljax.models.serving.ServingDecoder`; anything else (a ServingDecoder, None,
-        or any params under 'stacked') is returned as it is. prefill and generate take either
-        layout.
+        A params state goes through the engine's :class:`~rljax.engine.weights.ServingLayout`
+        (under 'per_layer' it becomes a new :class:`~rljax.models.serving.ServingDecoder`);
+        anything else (weights already served, or None) is returned as it is. prefill and
+        generate take what this returns.
         """
-        if self._to_serving is None or not isinstance(params, nnx.State):
+        if not isinstance(params, nnx.State):
             return params
-        return self._to_serving(params)
+        return self.layout.serve(params)
 
     def get_tokenizer(self) -> TokenizerParameters:
         """Where the tokenizer lives (JetStream's ``TokenizerParameters``)."""
@@ -506,14 +502,15 @@ class Engine:
         return decode_state, ResultTokens(data, log_prob=log_prob)
 
     def lower_generate(self, params: nnx.State) -> jax.stages.Lowered:
-        """The device step of :meth:`generate` lowered for ``params`` and an empty decode state.
+        """The device step of :meth:`generate` lowered for a params state and an empty decode
+        state, in the layout this engine serves.
 
         ``params`` may be arrays or abstract (``nnx.eval_shape``) ShapeDtypeStructs: only their
-        shapes and dtypes count, placed by :meth:`param_shardings`. The decode state is
-        abstract too, so nothing is allocated. ``.compile().memory_analysis()`` gives
-        per-device bytes.
+        shapes and dtypes count, placed as the engine's layout places what it serves. The
+        decode state is abstract too, so nothing is allocated. ``.compile().memory_analysis()``
+        gives per-device bytes.
         """
-        params = with_shardings(params, self.param_shardings(params))
+        params = self.layout.abstract(params)
         abstract = jax.eval_shape(self._steps.make_state)
         state = with_shardings(abstract, self.decode_state_shardings())
         return self._steps.lower_generate(params, state)

@@ -18,19 +18,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from rljax.engine import sampling
 from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
-from rljax.models.serving import ServingDecoder
 
 Sampler = Callable[[jax.Array], jax.Array]  # logits [rows, V] -> tokens [rows]
-
-
-def as_model(graphdef, params):
-    """The decoder over ``params`` in either layout (``Engine.weights_layout``): a
-    ServingDecoder already is one; a params state is merged with ``graphdef``."""
-    return params if isinstance(params, ServingDecoder) else nnx.merge(graphdef, params)
 
 
 def draw(logits_sv, keys_s, temperature, top_k, top_p, min_p, steps_s, live_s, sampler):
@@ -79,7 +71,7 @@ def build_steps(engine) -> Steps:
     prefix_sh = engine.get_prefix_destination_sharding()
     rep = engine._replicated()
     max_seq_len = engine.max_seq_len
-    model_of = functools.partial(as_model, engine._graphdef)
+    model_of = engine.layout.model  # the decoder over the weights in the engine's layout
     shard = (engine.mesh, engine._rules)
 
     @functools.partial(
@@ -218,7 +210,7 @@ def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
     # multi-process sampler could not fetch rows that live on another host's devices.
     @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
     def generate(params, state):
-        model = as_model(engine._graphdef, params)
+        model = engine.layout.model(params)
         live = state.active & (state.positions < max_seq_len)
         # A full slot decodes onto its shard's null page, so it never writes past its pages.
         hidden, kp, vp = model.decode(

@@ -1,18 +1,123 @@
-"""Weights an engine serves when ``load_params()`` is called with none (JetStream's server does).
+"""The weights an engine serves: the layout it holds them in, and the checkpoint it reads.
 
-The engine's ``checkpoint`` is a Hugging Face safetensors directory or a GGUF file; it is read
-straight into the sampler's shardings, and must describe the engine's own model.
+An engine serves its weights in one layout (``sampling.weights_layout``), chosen once when it
+is built (:func:`serving_layout`) and kept for its life: a :class:`ServingLayout` turns a
+params state (the learner's layout, on the sampler mesh) into the weights the engine serves,
+and those into the decoder its jitted steps run. The engine's code is the same for both.
+
+- ``stacked``: the learner's params state as it is (:data:`rljax.models.layouts.STACKED`);
+  what accelerators serve.
+- ``per_layer``: a :class:`rljax.models.serving.ServingDecoder`, converted from the state on
+  every weight swap (:data:`rljax.models.layouts.PER_LAYER`); what CPU devices decode from
+  fastest.
+
+When ``load_params()`` is called with no params (JetStream's server does), the engine reads its
+``checkpoint``, a Hugging Face safetensors directory or a GGUF file, straight into the
+sampler's shardings; it must describe the engine's own model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.config import ModelConfig
-from rljax.models.sharding import ShardingRules
+from rljax.models.serving import ServingDecoder, serving_converter
+from rljax.models.sharding import ShardingRules, state_shardings, with_shardings
+from rljax.models.transformer import CallPaths
+
+
+class ServingLayout(Protocol):
+    """How an engine holds the weights it serves; one implementation per weights layout."""
+
+    name: str  # its sampling.weights_layout
+
+    def serve(self, params: nnx.State) -> Any:
+        """A params state on the sampler mesh, as the weights this layout serves."""
+        ...
+
+    def model(self, served: Any) -> CallPaths:
+        """The decoder over served weights; traced inside the engine's jitted steps."""
+        ...
+
+    def abstract(self, params: nnx.State) -> Any:
+        """What :meth:`serve` makes of ``params`` (arrays or abstract), as placed
+        ``jax.ShapeDtypeStruct``s: nothing is computed or allocated."""
+        ...
+
+
+def _wrong_weights(layout: str, want: str, served: Any) -> TypeError:
+    return TypeError(
+        f"this engine serves weights_layout={layout!r} ({want}), got a "
+        f"{type(served).__name__}; pass the params through engine.load_params(params) or "
+        "engine.serving_params(params) first"
+    )
+
+
+class StackedServing:
+    """Serves the params state as it is: the learner's stacked layout."""
+
+    name = "stacked"
+
+    def __init__(self, model_cfg: ModelConfig, graphdef, mesh: Mesh, rules: ShardingRules):
+        del model_cfg  # the graphdef holds what the merge needs
+        self._graphdef, self._mesh, self._rules = graphdef, mesh, rules
+
+    def serve(self, params: nnx.State) -> nnx.State:
+        return params
+
+    def model(self, served: nnx.State) -> CallPaths:
+        if not isinstance(served, nnx.State):
+            raise _wrong_weights(self.name, "a params state", served)
+        return nnx.merge(self._graphdef, served)
+
+    def abstract(self, params: nnx.State) -> nnx.State:
+        return with_shardings(params, state_shardings(params, self._mesh, self._rules))
+
+
+class PerLayerServing:
+    """Serves a ServingDecoder, converted from the params state by one compiled function."""
+
+    name = "per_layer"
+
+    def __init__(self, model_cfg: ModelConfig, graphdef, mesh: Mesh, rules: ShardingRules):
+        self._convert = serving_converter(model_cfg, graphdef, mesh, rules)
+
+    def serve(self, params: nnx.State) -> ServingDecoder:
+        return self._convert(params)
+
+    def model(self, served: ServingDecoder) -> CallPaths:
+        if not isinstance(served, ServingDecoder):
+            raise _wrong_weights(self.name, "a ServingDecoder", served)
+        return served
+
+    def abstract(self, params: nnx.State) -> ServingDecoder:
+        return self._convert.eval_shape(params)
+
+
+# sampling.weights_layout -> its ServingLayout ('auto' is resolved by serving_layout).
+SERVING_LAYOUTS: dict[str, Callable[..., ServingLayout]] = {
+    StackedServing.name: StackedServing,
+    PerLayerServing.name: PerLayerServing,
+}
+
+
+def serving_layout(
+    name: str, model_cfg: ModelConfig, graphdef, mesh: Mesh, rules: ShardingRules
+) -> ServingLayout:
+    """The layout ``name`` (a ``sampling.weights_layout``) for an engine on ``mesh``.
+
+    'auto' is 'per_layer' when every device of the mesh is a CPU, else 'stacked'. The name is
+    one of ``rljax.config.checks.WEIGHTS_LAYOUTS``, which SamplingConfig checks.
+    """
+    if name == "auto":
+        on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
+        name = PerLayerServing.name if on_cpu else StackedServing.name
+    return SERVING_LAYOUTS[name](model_cfg, graphdef, mesh, rules)
 
 
 def load_checkpoint(

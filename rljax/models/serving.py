@@ -11,8 +11,9 @@ down (measured in docs/benchmarks.md, engine section):
 
 :class:`ServingDecoder` holds each layer's weights as their own arrays, every matrix
 transposed to [out..., in...] (stored under ``name + '_t'``), and runs the decoder's
-computation (:class:`rljax.models.transformer.CallPaths`) over them with the layers as
-straight-line code. Its values are the Decoder's, up to float summation order. Built by
+computation (:class:`rljax.models.transformer.CallPaths`) over them in the per-layer layout
+(:data:`rljax.models.layouts.PER_LAYER`: those matmuls, the layers as straight-line code).
+Its values are the Decoder's, up to float summation order. Built by
 :func:`serving_converter` from the learner's params on every weight swap; a TPU sampler keeps
 the stacked layout (``sampling.weights_layout``).
 """
@@ -20,6 +21,7 @@ the stacked layout (``sampling.weights_layout``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +29,9 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from rljax.config import ModelConfig
+from rljax.models.layouts import PER_LAYER, Layout, PerLayer
 from rljax.models.sharding import ShardingRules, fitted_sharding
-from rljax.models.transformer import PARAM_AXES, CallPaths, Decoder, dense
+from rljax.models.transformer import LAYER_PARAMS, PARAM_AXES, CallPaths, Decoder
 
 # Each stacked matrix's per-layer axes, reordered to [out..., in...] for the serving layout.
 TRANSPOSED = {
@@ -42,6 +45,18 @@ TRANSPOSED = {
 }
 
 
+def _serving_axes(name: str) -> tuple[str, tuple[str, ...]]:
+    """Stacked layer weight ``name``'s key and logical axes in one layer of the serving layout."""
+    axes = PARAM_AXES[name][1:]  # drop 'layers'
+    if name not in TRANSPOSED:
+        return name, axes
+    return PerLayer.key(name), tuple(axes[i] for i in TRANSPOSED[name])
+
+
+# The logical axes of each of one layer's arrays, by its key in the serving layout.
+LAYER_AXES: dict[str, tuple[str, ...]] = dict(_serving_axes(name) for name in LAYER_PARAMS)
+
+
 @struct.dataclass
 class ServingDecoder(CallPaths):
     """The decoder's weights, one set of arrays per layer, matrices [out..., in...].
@@ -51,6 +66,7 @@ class ServingDecoder(CallPaths):
     embedding [V, D] is already in that layout).
     """
 
+    layout: ClassVar[Layout] = PER_LAYER
     cfg: ModelConfig = struct.field(pytree_node=False)
     embed: jax.Array
     final_norm: jax.Array
@@ -68,8 +84,8 @@ class ServingDecoder(CallPaths):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Vocabulary logits in float32 for hidden states [..., D]."""
-        head = {"head_t": self.embed if self.head_t is None else self.head_t}
-        return dense(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
+        head = {PerLayer.key("head"): self.embed if self.head_t is None else self.head_t}
+        return self.layout.project(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
 
 
 def to_serving(model) -> ServingDecoder:
@@ -81,7 +97,7 @@ def to_serving(model) -> ServingDecoder:
         out = {}
         for name, w in stacked.items():
             if name in TRANSPOSED:
-                out[name + "_t"] = jnp.transpose(w[i], TRANSPOSED[name])
+                out[PerLayer.key(name)] = jnp.transpose(w[i], TRANSPOSED[name])
             else:
                 out[name] = w[i]
         return out
@@ -89,13 +105,6 @@ def to_serving(model) -> ServingDecoder:
     head = None if cfg.tie_embeddings else model.lm_head[...].T
     layers = tuple(layer(i) for i in range(cfg.num_layers))
     return ServingDecoder(cfg, model.embed[...], model.final_norm[...], head, layers)
-
-
-def _layer_axes(name: str) -> tuple[str, ...]:
-    """The logical axes of one layer's array ``name`` in the serving layout."""
-    base = name.removesuffix("_t")
-    axes = PARAM_AXES[base][1:]  # drop 'layers'
-    return tuple(axes[i] for i in TRANSPOSED[base]) if name.endswith("_t") else axes
 
 
 def serving_shardings(abstract: ServingDecoder, mesh: Mesh, rules: ShardingRules):
@@ -108,7 +117,7 @@ def serving_shardings(abstract: ServingDecoder, mesh: Mesh, rules: ShardingRules
     if abstract.head_t is not None:
         head = place(("vocab", "embed"), abstract.head_t, "head_t")
     layers = tuple(
-        {k: place(_layer_axes(k), x, f"layers/{i}/{k}") for k, x in layer.items()}
+        {k: place(LAYER_AXES[k], x, f"layers/{i}/{k}") for k, x in layer.items()}
         for i, layer in enumerate(abstract.layers)
     )
     return abstract.replace(

@@ -6,8 +6,9 @@ tied input/output embeddings (SmolLM2).
 
 Per-layer weights are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``: one block is compiled however deep the model is, and a checkpoint's layer
-tensors map onto one array per kind. The computation lives in :class:`CallPaths`, so a CPU
-sampler can run it over the same weights in another layout (:mod:`rljax.models.serving`).
+tensors map onto one array per kind. The computation lives in :class:`CallPaths`, over a
+:class:`~rljax.models.layouts.Layout` that says how the weights multiply and the layers run, so
+a CPU sampler can run it over the same weights in another layout (:mod:`rljax.models.serving`).
 
 Two call paths share the weights:
 - :meth:`Decoder.__call__` runs packed training sequences (segment ids + positions) and can
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +40,7 @@ from rljax.config import ModelConfig
 from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
 from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
 from rljax.kernels.sharding import axis_size, run_sharded
+from rljax.models.layouts import STACKED, Layout
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardings
 
 # A role's mesh and its logical-axis rules; what the call paths need to shard_map the kernels.
@@ -72,65 +75,6 @@ REMAT_POLICIES = {
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-@jax.custom_vjp
-def swiglu(x_btd: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """The SwiGLU MLP ``(silu(x W_gate) * x W_up) W_down`` with a hand-written backward.
-
-    Autodiff's backward of the 3-D einsums has XLA's CPU backend fuse the silu derivative with
-    a transpose of the [tokens, F] gradient into the layout its weight-gradient GEMM wants,
-    a strided loop that took as long as the GEMMs. Here every product is a plain 2-D matmul
-    over the flattened tokens (the weight gradients ``x^T dy``), the silu derivative is one
-    elementwise pass, and only the two pre-activations are saved: 1.5x faster forward +
-    backward at SmolLM2's shapes on the CPU, same values.
-    """
-    return _swiglu_fwd(x_btd, w_gate, w_up, w_down)[0]
-
-
-def _swiglu_fwd(x_btd, w_gate, w_up, w_down):
-    x_nd = x_btd.reshape(-1, x_btd.shape[-1])
-    gate, up = x_nd @ w_gate, x_nd @ w_up
-    out = (jax.nn.silu(gate) * up) @ w_down
-    return out.reshape(x_btd.shape), (x_nd, w_gate, w_up, w_down, gate, up)
-
-
-def _swiglu_bwd(residuals, dy_btd):
-    x_nd, w_gate, w_up, w_down, gate, up = residuals
-    dy_nd = dy_btd.reshape(-1, dy_btd.shape[-1])
-    sig = jax.nn.sigmoid(gate)
-    silu = gate * sig
-    d_act = dy_nd @ w_down.T
-    d_up = d_act * silu
-    d_gate = d_act * up * (sig * (1 + gate * (1 - sig)))
-    dx = d_gate @ w_gate.T + d_up @ w_up.T
-    x_dn = x_nd.T
-    grads = (x_dn @ d_gate, x_dn @ d_up, (silu * up).T @ dy_nd)
-    return (dx.reshape(dy_btd.shape), *grads)
-
-
-swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
-
-
-def dense(x: jax.Array, p: dict[str, jax.Array], name: str, spec: str) -> jax.Array:
-    """``x`` times layer weight ``name`` of ``p``, cast to x's dtype.
-
-    The stacked layout holds ``name`` as [in..., out...] and the product is the einsum
-    ``spec``. The serving layout (:mod:`rljax.models.serving`) holds ``name + '_t'`` as
-    [out..., in...], and the product is one matmul with the weight as its left operand,
-    ``[out, in] @ [in, rows]``: at the few rows of a decode step, the form XLA's CPU dot
-    kernels stream the weight through fastest. The barriers keep XLA from folding the
-    transposes into the dot, which would turn it back into the slow operand order.
-    """
-    if name + "_t" not in p:
-        return jnp.einsum(spec, x, p[name].astype(x.dtype))
-    w = p[name + "_t"].astype(x.dtype)
-    ins, out = spec.split("->")
-    contracted = len(set(ins.split(",")[0]) - set(out))  # x's trailing dims the product sums
-    lead, inner = x.shape[: x.ndim - contracted], x.shape[x.ndim - contracted :]
-    rows_in = jax.lax.optimization_barrier(x.reshape(-1, math.prod(inner)).T)
-    out_rows = jax.lax.optimization_barrier(w.reshape(-1, rows_in.shape[0]) @ rows_in)
-    return out_rows.T.reshape(*lead, *w.shape[: w.ndim - contracted])
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -170,40 +114,27 @@ def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) 
     return out.astype(x_bthd.dtype)
 
 
-def run_layers(block, carry, layers, *, unroll: int = 1):
-    """``block(carry, (p, i))`` over layer ``i``'s weights ``p``: a ``jax.lax.scan`` over
-    stacked weights (a dict), or straight-line code over a sequence of per-layer dicts, whose
-    ``i`` is then a Python int. Returns the carry and the blocks' outputs stacked by layer.
-    """
-    if isinstance(layers, dict):
-        depth = jax.tree.leaves(layers)[0].shape[0]
-        return jax.lax.scan(block, carry, (layers, jnp.arange(depth)), unroll=unroll)
-    outs = []
-    for i, p in enumerate(layers):
-        carry, out = block(carry, (p, i))
-        outs.append(out)
-    return carry, None if outs[0] is None else jax.tree.map(lambda *x: jnp.stack(x), *outs)
-
-
 class CallPaths:
-    """The decoder's computation, over weights its subclass holds.
+    """The decoder's computation, over weights its subclass holds in its ``layout``.
 
-    A subclass gives ``cfg``, ``_layers()`` (the per-layer weights: a dict of arrays stacked
-    along a leading layer axis, run under ``jax.lax.scan``, or a sequence of per-layer dicts,
-    run as straight-line code), ``_embed(tokens)``, ``_final_norm()`` and ``logits(hidden)``.
-    :class:`Decoder` holds the stacked layout the learner trains;
+    A subclass gives ``cfg``, ``layout`` (a :class:`rljax.models.layouts.Layout`: how its
+    weights multiply and its layers run, fixed by the class), ``_layers()`` (the per-layer
+    weights, in the form its layout runs), ``_embed(tokens)``, ``_final_norm()`` and
+    ``logits(hidden)``. :class:`Decoder` holds the stacked layout the learner trains;
     :class:`rljax.models.serving.ServingDecoder` holds the per-layer layout a CPU sampler
     decodes from fastest.
     """
 
     cfg: ModelConfig
+    layout: ClassVar[Layout]
 
     def _qkv(self, p, x_btd, positions_bt):
         cfg = self.cfg
         h_btd = rms_norm(x_btd, p["attn_norm"], cfg.norm_eps)
-        q = dense(h_btd, p, "wq", "BTD,DNH->BTNH")
-        k = dense(h_btd, p, "wk", "BTD,DKH->BTKH")
-        v = dense(h_btd, p, "wv", "BTD,DKH->BTKH")
+        project = self.layout.project
+        q = project(h_btd, p, "wq", "BTD,DNH->BTNH")
+        k = project(h_btd, p, "wk", "BTD,DKH->BTKH")
+        v = project(h_btd, p, "wv", "BTD,DKH->BTKH")
         if cfg.qkv_bias:
             dt = h_btd.dtype  # f32 biases must not promote bf16 activations
             q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
@@ -215,16 +146,9 @@ class CallPaths:
 
     def _finish_block(self, p, x_btd, attn_btnh):
         cfg = self.cfg
-        x_btd = x_btd + dense(attn_btnh, p, "wo", "BTNH,NHD->BTD")
+        x_btd = x_btd + self.layout.project(attn_btnh, p, "wo", "BTNH,NHD->BTD")
         h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
-        if "w_down_t" in p:  # the serving layout: inference only, no custom backward
-            gate = dense(h_btd, p, "w_gate", "BTD,DF->BTF")
-            up = dense(h_btd, p, "w_up", "BTD,DF->BTF")
-            return x_btd + dense(jax.nn.silu(gate) * up, p, "w_down", "BTF,FD->BTD")
-        dt = h_btd.dtype
-        return x_btd + swiglu(
-            h_btd, p["w_gate"].astype(dt), p["w_up"].astype(dt), p["w_down"].astype(dt)
-        )
+        return x_btd + self.layout.mlp(h_btd, p)
 
     # -- call paths -------------------------------------------------------------------------
 
@@ -286,7 +210,9 @@ class CallPaths:
             # Inside a rolled scan XLA cannot CSE the recomputation away, so prevent_cse costs
             # nothing there; unrolled blocks are straight-line code, where it keeps the remat.
             block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=unroll > 1)
-        x_btd, kv = run_layers(block, self._embed(tokens_bt), self._layers(), unroll=unroll)
+        x_btd, kv = self.layout.run_layers(
+            block, self._embed(tokens_bt), self._layers(), unroll=unroll
+        )
         hidden = rms_norm(x_btd, self._final_norm(), self.cfg.norm_eps)
         return (hidden, kv) if return_kv else hidden
 
@@ -397,13 +323,16 @@ class CallPaths:
             return (self._finish_block(p, x_btd, attn[:, None]), kp, vp), None
 
         carry = (self._embed(tokens_b[:, None]), k_pages, v_pages)
-        (x_b1d, k_pages, v_pages), _ = run_layers(block, carry, self._layers())
+        (x_b1d, k_pages, v_pages), _ = self.layout.run_layers(block, carry, self._layers())
         hidden = rms_norm(x_b1d[:, 0], self._final_norm(), self.cfg.norm_eps)
         return hidden, k_pages, v_pages
 
 
 class Decoder(CallPaths, nnx.Module):
-    """The decoder. Parameters carry logical axis names in their ``out_sharding`` metadata."""
+    """The decoder, its weights in the stacked layout (the one it trains in). Parameters carry
+    logical axis names in their ``out_sharding`` metadata."""
+
+    layout = STACKED
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg

@@ -6,7 +6,7 @@ import jax.test_util
 import numpy as np
 import pytest
 
-from rljax.models.transformer import swiglu
+from rljax.models.layouts import swiglu
 
 
 def plain(x, w_gate, w_up, w_down):
