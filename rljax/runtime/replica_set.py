@@ -191,9 +191,11 @@ class ReplicaSet:
             if not lent.has_work():
                 return False
             tokens = lent.stats["tokens"]
-            self._finished.extend(lent.step())
+            finished = lent.step()
+            self._finished.extend(finished)
             with self._lock:
                 self.stats["served_tokens"] += lent.stats["tokens"] - tokens
+                self.stats["served_samples"] += len(finished)
                 self.stats["served_steps"] += 1
                 self._lent_load = (lent.num_slots - lent.busy_slots, lent.queued_samples)
             return True
