@@ -55,6 +55,7 @@ import pickle
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import SupportsFloat, cast
 
 import numpy as np
 
@@ -136,13 +137,19 @@ def failure_metrics(counts: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+def _positive_real(x: object) -> bool:
+    # Typed as object: mypy holds float and numbers.Real disjoint, and would skip the code after
+    # an isinstance check of a float-typed argument as unreachable.
+    return isinstance(x, numbers.Real) and float(x) > 0
+
+
 def _check_value(value: object) -> tuple[float, str | None, str]:
     """(reward, failure kind or None, message) for one value a verifier returned."""
     is_scalar_array = isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0
     if not (isinstance(value, numbers.Real) or is_scalar_array):
         return 0.0, "type", f"verifier returned {type(value).__name__}, not a float"
     try:
-        reward = float(value)
+        reward = float(cast(SupportsFloat, value))  # a real number or a 0-d array, as checked
     except (TypeError, ValueError) as exc:
         return 0.0, "type", f"verifier returned a non-float: {exc}"
     if math.isnan(reward):
@@ -212,7 +219,7 @@ class RewardPool:
             raise TypeError(f"RewardPool needs a callable verifier, got {type(fn).__name__}.")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers={num_workers!r} must be a positive int.")
-        if not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+        if not _positive_real(timeout_s):
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds.")
         if mode not in _MODES:
             raise ValueError(f"mode={mode!r} is not supported; use one of {list(_MODES)}.")

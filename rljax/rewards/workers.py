@@ -90,7 +90,6 @@ class ProcessRunner:
         self._fn = fn
         self._on_restart = on_restart
         self._ctx = multiprocessing.get_context("spawn")
-        self._proc = None
         self._start()
 
     def _start(self) -> None:
@@ -123,10 +122,9 @@ class ProcessRunner:
         self._start()
 
     def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        if self._proc.is_alive():
             self._proc.kill()
-        if self._proc is not None:
-            self._proc.join(timeout=5.0)
+        self._proc.join(timeout=5.0)
         self._conn.close()
 
     def run(self, completion, example, timeout_s: float) -> tuple[str, object]:
