@@ -37,7 +37,13 @@ from rljax.learner.learner import Learner, data_parallel_size, optimizer_shardin
 from rljax.mesh.topology import Topology, build_topology
 from rljax.models.sharding import LEARNER_RULES, ShardingRules
 from rljax.policy.meter import PhaseMeter
-from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.policy.reallocation import (
+    PhaseStats,
+    Reallocator,
+    ReallocatorConfig,
+    Split,
+    reallocator_settings,
+)
 
 T = TypeVar("T")
 
@@ -215,9 +221,13 @@ class Reallocation:
     nor idle; the resize itself is the ``switch_cost_s`` the next decision weighs.
 
     Args:
-      mesh: the run's mesh section (``reallocate_every``, ``reallocate_granularity``).
-      settings: the policy's settings, the run's ``reallocator`` section.
-      policy: a policy object to use instead of ``Reallocator(settings)`` (tests script one).
+      mesh: the run's mesh section (``reallocate_every``, ``reallocate_granularity``, and the
+        tensor-parallel sizes, the fewest chips a side runs on).
+      settings: the run's ``reallocator`` section; the policy decides with
+        :func:`~rljax.policy.reallocation.reallocator_settings` of it, as the simulator's does.
+      max_staleness: eta, the run's ``buffer.max_staleness``.
+      policy: a policy object to use instead of ``Reallocator(self.settings)`` (tests script
+        one).
       meter: the meter the driver reports to (a new one by default).
     """
 
@@ -226,12 +236,21 @@ class Reallocation:
         mesh: MeshConfig,
         settings: ReallocatorConfig | None = None,
         *,
+        max_staleness: int,
         policy: Reallocator | None = None,
         meter: PhaseMeter | None = None,
     ):
         self.every = mesh.reallocate_every
         self.granularity = mesh.reallocate_granularity
-        self.policy = policy or Reallocator(settings or ReallocatorConfig())
+        self.settings = reallocator_settings(
+            settings or ReallocatorConfig(),
+            max_staleness=max_staleness,
+            granularity=mesh.reallocate_granularity,
+            # -1 (the remaining devices) sets no floor beyond one chip.
+            sampler_floor=max(1, mesh.sampler_tensor),
+            learner_floor=max(1, mesh.learner_tensor),
+        )
+        self.policy = policy or Reallocator(self.settings)
         self.meter = meter or PhaseMeter()
         self.switch_cost_s: float | None = None  # measured by the last resize
         self.phases: list[PhaseStats] = []

@@ -211,6 +211,56 @@ class ReallocatorConfig:
             fail("margin", "a positive number (benefit / switch cost; 1.0 is break-even)")
 
 
+def reallocator_settings(
+    section: ReallocatorConfig,
+    *,
+    max_staleness: int,
+    granularity: int,
+    sampler_floor: int = 1,
+    learner_floor: int = 1,
+) -> ReallocatorConfig:
+    """The settings a run's :class:`Reallocator` decides with: its ``reallocator`` section,
+    fitted to the run. The runtime (:class:`~rljax.mesh.resize.Reallocation`) and the simulator
+    both build their policy from this, so one config decides the same in both.
+
+    * A side never shrinks below the section's minimum, one move (``granularity`` chips) or its
+      floor: the sampler one replica (its tensor-parallel chips), the learner the chips its
+      state needs.
+    * ``full_fill`` is read against the fill a learner-bound pipeline holds. The meter's
+      ``buffer_fill`` counts the seats of all eta + 1 buffer rows at the phase's end, just
+      after a batch was consumed, when such a pipeline holds about eta of them full (the next
+      batch is still being sampled); so for eta > 0 the section's figure is scaled by
+      ``eta / (eta + 1)``. Unscaled, 0.9 is out of reach at eta = 1 (about 0.5 is full), and
+      a learner idle for another reason (a sync) is blamed on the sampler.
+
+    Args:
+      section: the ``reallocator`` config section (``RunConfig`` and ``SimConfig`` alike).
+      max_staleness: eta, the staleness buffer's bound (``buffer.max_staleness``).
+      granularity: chips per move (``mesh.reallocate_granularity``, the simulator's unit).
+      sampler_floor: the fewest chips the sampler runs on.
+      learner_floor: the fewest chips the learner runs on.
+    """
+    for name, value, least in (
+        ("max_staleness", max_staleness, 0),
+        ("granularity", granularity, 1),
+        ("sampler_floor", sampler_floor, 1),
+        ("learner_floor", learner_floor, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(
+                f"reallocator_settings: {name}={value!r} must be an integer >= {least}"
+            )
+    full_fill = section.full_fill
+    if max_staleness:
+        full_fill = section.full_fill * max_staleness / (max_staleness + 1)
+    return dataclasses.replace(
+        section,
+        min_sampler_chips=max(section.min_sampler_chips, sampler_floor, granularity),
+        min_learner_chips=max(section.min_learner_chips, learner_floor, granularity),
+        full_fill=full_fill,
+    )
+
+
 def predicted_phase_s(sampler_work: float, learner_work: float, sampler_chips: int, total: int):
     """Phase time of a pipelined split whose two sides scale linearly in chips."""
     return max(sampler_work / sampler_chips, learner_work / (total - sampler_chips))

@@ -38,7 +38,13 @@ from typing import Any
 from rljax.policy import admission
 from rljax.policy.lending import LendingConfig, LendingDecision
 from rljax.policy.meter import Learn, LearnerWait, PhaseMeter, SamplerIdle, StepEnd
-from rljax.policy.reallocation import PhaseStats, Reallocator, ReallocatorConfig, Split
+from rljax.policy.reallocation import (
+    PhaseStats,
+    Reallocator,
+    ReallocatorConfig,
+    Split,
+    reallocator_settings,
+)
 from rljax.policy.routing import ReplicaLoad, route
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.sim.config import MODES, SimConfig
@@ -147,6 +153,18 @@ class Simulator:
         state = 16 * self.cost.n_params
         need = -(-int(state) // int(self.cost.chip.hbm_bytes * 0.8))
         return max(self.unit, -(-need // self.unit) * self.unit)
+
+    def reallocator_settings(self) -> ReallocatorConfig:
+        """The Reallocator's settings: the ``reallocator`` section fitted to this run by
+        :func:`~rljax.policy.reallocation.reallocator_settings`, as the runtime's are. A
+        replica's ``tp`` chips and the chips the learner's state needs are the floors."""
+        return reallocator_settings(
+            self.cfg.reallocator or ReallocatorConfig(),
+            max_staleness=self.cfg.max_staleness,
+            granularity=self.unit,
+            sampler_floor=self.cost.tp,
+            learner_floor=self._min_learner_chips(),
+        )
 
     def estimated_switch_cost_s(self) -> float:
         """Reshard the learner state over the network, then rebuild and warm an engine."""

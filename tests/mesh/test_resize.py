@@ -368,7 +368,7 @@ def test_mesh_cache_builds_once_per_mesh():
 
 def test_reallocation_turns_a_phase_of_meter_events_into_stats():
     cfg = MeshConfig(mode="split", sampler_devices=6, learner_devices=2, reallocate=True)
-    r = Reallocation(replace(cfg, reallocate_every=2, reallocate_granularity=2))
+    r = Reallocation(replace(cfg, reallocate_every=2, reallocate_granularity=2), max_staleness=1)
     rows = [
         {"version": 3, "reserved": 1, "occupied": 2},
         {"version": 4, "reserved": 2, "occupied": 1},

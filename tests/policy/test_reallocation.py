@@ -12,6 +12,7 @@ from rljax.policy.reallocation import (
     Reallocator,
     ReallocatorConfig,
     Split,
+    reallocator_settings,
 )
 
 
@@ -216,3 +217,33 @@ def test_decode_timing_and_knob_errors():
         ReallocatorConfig(min_gain=1.5)
     with pytest.raises(ValueError, match="reallocator.reversal_block. = -1 is invalid"):
         ReallocatorConfig(reversal_block=-1)
+
+
+@pytest.mark.parametrize("eta, fill", [(0, 0.9), (1, 0.45), (3, 0.675)])
+def test_settings_scale_full_fill_to_the_rows_a_learner_bound_pipeline_holds(eta, fill):
+    # At a phase's end a learner-bound pipeline holds about eta of its eta + 1 rows full.
+    got = reallocator_settings(ReallocatorConfig(), max_staleness=eta, granularity=1)
+    assert got.full_fill == pytest.approx(fill)
+    assert dataclasses.replace(got, full_fill=0.9) == ReallocatorConfig()  # nothing else moves
+
+
+def test_settings_floor_each_side_at_a_move_its_own_floor_and_the_section():
+    section = ReallocatorConfig(min_sampler_chips=1, min_learner_chips=6)
+    got = reallocator_settings(
+        section, max_staleness=0, granularity=4, sampler_floor=2, learner_floor=3
+    )
+    assert (got.min_sampler_chips, got.min_learner_chips) == (4, 6)
+    got = reallocator_settings(
+        section, max_staleness=0, granularity=1, sampler_floor=2, learner_floor=8
+    )
+    assert (got.min_sampler_chips, got.min_learner_chips) == (2, 8)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("max_staleness", -1), ("granularity", 0), ("learner_floor", 1.5)]
+)
+def test_settings_refuse_bad_run_figures_in_one_line(field, value):
+    kwargs = dict(max_staleness=1, granularity=1, sampler_floor=1, learner_floor=1)
+    with pytest.raises(ValueError, match=f"{field}={value!r} must be an integer") as err:
+        reallocator_settings(ReallocatorConfig(), **{**kwargs, field: value})
+    assert "\n" not in str(err.value)

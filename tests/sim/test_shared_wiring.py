@@ -12,7 +12,7 @@ from rljax.config import ConfigError, MeshConfig, RunConfig, from_config_dict, t
 from rljax.mesh.resize import Reallocation
 from rljax.policy import meter as phase_meter
 from rljax.policy.admission import max_concurrent_groups
-from rljax.policy.reallocation import ReallocatorConfig
+from rljax.policy.reallocation import ReallocatorConfig, reallocator_settings
 from rljax.sim import simulator
 from rljax.sim.simulator import SimConfig, Simulator
 from tests.sim.test_simulator import COST, LENGTHS, small
@@ -70,7 +70,7 @@ def test_one_trace_gives_equal_phase_stats_in_the_runtime_and_the_simulator(monk
         reallocate_every=config.phase_steps,
         reallocate_granularity=sim.unit,
     )
-    runtime = Reallocation(mesh, ReallocatorConfig())
+    runtime = Reallocation(mesh, ReallocatorConfig(), max_staleness=config.max_staleness)
     fed = 0
     for until, kwargs, expected in meter.closed:
         for event in meter.trace[fed:until]:
@@ -125,6 +125,34 @@ def test_the_simulators_lending_reads_the_reallocators_held_threshold():
     sim = Simulator(config, COST, LENGTHS)
     sim.run()
     assert sim.lender.policy.held_threshold == 0.3
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_one_config_gives_the_simulator_and_the_runtime_equal_reallocator_settings(eta):
+    # Guards the two paths deriving the policy's settings differently (the simulator floored
+    # the sides and scaled full_fill; the runtime used the section as written, so one config
+    # decided differently in each): both build them with reallocator_settings.
+    section = ReallocatorConfig(min_sampler_chips=1, min_learner_chips=1, full_fill=0.8)
+    config = small("realloc", max_staleness=eta, reallocator=section)
+    sim = Simulator(config, COST, LENGTHS)
+    sim.run()
+    mesh = MeshConfig(
+        mode="split",
+        sampler_devices=config.sampler_chips,
+        learner_devices=config.total_chips - config.sampler_chips,
+        sampler_tensor=COST.tp,
+        learner_tensor=sim._min_learner_chips(),  # the floor the simulator's memory model sets
+        reallocate=True,
+        reallocate_granularity=sim.unit,
+    )
+    runtime = Reallocation(mesh, section, max_staleness=eta)
+    assert runtime.policy.config == sim.reallocator.config == sim.reallocator_settings()
+    expected = reallocator_settings(
+        section, max_staleness=eta, granularity=2, sampler_floor=1, learner_floor=2
+    )
+    assert runtime.settings == expected
+    assert expected.full_fill == pytest.approx(0.8 * eta / (eta + 1) if eta else 0.8)
+    assert (expected.min_sampler_chips, expected.min_learner_chips) == (2, 2)
 
 
 def test_every_reallocator_setting_is_a_run_config_key():
