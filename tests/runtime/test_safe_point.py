@@ -7,22 +7,19 @@ import time
 
 import numpy as np
 
-from rljax.engine.sampler import Request
-from rljax.policy.staleness import StalenessBuffer, StalenessController
-from rljax.runtime.driver import Driver
+from rljax.testing.drivers import fake_driver, run_with_watchdog
 from rljax.testing.fakes import (
     FakeLearner,
     FakeSampler,
     FakeWeightSync,
     constant_cost,
-    fake_make_batch,
     lognormal_lengths,
 )
 
 
 def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
     eta, batch, group, steps = 1, 2, 3, 8
-    consumed, staleness, boundaries, paused = [], [], [], []
+    consumed, boundaries, paused = [], [], []  # consumed: request ids
     learner = FakeLearner(constant_cost(0.001))
     weight_sync = FakeWeightSync()
     sampler = FakeSampler(
@@ -31,17 +28,6 @@ def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
         length_sampler=lognormal_lengths(20, 0.5, 60),
         params=learner.params,
     )
-    prompts = ([{"id": i * batch + j} for j in range(batch)] for i in range(10**6))
-    dispatched = []
-
-    def make_request(example, rid):
-        dispatched.append(rid)
-        return Request([1, 2], group, payload=example, request_id=rid)
-
-    def make_batch(groups):
-        consumed.extend(g.request_id for g in groups)
-        staleness.extend(learner.version - g.min_version for g in groups)
-        return fake_make_batch(groups)
 
     def on_boundary(step):
         latest = weight_sync.acquire()
@@ -52,18 +38,18 @@ def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
                 time.sleep(0.03)  # a parked sampler thread takes no step meanwhile
                 paused.append((ids, sampler.has_work(), sampler.stats["steps"] - before))
 
-    driver = Driver(
+    driver, record = fake_driver(
         sampler=sampler,
         learner=learner,
-        weight_sync=weight_sync,
-        buffer=StalenessBuffer(batch_groups=batch, max_staleness=eta),
-        controller=StalenessController(max_staleness=eta, batch_groups=batch, max_concurrent=2),
-        prompts=prompts,
-        make_request=make_request,
-        score=lambda trajs: np.arange(len(trajs), dtype=float),
-        make_batch=make_batch,
         group_size=group,
+        batch_groups=batch,
         num_steps=steps,
+        score=lambda trajs: np.arange(len(trajs), dtype=float),
+        eta=eta,
+        max_concurrent=2,
+        prompt=(1, 2),
+        weight_sync=weight_sync,
+        on_batch=lambda groups: consumed.extend(g.request_id for g in groups),
         on_boundary=on_boundary,
     )
     seen = {}
@@ -77,13 +63,11 @@ def test_driver_safe_point_parks_the_sampler_and_loses_nothing():
 
     caller = threading.Thread(target=from_another_thread)
     caller.start()
-    watchdog = threading.Timer(30, driver.stop)
-    watchdog.start()
     try:
-        driver.run()
+        run_with_watchdog(driver, 30.0)
     finally:
-        watchdog.cancel()
         caller.join()
+    staleness, dispatched = record.staleness, list(record.dispatched)
 
     # The boundary comes after each step and before its weights are published.
     assert [b[:2] for b in boundaries] == [(s, s + 1) for s in range(steps)]
