@@ -6,16 +6,40 @@ the in-flight requests and the flags used here. A resize (``Run.resize``) runs a
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from rljax.runtime.clocks import RoleClocks
+from rljax.runtime.parts import SamplerPart
+
+# A call queued for the boundary: the function, the event its caller waits on, and the box its
+# result or error goes in.
+BoundaryCall = tuple[Callable[[], Any], threading.Event, dict[str, Any]]
 
 
 class SafePoints:
     """``call_at_boundary`` and ``safe_point`` for the driver (see its docstring)."""
+
+    # The driver's, used here.
+    sampler: SamplerPart
+    clocks: RoleClocks
+    counters: collections.Counter[str]
+    _cond: threading.Condition
+    _stop: threading.Event
+    _errors: list[BaseException]
+    _inflight: dict[int, Any]
+    _boundary_calls: collections.deque[BoundaryCall]
+    _running: bool
+    _sampler_alive: bool
+    _park: bool
+    _parked: bool
+    on_learner_thread: Callable[[], bool]
+    _apply_aborts: Callable[[], None]
 
     def call_at_boundary(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the learner thread at the next step boundary; wait for its result.
@@ -25,7 +49,8 @@ class SafePoints:
         """
         if self.on_learner_thread():
             return fn()
-        done, box = threading.Event(), {}
+        done = threading.Event()
+        box: dict[str, Any] = {}
         with self._cond:  # checked and queued under the lock: run() drains after it stops
             queued = self._running
             if queued:
@@ -51,7 +76,7 @@ class SafePoints:
             done.set()
 
     @contextlib.contextmanager
-    def safe_point(self):
+    def safe_point(self) -> Iterator[list[int]]:
         """Park the sampler thread and interrupt every in-flight request.
 
         Yields the ids of the requests it interrupted (those with samples still generating).

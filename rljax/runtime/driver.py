@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -276,7 +276,8 @@ class Driver(SafePoints):
             self.counters["dropped_no_signal"] += 1
             return
         group = make_group(example, trajs, rewards)
-        surplus = self.buffer.occupy(rid, group, group.min_version)
+        # The driver reserves int ids only (the buffer also takes str ids).
+        surplus = cast(list[int], self.buffer.occupy(rid, group, group.min_version))
         for s in surplus:
             self._inflight.pop(s, None)
         self._aborts.extend(surplus)
