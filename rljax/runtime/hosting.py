@@ -172,7 +172,7 @@ class ProcessPrompts:
             shard_count=shard_count,
         )
         if run.resumed_meta is not None:
-            self._it.set_state(resume.data_state(run.resumed_meta))  # type: ignore[attr-defined]
+            self._it.set_state(resume.data_state(run.resumed_meta))
 
     def __iter__(self) -> ProcessPrompts:
         return self
@@ -304,3 +304,27 @@ class LocalHosting:
 
     def fail(self, error: BaseException) -> None:
         pass
+
+
+if TYPE_CHECKING:
+    from rljax.runtime.pod_hosting import PodHosting
+    from rljax.runtime.pod_prompts import PodPrompts
+    from rljax.runtime.pod_resize import PodResizer
+    from rljax.runtime.pod_scoring import PodScorer
+
+    def _implementations(
+        local: LocalHosting,
+        pod: PodHosting,
+        process_prompts: ProcessPrompts,
+        pod_prompts: PodPrompts,
+        process_scorer: ProcessScorer,
+        pod_scorer: PodScorer,
+        in_place: InPlaceResizer,
+        pod_resizer: PodResizer,
+    ) -> None:
+        """Never called: the type checker reads it, and checks each part's implementations."""
+        hostings: list[Hosting] = [local, pod]
+        sources: list[PromptSource] = [process_prompts, pod_prompts]
+        scorers: list[Scorer] = [process_scorer, pod_scorer]
+        resizers: list[Resizer] = [in_place, pod_resizer]
+        del hostings, sources, scorers, resizers

@@ -72,6 +72,11 @@ class PodHosting:
         self.scored_by_host: dict[int, int] = {}  # trajectories each sampler host scored
         self.read_by_host: dict[int, int] = {}  # prompts each sampler host read
         self.slot_homes: list[int] | None = None
+        # a sampler follower's parts (the leader's are the run's)
+        self.real_sampler: Sampler | None = None
+        self.score_server: ScoreServer | None = None
+        self.feeder: pod_prompts.PromptFeeder | None = None
+        self.resizer: pod_resize.PodResizer | None = None  # the leader's
         self.resize_to: tuple | None = None  # (split, cause, when decided): the leader's
 
     @property
@@ -153,6 +158,7 @@ class PodHosting:
         if run.rewards is None:  # every sampler host scores a share of the groups
             run.rewards = RewardPool.from_config(run.reward, cfg.reward)
         if not roles.is_leader:
+            assert isinstance(stream, pod_prompts.PromptFeeder)
             self.real_sampler, self.feeder = sampler, stream
             self.score_server = ScoreServer(
                 self.channel, roles.me, self.resizes, run.rewards, run.tokenizer
@@ -172,7 +178,7 @@ class PodHosting:
         self.ticks = self.ticks or pod.Ticks(self.channel)
         run.sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync)
         run.learner = pod.RemoteLearner(run.sampler, self.channel, self.learner_version)
-        run.resizer = pod_resize.PodResizer(run, self)
+        run.resizer = self.resizer = pod_resize.PodResizer(run, self)
         run.batches = pod.make_pod_batch
 
     def release_role(self, run: Run) -> None:
@@ -247,8 +253,8 @@ class PodHosting:
                 break
             split, cause, decided = resize
             record = pod_resize.rebuild(run, self, split, decided)
-            if self.is_leader:
-                run.resizer.logged(record, cause)
+            if self.resizer is not None:  # the leader's
+                self.resizer.logged(record, cause)
         if self.learner_role:
             digests = pod.shard_digests(run.learner.params)
             self.channel.post(f"replicas/{jax.process_index()}", digests)
@@ -281,6 +287,7 @@ class PodHosting:
             self.tick, op, arg = pod.follow_learner(run, self, self.tick)
             summary: dict[str, Any] = {"role": "learner", "steps": run.learner.version}
         elif not roles.is_leader:
+            assert self.real_sampler and self.score_server and self.feeder
             self.tick, op, arg = pod.follow_sampler(run, self, self.real_sampler, self.tick)
             self.score_server.join()  # the leader stopped both before this tick
             self.feeder.join()

@@ -154,9 +154,9 @@ def rebuild(run: Run, hosting: PodHosting, split: Split, started: float) -> dict
     Returns the pod's cost record (the same on every process).
     """
     compiled = compile_seconds()
-    old = run.topology.split
+    old = run.topology.split  # a pod's topology is always split
     roles = hosting.roles
-    assert roles is not None and run.ckpt is not None
+    assert old is not None and roles is not None and run.ckpt is not None
     old_hosts = (len(roles.sampler), len(roles.learner))
     run.ckpt.close()  # waits for the boundary's save: the restore reads it
     run.ckpt = run.open_checkpointer()

@@ -25,7 +25,7 @@ import numpy as np
 
 from rljax import io
 from rljax.checkpoint import Checkpointer
-from rljax.config import RunConfig
+from rljax.config import ConfigError, RunConfig
 from rljax.data.tasks import check_prompts, encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import Request, Trajectory
@@ -40,12 +40,12 @@ from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
-from rljax.rewards.pool import failure_metrics
+from rljax.rewards.pool import RewardPool, failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
 from rljax.runtime import lending, resume, scoring
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
-from rljax.runtime.hosting import Hosting, hosting_for, not_leader
+from rljax.runtime.hosting import Hosting, PromptSource, Resizer, Scorer, hosting_for, not_leader
 from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.warm_start import warm_start
 
@@ -61,6 +61,20 @@ class Run:
     (:func:`~rljax.runtime.hosting.hosting_for`) builds this process's parts.
     """
 
+    metrics: MetricsWriter
+    ckpt: Checkpointer | None
+    rewards: RewardPool | None  # None on a process that scores nothing (a pod's learner)
+    # The parts the hosting builds (on a pod, those of this process's role).
+    prompts: PromptSource
+    scorer: Scorer
+    resizer: Resizer
+    batches: Callable[[list[Group]], Any]  # what the driver's learner steps on, from groups
+    engine: Engine | None
+    sampler: Any  # a SamplerPart (rljax.runtime.parts)
+    learner: Any  # a LearnerPart
+    weight_sync: Any  # a WeightSyncPart
+    lending: lending.RunLending | None  # lending.enabled: chips lent inside a step
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -71,8 +85,7 @@ class Run:
         devices: Sequence[jax.Device] | None = None,
         hosting: Hosting | None = None,
     ):
-        self.ckpt: Checkpointer | None = None
-        self.rewards = self.metrics = None
+        self.ckpt = self.rewards = None
         self.hosting: Hosting = hosting_for(cfg) if hosting is None else hosting
         try:
             self._build(cfg, workdir, reward_fn, loss, devices)
@@ -106,7 +119,11 @@ class Run:
         self.engines, self.learners = MeshCache(), MeshCache()
         # Called as hook(run, step) on the learner thread at each step boundary (see resize).
         self.step_hooks: list[Callable[[Run, int], None]] = []
-        self.reallocation = Reallocation(cfg.mesh, cfg.reallocator) if cfg.mesh.reallocate else None
+        self.reallocation = (
+            Reallocation(cfg.mesh, cfg.reallocator, max_staleness=cfg.buffer.max_staleness)
+            if cfg.mesh.reallocate
+            else None
+        )
         # Reward failures summed over the scoring processes, for metrics.
         self.reward_failures: dict[str, int] = {}
         self.stop_requested = False
@@ -170,6 +187,7 @@ class Run:
 
     def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
         """A request for ``example``; its sampling seed depends only on the run seed and id."""
+        self._lead("Run.make_request")
         return Request(
             self.encode_prompt(example),
             1 if greedy else self.cfg.learner.group_size,
@@ -182,12 +200,14 @@ class Run:
 
     def next_prompts(self) -> list[dict]:
         """The next global batch of prompts (the same list on every process that reads it)."""
+        self._lead("Run.next_prompts")
         batch = next(self.prompts)
         _debug("read", prompts=[ex["prompt"] for ex in batch])
         return batch
 
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
         """Rewards for ``trajs`` (in order), wherever the hosting scores them."""
+        self._lead("Run.score")
         rewards, self.reward_failures = self.scorer.score(trajs)
         return rewards
 
@@ -300,6 +320,12 @@ class Run:
 
     def warm_start_learner(self) -> None:
         """The ``sft.*`` warm start of this process's learner (not yet published)."""
+        if getattr(self.learner, "params", None) is None:
+            raise ConfigError(
+                "Run.warm_start_learner trains this process's learner, and this process holds "
+                "none (on a pod, process 0 posts the warm start to the learner processes): "
+                "call Run.train, which runs it where the learner is"
+            )
         eos = self.tokenizer.eos_id
         warm_start(
             self.cfg,
@@ -382,6 +408,7 @@ class Run:
 
     def run_phases(self) -> dict[str, Any]:
         """The leader's phases (:meth:`train` without the SIGTERM handling); the summary."""
+        self._lead("Run.run_phases")
         cfg = self.cfg
         start = time.perf_counter()
         if self.resumed_meta is None:
@@ -429,7 +456,7 @@ class Run:
         return summary
 
     def close(self) -> None:
-        for part in (self.ckpt, self.rewards, self.metrics):
+        for part in (self.ckpt, self.rewards, getattr(self, "metrics", None)):
             if part is not None:
                 part.close()
 

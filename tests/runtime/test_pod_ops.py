@@ -170,6 +170,10 @@ def test_run_resize_on_a_pod_to_a_split_that_cannot_work_is_refused_at_once(monk
         (lambda run: run.evaluate(0), "Run.evaluate"),
         (lambda run: run.save(), "Run.save"),
         (lambda run: run.publish(), "Run.publish"),
+        (lambda run: run.next_prompts(), "Run.next_prompts"),
+        (lambda run: run.score([]), "Run.score"),
+        (lambda run: run.make_request({}, 0), "Run.make_request"),
+        (lambda run: run.run_phases(), "Run.run_phases"),
     ],
 )
 def test_the_leaders_operations_are_refused_on_the_other_processes(call, what):
@@ -190,6 +194,7 @@ def test_an_error_in_a_pod_process_fails_the_pod_at_once():
     hosting.roles = pod.Roles(sampler=(0, 1), learner=(2,), me=1)  # a sampler follower
     hosting.weights = None
     hosting.real_sampler = types.SimpleNamespace(interrupt=None, resume=None, abort=None)
+    hosting.score_server = hosting.feeder = types.SimpleNamespace(join=lambda: None)
     run = Run.__new__(Run)
     run.hosting = hosting
     with pytest.raises(PodProtocolError, match="unknown pod operation 'sumbit'"):
