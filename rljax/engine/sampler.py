@@ -91,7 +91,9 @@ class _Sample:
 
     @property
     def budget(self) -> int:
-        return self.request.max_new_tokens
+        budget = self.request.max_new_tokens
+        assert budget is not None, "Sampler.submit gives every request its max_new_tokens"
+        return budget
 
     def to_trajectory(self, reason: str) -> Trajectory:
         r = self.request
@@ -142,7 +144,7 @@ class Sampler:
         self._next_id = itertools.count()
         self._order = itertools.count()
         self._staged: tuple[Any, int] | None = None
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -249,12 +251,12 @@ class Sampler:
         pending = list(self._pending)
         self._pending.clear()
         for prefix, samples in pending:
-            keep = [i for i, s in enumerate(samples) if s.request.request_id != request_id]
+            kept = [i for i, s in enumerate(samples) if s.request.request_id != request_id]
             held.extend(s for s in samples if s.request.request_id == request_id)
-            if len(keep) == len(samples):
+            if len(kept) == len(samples):
                 self._pending.append((prefix, samples))
-            elif keep:
-                self._pending.append((prefix.select(keep), [samples[i] for i in keep]))
+            elif kept:
+                self._pending.append((prefix.select(kept), [samples[i] for i in kept]))
         for r in list(self._requests):
             if r.request_id == request_id:
                 self._requests.remove(r)
@@ -306,6 +308,7 @@ class Sampler:
 
     def _evict(self, slot: int, *, front: bool) -> None:
         s = self._slots[slot]
+        assert s is not None, f"slot {slot} is free: nothing to evict"
         self.engine.free_resource(slot)
         self._slots[slot] = None
         (self._queue.appendleft if front else self._queue.append)(s)
@@ -422,8 +425,10 @@ class Sampler:
             i = 0
             while i < len(source) and len(batch) < self.engine.sampling_cfg.prefill_batch:
                 item = source[i]
-                resumed = source is self._queue
-                samples = [item] if resumed else [_Sample(item, k) for k in range(item.num_samples)]
+                if isinstance(item, _Sample):  # resumed: one sample, its own prompt
+                    samples = [item]
+                else:
+                    samples = [_Sample(item, k) for k in range(item.num_samples)]
                 home = self.homes.key(samples[0].request.home)
                 if not left.get(home):
                     if not any(left.values()):
@@ -477,7 +482,7 @@ class Sampler:
     def _finish_reason(self, s: _Sample, token: int) -> str | None:
         if token in self.stop_ids:
             return FINISH_STOP
-        if self.stop_strings:
+        if self.stop_strings and self.detokenize is not None:  # __init__ checked it is given
             text = self.detokenize(s.tokens)
             if any(stop in text for stop in self.stop_strings):
                 return FINISH_STOP
