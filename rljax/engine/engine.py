@@ -29,6 +29,12 @@ sequences grow, so memory follows the tokens held rather than slots x maximum le
 slots and the pool are split into ``kv_shards`` equal shards, one per device group of the
 sampler's 'batch' mesh axes: each shard's slots use its own pages only (one shard when the
 slots do not divide).
+
+This module is the API and the host bookkeeping of slots and pages (under one lock). The rest
+of the engine lives beside it: the compiled device steps (:mod:`rljax.engine.steps`), prefill's
+host side (:mod:`rljax.engine.prefill`), the data types and where they live
+(:mod:`rljax.engine.state`), the layout of the served weights (:mod:`rljax.engine.weights`)
+and the host page allocator (:mod:`rljax.engine.pages`).
 """
 
 from __future__ import annotations
@@ -40,20 +46,21 @@ import threading
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.pages import PageAllocator, SlotPages
-from rljax.engine.prefill import PrefillRequest, prefill_batch, sample_keys
+from rljax.engine.prefill import PrefillRequest, prefill_batch, prefill_one, sample_keys
 from rljax.engine.state import (
     DecodeState,
     Prefix,
     ResultTokens,
     SlotData,
     SlotSampling,
+    decode_state_shardings,
+    prefix_shardings,
     register_with_jetstream,
 )
 from rljax.engine.steps import build_steps
@@ -174,9 +181,6 @@ class Engine:
 
     # -- shardings --------------------------------------------------------------------------
 
-    def _sharding(self, *logical) -> NamedSharding:
-        return NamedSharding(self._mesh, self._rules.spec(logical))
-
     def _replicated(self) -> NamedSharding:
         return NamedSharding(self._mesh, PartitionSpec())
 
@@ -186,24 +190,14 @@ class Engine:
 
     def get_prefix_destination_sharding(self) -> Prefix:
         """Where a Prefix must live before ``insert``: a Prefix of shardings."""
-        kv = self._sharding(None, None, "kv_heads", None)
-        kv = _divisible_or_replicated(kv, self.model_cfg.num_kv_heads, 2)
-        rep = self._replicated()
-        return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)
+        return prefix_shardings(self._mesh, self._rules, self.model_cfg.num_kv_heads)
 
     def decode_state_shardings(self) -> DecodeState:
-        """Where each DecodeState array lives: the pool over kv heads and (with several
-        kv_shards) pages, the per-slot arrays over the 'batch' axes with their slots."""
-        if self.kv_shards > 1:
-            pages = self._sharding(None, "kv_heads", "batch", None, None)
-            slot = self._sharding("batch")
-            table = self._sharding("batch", None)
-        else:
-            pages = self._sharding(None, "kv_heads", None, None, None)
-            slot = table = self._replicated()
-        pages = _divisible_or_replicated(pages, self.model_cfg.num_kv_heads, 1)
-        s = slot
-        return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)
+        """Where each DecodeState array lives: the pool over kv heads (and pages, with several
+        kv shards), the per-slot arrays with their slots."""
+        return decode_state_shardings(
+            self._mesh, self._rules, self.model_cfg.num_kv_heads, self.kv_shards
+        )
 
     # -- params, tokenizer, state -----------------------------------------------------------
 
@@ -330,40 +324,18 @@ class Engine:
                 "existing_prefix is not supported: this engine has no prefix cache "
                 "(use_chunked_prefill is False); prefill the whole prompt"
             )
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
-        tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
-        if not 1 <= true_length <= tokens.shape[0]:
-            raise ValueError(
-                f"true_length={true_length} must be in [1, {tokens.shape[0]}] "
-                "(the padded prompt's length)"
-            )
-        bucket = self.bucket_for(true_length)
-        row = np.zeros((1, bucket), np.int32)
-        row[0, :true_length] = tokens[:true_length]
-        keys = self._sample_keys(rng, num_samples)
-        s = sampling or SlotSampling.from_config(self.sampling_cfg)
-        floats = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
-        k, v, data, log_prob = self._steps.prefill(
+        out = prefill_one(
+            self,
             params,
-            jnp.asarray(row),
-            jnp.int32(true_length),
-            keys,
-            floats,
-            np.int32(s.top_k),
+            padded_tokens,
+            true_length,
+            rng=rng,
+            num_samples=num_samples,
+            sampling=sampling,
             sampler=sampler,
         )
-        prefix = Prefix(
-            k=k,
-            v=v,
-            length=np.int32(true_length),
-            tokens=data[:, 0],
-            keys=keys,
-            floats=floats,
-            top_k=np.int32(s.top_k),
-        )
         register_with_jetstream(("ResultTokens", ResultTokens), ("Engine", Engine))
-        return prefix, ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob)
+        return out
 
     def prefill_batch(
         self, *, params: nnx.State, requests: Sequence[PrefillRequest], sampler=None
@@ -514,12 +486,3 @@ class Engine:
         abstract = jax.eval_shape(self._steps.make_state)
         state = with_shardings(abstract, self.decode_state_shardings())
         return self._steps.lower_generate(params, state)
-
-
-def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
-    """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
-    if size % axis_size(sharding.mesh, sharding.spec[dim]) == 0:
-        return sharding
-    spec = list(sharding.spec)
-    spec[dim] = None
-    return NamedSharding(sharding.mesh, PartitionSpec(*spec))

@@ -1,4 +1,10 @@
-"""Batched prefill: many prompts in one device call (an rljax extension of JetStream's API).
+"""Prefill's host side: one prompt (:func:`prefill_one`, behind ``Engine.prefill`` and
+``prefill_multisampling``) or many in one device call (:func:`prefill_batch`, an rljax
+extension of JetStream's API).
+
+Both check the request, pad it to the engine's buckets, draw each sample's PRNG stream, run the
+engine's compiled prefill step (:mod:`rljax.engine.steps`) and wrap what it returns as a
+:class:`~rljax.engine.state.Prefix` and a :class:`~rljax.engine.state.ResultTokens`.
 
 JetStream's ``prefill`` takes one prompt. A sampler that admits a dozen GRPO groups at once
 would then run a dozen forward passes of one row each; :func:`prefill_batch` runs them as one
@@ -45,6 +51,56 @@ def sample_keys(rng: jax.Array, n: int) -> jax.Array:
             f"rng holds {rng.shape} keys for {n} samples; pass one key, or one per sample"
         )
     return jax.random.key_data(rng)
+
+
+def prefill_one(
+    engine,
+    params,
+    padded_tokens,
+    true_length: int,
+    *,
+    rng=None,
+    num_samples: int = 1,
+    sampling: SlotSampling | None = None,
+    sampler=None,
+) -> tuple[Prefix, ResultTokens]:
+    """``Engine.prefill_multisampling``: one prompt, ``num_samples`` first tokens.
+
+    The prompt ``padded_tokens[:true_length]`` is padded to its bucket; ``rng`` and
+    ``sampling`` are as in ``prefill_multisampling``.
+    """
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
+    tokens = np.asarray(padded_tokens, np.int32).reshape(-1)
+    if not 1 <= true_length <= tokens.shape[0]:
+        raise ValueError(
+            f"true_length={true_length} must be in [1, {tokens.shape[0]}] "
+            "(the padded prompt's length)"
+        )
+    row = np.zeros((1, engine.bucket_for(true_length)), np.int32)
+    row[0, :true_length] = tokens[:true_length]
+    keys = engine._sample_keys(rng, num_samples)
+    s = sampling or SlotSampling.from_config(engine.sampling_cfg)
+    floats = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
+    k, v, data, log_prob = engine._steps.prefill(
+        params,
+        jnp.asarray(row),
+        jnp.int32(true_length),
+        keys,
+        floats,
+        np.int32(s.top_k),
+        sampler=sampler,
+    )
+    prefix = Prefix(
+        k=k,
+        v=v,
+        length=np.int32(true_length),
+        tokens=data[:, 0],
+        keys=keys,
+        floats=floats,
+        top_k=np.int32(s.top_k),
+    )
+    return prefix, ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob)
 
 
 def prefill_batch(

@@ -1,4 +1,5 @@
-"""The data the engine's API passes around: prefixes, decode state, results, slot settings.
+"""The data the engine's API passes around: prefixes, decode state, results, slot settings,
+and where the prefix and decode state live on the sampler mesh.
 
 :class:`ResultTokens` and :class:`SlotData` have the fields, layout and methods of JetStream's
 ``engine_api`` types (one ``[rows, 3]`` int32 array holding tokens, validity and lengths, read
@@ -16,8 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import SamplingConfig
+from rljax.models.sharding import ShardingRules, axis_size
 
 # Column ranges of ResultTokens.data: [token, valid, length] per row.
 TOKENS_IDX, VALID_IDX, LENGTH_IDX = (0, 1), (1, 2), (2, 3)
@@ -154,6 +157,45 @@ def pack_result(
         [tokens.astype(jnp.int32), valid.astype(jnp.int32), lengths.astype(jnp.int32)], axis=1
     )
     return data, logprobs.astype(jnp.float32)[:, None]
+
+
+def prefix_shardings(mesh: Mesh, rules: ShardingRules, num_kv_heads: int) -> Prefix:
+    """Where a Prefix lives before ``insert``: keys and values over kv heads, the rest
+    replicated."""
+    kv = NamedSharding(mesh, rules.spec((None, None, "kv_heads", None)))
+    kv = _divisible_or_replicated(kv, num_kv_heads, 2)
+    rep = NamedSharding(mesh, PartitionSpec())
+    return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)
+
+
+def decode_state_shardings(
+    mesh: Mesh, rules: ShardingRules, num_kv_heads: int, kv_shards: int
+) -> DecodeState:
+    """Where each DecodeState array lives: the pool over kv heads and (with several
+    ``kv_shards``) pages, the per-slot arrays over the 'batch' axes with their slots."""
+
+    def sharding(*logical) -> NamedSharding:
+        return NamedSharding(mesh, rules.spec(logical))
+
+    if kv_shards > 1:
+        pages = sharding(None, "kv_heads", "batch", None, None)
+        slot = sharding("batch")
+        table = sharding("batch", None)
+    else:
+        pages = sharding(None, "kv_heads", None, None, None)
+        slot = table = NamedSharding(mesh, PartitionSpec())
+    pages = _divisible_or_replicated(pages, num_kv_heads, 1)
+    s = slot
+    return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)
+
+
+def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
+    """Replicate ``dim`` when its mesh axes do not divide it (few kv heads, wide tensor axis)."""
+    if size % axis_size(sharding.mesh, sharding.spec[dim]) == 0:
+        return sharding
+    spec = list(sharding.spec)
+    spec[dim] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
 
 
 @dataclasses.dataclass(frozen=True)
