@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import BinaryIO
 
 from etils import epath
 
@@ -207,8 +208,8 @@ class AppendFile:
         self._closed = False
         makedirs(self.path.parent)
         if is_local(self.path):
-            self._local = open(self.path, "wb" if fresh else "ab")  # noqa: SIM115
-            self._mirror = None
+            self._local: BinaryIO | None = open(self.path, "wb" if fresh else "ab")  # noqa: SIM115
+            self._mirror = bytearray()  # unused: a local file takes the writes itself
         else:
             self._local = None
             existing = b"" if fresh or not self.path.exists() else self.path.read_bytes()

@@ -226,7 +226,7 @@ class MetricsWriter:
             self._bar = tqdm(total=total_steps, desc="rl", unit="step", dynamic_ncols=True)
 
     def write(self, step: int, phase: str, metrics: dict[str, Any]) -> None:
-        if not self.is_writer:
+        if self._file is None:  # not the writer
             return
         record = {"step": step, "phase": phase, "time": time.time(), **_plain(metrics)}
         self._file.write((json.dumps(record) + "\n").encode("utf-8"))

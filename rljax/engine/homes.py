@@ -37,10 +37,10 @@ class SlotHomes:
 
     def usable(self, home: int | None, free: Sequence[int]) -> list[int]:
         """The slots of ``free`` that samples of ``home`` may take, in slot order."""
-        key = self.key(home)
-        if key is None:
+        of_slot = self.of_slot
+        if of_slot is None or home is None:
             return list(free)
-        return [s for s in free if self.of_slot[s] == key]
+        return [s for s in free if of_slot[s] == home]
 
     def rooms(self, free: Sequence[int]) -> dict[int | None, int]:
         """How many of ``free`` each home may take (key None: any slot)."""

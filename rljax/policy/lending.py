@@ -287,7 +287,7 @@ def train_on_roll(
     # The chips whose replicas held live sequences: only their requests move. Replicas that sat
     # empty (the meter's engaged time; eta 0 leaves the sampler empty while the learner trains)
     # are lent without piling anything onto the kept ones.
-    engaged = split.sampler_chips
+    engaged = float(split.sampler_chips)
     if stats.sampler_engaged_s is not None:
         engaged *= min(1.0, stats.sampler_engaged_s / phase)
     step = phase / steps

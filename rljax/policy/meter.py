@@ -58,7 +58,8 @@ a phase of length ``L`` on a sampler of ``slots`` decode slots:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from rljax.policy.reallocation import PhaseStats, Split
 
@@ -186,7 +187,8 @@ class PhaseMeter:
         self.phase_start = float(start)
         self.tokens = {"sampler": 0, "learner": 0}
         self._fixed: tuple[Split, float] | None = None  # the last determined fit, by split
-        self._handlers = {
+        # Each event type's handler (it takes an event of that type).
+        self._handlers: dict[type, Callable[[Any], None]] = {
             Generate: self._generate,
             SamplerIdle: self._idle,
             Learn: self._learn_event,

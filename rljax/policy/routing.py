@@ -3,7 +3,7 @@
 A group's G samples share one prefill, so a group goes to one replica. The policy picks, among
 replicas with a slot that no queued sample already claims, one that is decoding now over one
 still rebuilding (after a resize or a weight load), then the one with the most such slots, then
-the lowest index (so the choice is deterministic, as every process must make the same one).
+the lowest id (so the choice is deterministic, as every process must make the same one).
 When no replica has an unclaimed slot it answers ``None``: dispatch waits for a slot to free up
 (see :mod:`rljax.policy.admission`). Samples of the group that find no free slot on the chosen
 replica wait there for one; the sampler never leaves a slot empty while a group is waiting.
@@ -20,13 +20,14 @@ class ReplicaLoad(NamedTuple):
     dispatch, so it must be cheap).
 
     Attributes:
-      index: the replica's id (unique, stable across calls).
+      replica: the replica's id (unique, stable across calls; not ``index``, which would hide
+        ``tuple.index``).
       free_slots: decode slots with no live sequence.
       queued: samples routed here that still wait for a slot.
       ready: whether it decodes now (False while it is rebuilt or loads weights).
     """
 
-    index: int
+    replica: int
     free_slots: int
     queued: int = 0
     ready: bool = True
@@ -38,17 +39,17 @@ class ReplicaLoad(NamedTuple):
 
 
 def route(loads: Iterable[ReplicaLoad]) -> int | None:
-    """The index of the replica that takes the next group, or None when none has headroom."""
+    """The id of the replica that takes the next group, or None when none has headroom."""
     best, best_key = None, None
     for load in loads:
         if load.free_slots < 0 or load.queued < 0:
             raise ValueError(
-                f"replica {load.index} reports free_slots={load.free_slots}, queued="
+                f"replica {load.replica} reports free_slots={load.free_slots}, queued="
                 f"{load.queued}; both count slots or samples and must be >= 0"
             )
         if load.headroom <= 0:
             continue
-        key = (load.ready, load.headroom, -load.index)
+        key = (load.ready, load.headroom, -load.replica)
         if best_key is None or key > best_key:
-            best, best_key = load.index, key
+            best, best_key = load.replica, key
     return best

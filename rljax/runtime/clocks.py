@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rljax.policy import meter as phase_meter
+from rljax.runtime.parts import SamplerPart
 
 
 class RoleClocks:
@@ -24,7 +25,7 @@ class RoleClocks:
     def __init__(self, meter: phase_meter.PhaseMeter | None = None):
         self.meter = meter
         self._lock = threading.Lock()
-        self._t = collections.Counter()
+        self._t: collections.defaultdict[str, float] = collections.defaultdict(float)
         self._since = time.perf_counter()
         self._slots = 0  # the sampler's decode slots, once a generate call has reported them
 
@@ -39,19 +40,18 @@ class RoleClocks:
         if self.meter is not None:
             self.meter.record(event)
 
-    def generate(self, start: float, end: float, finished: list, sampler) -> None:
+    def generate(self, start: float, end: float, finished: list, sampler: SamplerPart) -> None:
         """One sampler ``generate`` call that finished ``finished`` trajectories."""
-        busy = getattr(sampler, "busy_slots", None)
-        total = getattr(sampler, "num_slots", None)
+        busy, total = sampler.busy_slots, sampler.num_slots
         # KV the step read: the live slots' tokens now, plus the sequences it just finished.
-        kv = getattr(sampler, "kv_tokens", 0) + sum(
+        kv = sampler.kv_tokens + sum(
             len(t.prompt_tokens) + len(t.response_tokens) for t in finished
         )
         tokens = sum(len(t.response_tokens) for t in finished)
         with self._lock:
             self._t["sampler_busy_s"] += end - start
             self._t["sampler_tokens"] += tokens
-            if busy is None or not total:
+            if not total:
                 return
             # Slots used by this call: those still running plus those it just finished.
             used = min(total, busy + len(finished))
@@ -91,7 +91,7 @@ class RoleClocks:
             self._t["learner_tokens"] += tokens
         self._record(phase_meter.Learn(start, end, tokens=tokens))
 
-    def take(self) -> dict[str, float]:
+    def take(self) -> dict[str, float | None]:
         """This step's role times (and resets them): busy, idle, tokens, occupancy, reward."""
         now = time.perf_counter()
         with self._lock:
@@ -107,7 +107,7 @@ class RoleClocks:
                 "learner_tokens": t["learner_tokens"],
                 "occupancy": t["fill"] / t["calls"] if t["calls"] else None,
             }
-            self._t = collections.Counter()
+            self._t = collections.defaultdict(float)
             self._since = now
         return out
 
@@ -135,7 +135,7 @@ def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, syn
         "reward_s": clocks["reward_s"],
         "sampler_tokens_per_s": clocks["sampler_tokens"] / max(clocks["sampler_busy_s"], 1e-9),
         "learner_tokens_per_s": clocks["learner_tokens"] / max(clocks["learner_busy_s"], 1e-9),
-        # None when the sampler cannot report its slots (fakes without busy_slots).
+        # None when no generate call ran in the step (or the sampler has no slots).
         "sampler_occupancy": clocks["occupancy"],
         "sync_bytes": sync.bytes if sync else 0,
         "sync_s": sync.seconds if sync else 0.0,
@@ -169,7 +169,7 @@ def compile_seconds() -> float:
         return _compile["seconds"]
 
 
-def _on_duration(event: str, seconds: float, **_: Any) -> None:
+def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
     if event in COMPILE_EVENTS:
         with _compile_lock:
-            _compile["seconds"] += seconds
+            _compile["seconds"] += duration_secs
