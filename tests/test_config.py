@@ -3,10 +3,16 @@
 That every file in configs/ builds is tested in tests/configs/.
 """
 
+import dataclasses
+import pathlib
+
 import pytest
 from rljax.configs import arith_tiny
 
 from rljax import config as C
+from rljax.config import keys
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "runtime.md"
 
 SPLIT = {"mesh.mode": "split", "mesh.sampler_devices": 4, "mesh.learner_devices": 4}
 
@@ -98,3 +104,64 @@ def test_sft_off_ignores_its_step_counts():
     # sft.steps=0 turns the warm start off; the default's warmup and exact steps may stay.
     cfg = C.replace(arith_tiny.recipe(), **{"sft.steps": 0})
     assert (cfg.sft.steps, cfg.sft.warmup_steps, cfg.sft.exact_steps) == (0, 100, 600)
+
+
+def test_docs_list_every_config_key_with_its_default():
+    doc = DOC.read_text()
+    assert keys.with_table(doc) == doc, (
+        "docs/runtime.md's config key table differs from the config dataclasses; run "
+        "`python scripts/config_keys.py --write`"
+    )
+
+
+def test_every_key_is_in_the_table_once():
+    table = keys.markdown()
+    flat = C.to_config_dict(C.RunConfig()).to_dict()
+    paths = [f"{s}.{k}" for s, v in flat.items() if isinstance(v, dict) for k in v]
+    paths += [k for k, v in flat.items() if not isinstance(v, dict)]
+    assert sorted(paths) == sorted(k for s in keys.sections() for k, _, _ in s.rows)
+    assert all(table.count(f"| `{p}` |") == 1 for p in paths)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Section:
+    """A section.
+
+    Attributes:
+      short: one line.
+      long: a first line
+        that goes on.
+      low / high: two fields, one entry.
+    """
+
+    short: int = 0
+    long: str = "x"
+    low: float = 0.0
+    high: float = 1.0
+
+
+def test_field_docs_read_the_attributes_entries():
+    assert keys.field_docs(_Section) == {
+        "short": "one line.",
+        "long": "a first line that goes on.",
+        "low": "two fields, one entry.",
+        "high": "two fields, one entry.",
+    }
+    (section,) = keys.sections(_Section)
+    assert section.rows[1] == ("long", "x", "a first line that goes on.")
+
+
+def test_a_field_without_an_entry_is_refused():
+    def section(name, fields):
+        cls = dataclasses.make_dataclass(name, fields, frozen=True)
+        cls.__doc__ = _Section.__doc__
+        return cls
+
+    undocumented = section("Undocumented", [*_FIELDS, ("new_key", int, 0)])
+    with pytest.raises(ValueError, match="Undocumented.new_key has no entry under Attributes:"):
+        keys.sections(undocumented)
+    with pytest.raises(ValueError, match="documents 'high' under Attributes:, which is not"):
+        keys.sections(section("Renamed", _FIELDS[:3]))
+
+
+_FIELDS = [("short", int, 0), ("long", str, "x"), ("low", float, 0.0), ("high", float, 1.0)]

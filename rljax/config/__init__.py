@@ -11,10 +11,13 @@ Each module receives only its own section (``ModelConfig`` for the model, ``Samp
 the engine, ...), never the whole run config.
 
 The package splits along its seams: ``checks`` (ConfigError and the checks), ``sections`` (one
-dataclass per part of the stack), ``run_config`` (RunConfig and its cross-section rules) and
-``convert`` (ConfigDict conversion); everything public is importable from ``rljax.config``.
+dataclass per part of the stack), ``algorithm`` (the learner, warm-start and buffer sections),
+``run_config`` (RunConfig and its cross-section rules), ``convert`` (ConfigDict conversion) and
+``keys`` (the table of every key, from the sections' ``Attributes:`` docstrings, that
+docs/runtime.md holds); everything public is importable from ``rljax.config``.
 """
 
+from rljax.config.algorithm import BufferConfig, LearnerConfig, SFTConfig
 from rljax.config.checks import (
     DTYPES,
     FAMILIES,
@@ -30,16 +33,13 @@ from rljax.config.checks import (
 from rljax.config.convert import from_config_dict, replace, to_config_dict
 from rljax.config.run_config import RunConfig
 from rljax.config.sections import (
-    BufferConfig,
     CheckpointConfig,
     DataConfig,
-    LearnerConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,
     RewardConfig,
     SamplingConfig,
-    SFTConfig,
 )
 
 __all__ = [

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from rljax.config.algorithm import BufferConfig, LearnerConfig, SFTConfig
 from rljax.config.checks import RUN_MODES, ConfigError, _fail, _one_of, _positive
 from rljax.config.sections import (
-    BufferConfig,
     CheckpointConfig,
     DataConfig,
-    LearnerConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,
     RewardConfig,
     SamplingConfig,
-    SFTConfig,
 )
 from rljax.policy.lending import LendingConfig
 from rljax.policy.reallocation import ReallocatorConfig
@@ -23,22 +21,49 @@ from rljax.policy.reallocation import ReallocatorConfig
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """One experiment: every section plus the run-level knobs."""
+    """One experiment: every section plus the run-level knobs.
+
+    ``__post_init__`` checks the rules that span sections, once, whoever builds the config.
+
+    Attributes:
+      model: the decoder (ModelConfig).
+      tokenizer: 'char', a directory with tokenizer.json, or 'init' (the checkpoint's).
+      init: the initial weights: 'random' (from model), a Hugging Face directory, a GGUF file,
+        or 'smollm2'. A loaded checkpoint's own config.json / GGUF metadata replaces model (its
+        dtype is kept).
+      sampling: generation (SamplingConfig).
+      learner: the RL algorithm and its optimiser (LearnerConfig).
+      sft: the supervised warm start (SFTConfig).
+      buffer: the staleness-aware buffer (BufferConfig).
+      mesh: the devices of the two roles (MeshConfig).
+      reallocator: the reallocation policy's settings; the simulator's SimConfig.reallocator
+        is this section.
+      lending: lending idle chips of one role to the other inside a step
+        (rljax.runtime.lending); the policy's settings, shared with the simulator's
+        SimConfig.lending. Off by default.
+      data: the prompt source (DataConfig).
+      reward: the verifier (RewardConfig).
+      checkpoint: checkpointing (CheckpointConfig).
+      metrics: where metrics go (MetricsConfig).
+      mode: 'sync' (one lock-step schedule, on-policy) or 'async' (sampler and learner
+        overlap, off-policy up to buffer.max_staleness).
+      seed: seeds the data, the initial weights and the sampling.
+      num_steps: learner (RL) steps.
+      eval_every: evaluate the held-out accuracy every this many steps; 0: only after the warm
+        start and at the end.
+      eval_examples: held-out examples per evaluation.
+      kernel_impl: the Pallas kernels: 'auto' (on TPU), 'pallas' (interpreted off TPU), or 'xla'.
+    """
 
     model: ModelConfig = ModelConfig()
-    tokenizer: str = "char"  # 'char', a directory with tokenizer.json, or 'init' (the checkpoint's)
-    # 'random' (from ``model``), a Hugging Face directory, a GGUF file, or 'smollm2'. A loaded
-    # checkpoint's own config.json / GGUF metadata replaces ``model`` (its dtype is kept).
+    tokenizer: str = "char"
     init: str = "random"
     sampling: SamplingConfig = SamplingConfig()
     learner: LearnerConfig = LearnerConfig()
     sft: SFTConfig = SFTConfig()
     buffer: BufferConfig = BufferConfig()
     mesh: MeshConfig = MeshConfig()
-    # The reallocation policy's settings; the simulator's SimConfig.reallocator is this section.
     reallocator: ReallocatorConfig = ReallocatorConfig()
-    # Lending idle chips of one role to the other inside a step (rljax.runtime.lending); the
-    # policy's settings, shared with the simulator's SimConfig.lending. Off by default.
     lending: LendingConfig = LendingConfig()
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
@@ -46,12 +71,10 @@ class RunConfig:
     metrics: MetricsConfig = MetricsConfig()
     mode: str = "sync"
     seed: int = 0
-    num_steps: int = 100  # learner (RL) steps
-    eval_every: int = 0  # 0: evaluate only after SFT and at the end
+    num_steps: int = 100
+    eval_every: int = 0
     eval_examples: int = 256
-    kernel_impl: str = (
-        "auto"  # Pallas kernels: 'auto' (on TPU), 'pallas' (interpret off TPU), 'xla'
-    )
+    kernel_impl: str = "auto"
 
     def __post_init__(self):
         _one_of("mode", self.mode, RUN_MODES)

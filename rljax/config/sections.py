@@ -1,7 +1,9 @@
 """The sections of a run config: one frozen, self-validating dataclass per part of the stack.
 
 Each module receives only its own section (``ModelConfig`` for the model, ``SamplingConfig`` for
-the engine, ...), never the whole run config.
+the engine, ...), never the whole run config. The algorithm's sections (learner, sft, buffer) are
+in ``rljax.config.algorithm``. Each section documents its keys under ``Attributes:``, the text
+docs/runtime.md's key table is generated from (``rljax.config.keys``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,7 @@ from typing import Any
 from rljax.config.checks import (
     DTYPES,
     FAMILIES,
-    LOSSES,
     MESH_MODES,
-    REMAT,
-    SFT_TEACHERS,
     SLICE_LAYOUTS,
     SWAP_MODES,
     TASKS,
@@ -30,9 +29,29 @@ from rljax.config.checks import (
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2 family).
+    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2 family), read by rljax.models.
 
     Field names follow Hugging Face ``config.json`` where one exists.
+
+    Attributes:
+      family: the architecture, one of llama, qwen2, qwen3.
+      vocab_size: rows of the token embedding (and of the output projection).
+      hidden_size: D, the width of the residual stream.
+      intermediate_size: the hidden width of the SwiGLU MLP.
+      num_layers: decoder blocks.
+      num_heads: N, query heads.
+      num_kv_heads: key/value heads, a divisor of num_heads (grouped-query attention).
+      head_dim: H, the width of one head (even: RoPE rotates pairs).
+      rope_theta: the RoPE base frequency.
+      rope_scaling: None, or a mapping with rope_type='llama3', factor, low_freq_factor,
+        high_freq_factor, original_max_position_embeddings (Llama 3.1+ long-context scaling).
+      norm_eps: the RMSNorms' epsilon.
+      tie_embeddings: the output projection reuses the token embedding.
+      qk_norm: RMSNorm on each head's q and k before RoPE (Qwen3).
+      qkv_bias: bias on the q/k/v projections (Qwen2).
+      max_position_embeddings: the longest sequence the model takes.
+      dtype: the activation / compute dtype, float32 or bfloat16.
+      param_dtype: the dtype of the learner's master parameters.
     """
 
     family: str = "llama"
@@ -44,15 +63,13 @@ class ModelConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     rope_theta: float = 10000.0
-    # None, or a mapping with rope_type='llama3', factor, low_freq_factor, high_freq_factor,
-    # original_max_position_embeddings (Llama 3.1+ long-context scaling).
     rope_scaling: Mapping[str, Any] | None = None
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
-    qk_norm: bool = False  # Qwen3: RMSNorm on each head's q and k before RoPE.
-    qkv_bias: bool = False  # Qwen2: bias on the q/k/v projections.
+    qk_norm: bool = False
+    qkv_bias: bool = False
     max_position_embeddings: int = 2048
-    dtype: str = "float32"  # activation / compute dtype
+    dtype: str = "float32"
     param_dtype: str = "float32"
 
     def __post_init__(self):
@@ -94,36 +111,54 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """Generation settings for the engine on the sampler mesh.
+    """Generation settings for the engine on the sampler mesh (rljax.engine).
 
     The log-prob recorded for each sampled token is that of the distribution actually sampled
     from: ``log_softmax(logits / temperature)`` after top-k/top-p/min-p filtering. The learner
     divides its logits by the same temperature so the importance ratio is exact.
+
+    Attributes:
+      temperature: tau; 0 samples greedily.
+      top_k: sample from the k most likely tokens; 0 disables.
+      top_p: the nucleus mass sampled from, in (0, 1]; 1 disables.
+      min_p: drop tokens less likely than min_p times the most likely one, in [0, 1); 0
+        disables.
+      max_new_tokens: the response budget of a completion, in tokens.
+      max_prefill_length: the largest prefill bucket: the longest prompt, in tokens.
+      prefill_buckets: the lengths prompts are padded up to; () = powers of two from 8 up to
+        max_prefill_length.
+      max_concurrent_decodes: decode slots: the sequences decoded at once.
+      prefill_batch: prompts prefilled in one device call (rounded up to powers of two); 1 = one
+        at a time.
+      page_size: tokens per page of the paged KV cache.
+      num_pages: KV pages over all shards; 0 = enough for every slot at full length.
+      swap_mode: what a weight swap does to running sequences: 'inflight' keeps their KV and
+        continues, 'recompute' prefills them again under the new weights, 'drain' admits
+        nothing new until they finish (rljax.engine.sampler).
+      dtype: the sampler's precision: its copy of the weights (cast from the learner's master
+        copy at every publish), its activations and its KV pages. Logits, sampling and the
+        recorded log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory;
+        the learner logs the mismatch it brings (mismatch/* metrics, docs/runtime.md).
+      weights_layout: how the sampler holds its weights: 'stacked' (the learner's layout,
+        layers scanned), 'per_layer' (one array per layer, matrices [out, in]: the layout XLA's
+        CPU dots decode from fastest, rebuilt at every swap beside the published copy the
+        weight sync keeps, so the sampler side holds the weights twice; rljax.models.serving),
+        or 'auto' (per_layer when the sampler's devices are CPUs, stacked on accelerators).
     """
 
-    temperature: float = 1.0  # tau; 0 means greedy
-    top_k: int = 0  # 0 disables
-    top_p: float = 1.0  # nucleus mass in (0, 1]
-    min_p: float = 0.0  # in [0, 1)
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
     max_new_tokens: int = 8
-    max_prefill_length: int = 32  # the largest prefill bucket
-    prefill_buckets: tuple[int, ...] = ()  # () = powers of two up to max_prefill_length
-    max_concurrent_decodes: int = 64  # decode slots
-    # Prompts prefilled in one device call (rounded up to powers of two); 1 = one at a time.
+    max_prefill_length: int = 32
+    prefill_buckets: tuple[int, ...] = ()
+    max_concurrent_decodes: int = 64
     prefill_batch: int = 8
     page_size: int = 16
-    num_pages: int = 0  # 0 = enough for every slot at full length
+    num_pages: int = 0
     swap_mode: str = "inflight"
-    # The sampler's precision: its copy of the weights (cast from the learner's master copy at
-    # every publish), its activations and its KV pages. Logits, sampling and the recorded
-    # log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory; the
-    # learner logs the mismatch it brings (mismatch/* metrics, docs/runtime.md).
     dtype: str = "float32"
-    # How the sampler holds its weights: 'stacked' (the learner's layout, layers scanned),
-    # 'per_layer' (one array per layer, matrices [out, in]: the layout XLA's CPU dots decode
-    # from fastest, rebuilt at every swap beside the published copy the weight sync keeps, so
-    # the sampler side holds the weights twice; rljax.models.serving), or 'auto' (per_layer
-    # when the sampler's devices are CPUs, stacked on accelerators).
     weights_layout: str = "auto"
 
     def __post_init__(self):
@@ -170,164 +205,8 @@ class SamplingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class LearnerConfig:
-    """The RL algorithm and its optimiser.
-
-    Symbols follow the papers: G (group_size), epsilon_low/epsilon_high (DAPO clip-higher),
-    c (clip_ratio_c, verl's dual clip), beta (KL coefficient, k3 estimator), C (truncated
-    importance-sampling cap), pi_prox (decoupled PPO's proximal policy, AReaL).
-    """
-
-    loss: str = "grpo"
-    group_size: int = 8  # G: responses per prompt
-    batch_groups: int = 16  # B: groups (prompts) per learner step
-    micro_batches: int = 1  # gradient accumulation steps per learner step
-    ppo_epochs: int = 1  # optimiser updates per batch (PPO reuse; the clip bounds the drift)
-    pack_length: int = 0  # row length for sequence packing; 0 = model max
-    remat: str = "none"  # activation rematerialisation per decoder block: one of REMAT
-    # Decoder layers per iteration of the train step's layer scan; 0 unrolls the whole stack.
-    # Unrolled, XLA slices each layer's weights and gradients statically instead of through the
-    # scan's dynamic slices and stacked residuals: faster on the CPU (docs/benchmarks.md,
-    # Learner), at a compile time that grows with depth. 1 compiles one block however deep.
-    layer_unroll: int = 1
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.28
-    # c: dual clip (verl; Ye et al. 2020): for A < 0 the loss is at most -c * A, so a huge ratio
-    # on a bad token cannot dominate; > 1 when on (verl uses 3.0); 0 disables
-    clip_ratio_c: float = 0.0
-    beta: float = 0.0  # KL(pi || pi_ref) coefficient; 0 disables the reference model
-    truncated_is: float = 0.0  # C: cap on pi_prox / pi_behaviour; 0 disables
-    # pi_prox: 'recompute' (log-probs of the params before the step, once per batch) or
-    # 'loglinear' (interpolated by version, no extra forward pass; see rljax.learner.losses)
-    proximal: str = "recompute"
-    # Divide advantages by the group std. None: the loss decides (False for dr_grpo, which
-    # exists to remove it; True otherwise); see advantages.resolve_scale
-    scale_advantages: bool | None = None
-    learning_rate: float = 1e-4
-    warmup_steps: int = 0
-    decay_steps: int = 0  # > 0: cosine decay to 0 over this many updates after the warmup
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.99
-    grad_clip: float = 1.0
-
-    def __post_init__(self):
-        if not isinstance(self.loss, str) or not self.loss:
-            _fail("learner.loss", self.loss, f"a registered loss name such as {', '.join(LOSSES)}")
-        if not (isinstance(self.group_size, int) and self.group_size >= 2):
-            _fail(
-                "learner.group_size",
-                self.group_size,
-                "an integer >= 2 (GRPO normalises rewards within a group)",
-            )
-        _positive("learner.batch_groups", self.batch_groups)
-        _positive("learner.micro_batches", self.micro_batches)
-        _positive("learner.ppo_epochs", self.ppo_epochs)
-        _positive("learner.pack_length", self.pack_length, allow_zero=True)
-        _one_of("learner.remat", self.remat, REMAT)
-        _positive("learner.layer_unroll", self.layer_unroll, allow_zero=True)
-        if self.micro_batches > self.batch_groups * self.group_size:
-            _fail(
-                "learner.micro_batches",
-                self.micro_batches,
-                f"at most the batch size batch_groups*group_size="
-                f"{self.batch_groups * self.group_size} (a micro-batch cannot exceed the batch)",
-            )
-        _positive_float("learner.epsilon_low", self.epsilon_low)
-        _positive_float("learner.epsilon_high", self.epsilon_high)
-        if self.epsilon_low >= 1.0:
-            _fail("learner.epsilon_low", self.epsilon_low, "a number in (0, 1)")
-        _positive_float("learner.clip_ratio_c", self.clip_ratio_c, allow_zero=True)
-        if 0.0 < self.clip_ratio_c <= 1.0:
-            _fail(
-                "learner.clip_ratio_c",
-                self.clip_ratio_c,
-                "0 (off) or a number > 1 (a bound <= 1 would clip below the PPO clip; verl: 3.0)",
-            )
-        _positive_float("learner.beta", self.beta, allow_zero=True)
-        _positive_float("learner.truncated_is", self.truncated_is, allow_zero=True)
-        _one_of("learner.proximal", self.proximal, ("recompute", "loglinear"))
-        if self.scale_advantages is not None and not isinstance(self.scale_advantages, bool):
-            _fail("learner.scale_advantages", self.scale_advantages, "True, False or None")
-        # 0 is allowed: a control run that samples and scores but never moves the policy.
-        _positive_float("learner.learning_rate", self.learning_rate, allow_zero=True)
-        _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)
-        _positive("learner.decay_steps", self.decay_steps, allow_zero=True)
-        _positive_float("learner.weight_decay", self.weight_decay, allow_zero=True)
-        for k in ("b1", "b2"):
-            v = getattr(self, k)
-            if not (isinstance(v, int | float) and 0.0 <= v < 1.0):
-                _fail(f"learner.{k}", v, "a number in [0, 1)")
-        _positive_float("learner.grad_clip", self.grad_clip, allow_zero=True)
-
-    @property
-    def batch_size(self) -> int:
-        """Sequences per learner step."""
-        return self.batch_groups * self.group_size
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTConfig:
-    """Supervised warm start before RL: cross-entropy on a teacher's answers.
-
-    ``teacher='reference'`` imitates the task's reference answers. ``teacher='drops_carries'``
-    (addition only) imitates a careless teacher that forgets each carry with probability
-    ``teacher_slip``, fresh on every visit: the student learns to carry but rarely does it
-    greedily, the regime where a verifier reward has a lot to fix. With ``exact_steps`` the first
-    steps imitate the reference answers instead: exact labels teach digit sums and when a carry
-    is due much faster than noisy ones, and the careless steps that follow only make the
-    student skip the carry it knows.
-    """
-
-    steps: int = 0  # 0 skips the warm start
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    num_examples: int = 0  # train on the first n training examples; 0 = all
-    teacher: str = "reference"
-    teacher_slip: float = 0.0
-    schedule: str = "constant"  # or 'cosine': decay the rate to 0 over the warm start
-    warmup_steps: int = 0  # linear warmup from 0 over the first steps of the warm start
-    exact_steps: int = 0  # the first steps imitate the reference answers (no slips)
-
-    def __post_init__(self):
-        _positive("sft.steps", self.steps, allow_zero=True)
-        _positive("sft.batch_size", self.batch_size)
-        _positive_float("sft.learning_rate", self.learning_rate)
-        _positive("sft.num_examples", self.num_examples, allow_zero=True)
-        _one_of("sft.teacher", self.teacher, SFT_TEACHERS)
-        _one_of("sft.schedule", self.schedule, ("constant", "cosine"))
-        _positive("sft.warmup_steps", self.warmup_steps, allow_zero=True)
-        if self.steps and self.warmup_steps >= self.steps:
-            _fail("sft.warmup_steps", self.warmup_steps, f"fewer than sft.steps={self.steps}")
-        slip = self.teacher_slip
-        if isinstance(slip, bool) or not isinstance(slip, int | float) or not 0.0 <= slip < 1.0:
-            _fail("sft.teacher_slip", self.teacher_slip, "a probability in [0, 1)")
-        if self.teacher == "reference" and self.teacher_slip:
-            _fail("sft.teacher_slip", self.teacher_slip, "0 with sft.teacher='reference'")
-        _positive("sft.exact_steps", self.exact_steps, allow_zero=True)
-        if self.exact_steps and self.teacher == "reference":
-            _fail("sft.exact_steps", self.exact_steps, "0 with sft.teacher='reference'")
-        if self.steps and self.exact_steps >= self.steps:
-            _fail("sft.exact_steps", self.exact_steps, f"fewer than sft.steps={self.steps}")
-
-
-@dataclasses.dataclass(frozen=True)
-class BufferConfig:
-    """The staleness-aware replay buffer between sampler and learner."""
-
-    max_staleness: int = 0  # eta: 0 is synchronous on-policy training
-    overprovision: int = 0  # redundant rollout: launch B + k groups per batch, abort surplus
-    dynamic_sampling: bool = False  # drop groups whose rewards all match (no signal)
-
-    def __post_init__(self):
-        if not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
-            _fail("buffer.max_staleness", self.max_staleness, "an integer eta >= 0")
-        _positive("buffer.overprovision", self.overprovision, allow_zero=True)
-
-
-@dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """How devices form the sampler and learner meshes.
+    """How devices form the sampler and learner meshes (rljax.mesh).
 
     ``colocated`` puts every device in one mesh shared by both roles. ``split`` gives the first
     ``sampler_devices`` devices to the sampler and the next ``learner_devices`` to the learner.
@@ -347,6 +226,24 @@ class MeshConfig:
 
     ``num_slices`` > 1: a multislice job (``rljax.mesh.slices``); ``slice_layout='by_role'``
     gives each role whole slices, ``'spread'`` spreads both meshes over every slice.
+
+    Attributes:
+      mode: 'colocated' (both roles on every device) or 'split'.
+      sampler_devices: split: the sampler's devices, the first ones.
+      learner_devices: split: the learner's devices, the next ones.
+      learner_fsdp: the learner mesh's fsdp axis; -1 takes the devices the others leave.
+      learner_tensor: the learner mesh's tensor-parallel axis.
+      sampler_data: the sampler mesh's data axis; -1 takes the devices the others leave.
+      sampler_tensor: the sampler mesh's tensor-parallel axis.
+      reallocate: let the reallocation policy resize the meshes every reallocate_every steps
+        (split mode, async runs; docs/resize.md).
+      reallocate_every: learner steps per reallocation phase.
+      reallocate_granularity: chips per move (a host's chips on a pod slice).
+      resize_schedule: resize at fixed versions: 'version:sampler/learner,...' devices, e.g.
+        '3:2/6,5:4/4' (docs/resize.md).
+      num_slices: slices joined over DCN (1: one slice, or the CPU).
+      slice_layout: 'by_role' (each role takes whole slices) or 'spread' (both meshes over
+        every slice).
     """
 
     mode: str = "colocated"
@@ -357,11 +254,11 @@ class MeshConfig:
     sampler_data: int = -1
     sampler_tensor: int = 1
     reallocate: bool = False
-    reallocate_every: int = 5  # learner steps per reallocation phase
-    reallocate_granularity: int = 1  # chips per move (a host's chips on a pod slice)
-    resize_schedule: str = ""  # 'version:sampler/learner,...' devices, e.g. '3:2/6,5:4/4'
-    num_slices: int = 1  # slices joined over DCN (1: one slice, or the CPU)
-    slice_layout: str = "by_role"  # by_role | spread (see above)
+    reallocate_every: int = 5
+    reallocate_granularity: int = 1
+    resize_schedule: str = ""
+    num_slices: int = 1
+    slice_layout: str = "by_role"
 
     def __post_init__(self):
         _one_of("mesh.mode", self.mode, MESH_MODES)
@@ -417,16 +314,28 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """The prompt source."""
+    """The prompt source (rljax.data).
+
+    Attributes:
+      task: 'arithmetic' (problems generated from the seed), 'gsm8k' or 'math' (from path).
+      path: the JSONL/parquet file of gsm8k/math.
+      num_digits: arithmetic: digits per operand.
+      ops: arithmetic: the operators drawn from, a string over '+', '-', '*'.
+      train_size: training examples (gsm8k/math: at most this many of the file's rows).
+      heldout_size: held-out examples, disjoint from the training ones (gsm8k/math: the file's
+        last rows).
+      prompt_format: 'raw' or 'chat' (the tokenizer's chat template).
+      prompt_template: the user text; {prompt} is the task prompt, {question} the same without
+        a trailing '='.
+    """
 
     task: str = "arithmetic"
-    path: str = ""  # JSONL/parquet for gsm8k/math
+    path: str = ""
     num_digits: int = 2
     ops: str = "+"
     train_size: int = 4096
     heldout_size: int = 256
-    prompt_format: str = "raw"  # 'raw' or 'chat' (the tokenizer's chat template)
-    # The user text; {prompt} is the task prompt, {question} the same without a trailing '='.
+    prompt_format: str = "raw"
     prompt_template: str = "{prompt}"
 
     def __post_init__(self):
@@ -455,14 +364,23 @@ class RewardConfig:
     non-number or (batched) the wrong count is counted in ``reward_errors/<kind>`` and scored
     as ``on_failure`` says: ``'zero'`` scores it 0.0 and its group trains; ``'drop'`` drops
     its whole group (counted in ``dropped_reward_failure``; the driver admits another).
+
+    Attributes:
+      name: the verifier, by its name in rljax.rewards.REWARDS.
+      timeout_s: seconds per call (per completion, or per group when batched).
+      num_workers: the verifier's workers.
+      mode: 'thread', or 'process' for untrusted or hang-prone verifiers.
+      on_failure: a failed completion scores 0.0 and its group trains ('zero'), or its group
+        is dropped ('drop').
+      batched: the verifier is fn(completions, examples) -> list of floats, one call per group.
     """
 
     name: str = "exact_match"
-    timeout_s: float = 5.0  # per call (per completion, or per batch when batched)
+    timeout_s: float = 5.0
     num_workers: int = 2
-    mode: str = "thread"  # or 'process' for untrusted or hang-prone verifiers
-    on_failure: str = "zero"  # or 'drop' the group of a failed completion
-    batched: bool = False  # fn(completions, examples) -> list of floats, one call per group
+    mode: str = "thread"
+    on_failure: str = "zero"
+    batched: bool = False
 
     def __post_init__(self):
         if not self.name:
@@ -477,7 +395,14 @@ class RewardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    """Orbax checkpointing of the full training state."""
+    """Orbax checkpointing of the full training state (rljax.checkpoint).
+
+    Attributes:
+      enabled: checkpoint, and resume from the workdir's checkpoint after a kill.
+      every_steps: save every this many learner steps.
+      keep: the newest checkpoints kept.
+      async_save: write in a background thread once the arrays are copied off the devices.
+    """
 
     enabled: bool = False
     every_steps: int = 50
@@ -491,7 +416,12 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MetricsConfig:
-    """Where metrics go: JSONL in the workdir, a progress bar, an optional timeline."""
+    """Where metrics go (rljax.metrics): JSONL in the workdir, a progress bar, an optional timeline.
+
+    Attributes:
+      progress_bar: a progress bar of the learner steps on the terminal.
+      trace: write a Perfetto / Chrome trace JSON of the run's phases.
+    """
 
     progress_bar: bool = True
-    trace: bool = False  # Perfetto / Chrome trace JSON of the run's phases
+    trace: bool = False
