@@ -8,8 +8,8 @@ or without ``--config``. This file only parses flags and calls library code.
 from __future__ import annotations
 
 import faulthandler
-import importlib.util
 import json
+import pathlib
 import re
 import signal
 import sys
@@ -17,8 +17,10 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-# The installed file of configs/arith_tiny.py, located without importing it.
-DEFAULT_CONFIG = importlib.util.find_spec("rljax.configs.arith_tiny").origin
+from rljax import configs as recipes
+
+# The installed file of configs/arith_tiny.py (its package holds only a docstring to import).
+DEFAULT_CONFIG = str(pathlib.Path(recipes.__file__).with_name("arith_tiny.py"))
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
     None,

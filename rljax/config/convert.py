@@ -59,7 +59,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     kwargs = {}
     for name, value in data.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             if not isinstance(value, Mapping):
                 _fail(f"{prefix}{name}", value, f"a section of keys for {hint.__name__}")
             kwargs[name] = _build(hint, value, f"{prefix}{name}.")

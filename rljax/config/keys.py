@@ -89,9 +89,8 @@ def sections(cls: type = RunConfig) -> list[Section]:
 
 
 def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]
+    factory = f.default_factory
+    return factory() if callable(factory) else f.default
 
 
 def _markdown_text(text: str) -> str:

@@ -308,7 +308,7 @@ class MeshConfig:
                 numbers = ()
             if len(numbers) != 3 or min(numbers) < 1 or numbers[0] <= max(out, default=0):
                 _fail("mesh.resize_schedule", self.resize_schedule, want)
-            out[numbers[0]] = numbers[1:]
+            out[numbers[0]] = (numbers[1], numbers[2])
         return out
 
 
