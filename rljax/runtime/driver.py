@@ -23,6 +23,7 @@ rollouts.
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 import time
@@ -49,6 +50,8 @@ COUNTERS = (
     "surplus_discarded",
     "interrupted_samples",
 )
+
+log = logging.getLogger(__name__)
 
 
 class Driver(SafePoints):
@@ -413,6 +416,9 @@ class Driver(SafePoints):
             try:
                 fn()
             except BaseException as e:  # surfaced by run() on the learner thread
+                # Logged at once too: on a pod the learner thread may be inside a collective
+                # that waits for the work this thread would have done, and never get to raise.
+                log.exception("the driver's %s thread failed", threading.current_thread().name)
                 self._errors.append(e)
                 self.stop()
 
