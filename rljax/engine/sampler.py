@@ -28,7 +28,6 @@ When the page pool runs out, the youngest running sample is preempted the same w
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,72 +40,12 @@ from rljax.engine.engine import Engine
 from rljax.engine.homes import SlotHomes
 from rljax.engine.pages import OutOfPages
 from rljax.engine.prefill import PrefillRequest
-from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
+from rljax.engine.samples import FINISH_LENGTH, FINISH_STOP, Request, Sample, Trajectory
+from rljax.engine.state import DecodeState, Prefix, ResultTokens
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-
-
-@dataclasses.dataclass
-class Request:
-    """One prompt and how to sample it."""
-
-    prompt_tokens: Sequence[int]
-    num_samples: int = 1
-    max_new_tokens: int | None = None  # None: the engine's sampling.max_new_tokens
-    seed: int = 0
-    sampling: SlotSampling | None = None
-    payload: Any = None  # carried to the Trajectory (e.g. the task example)
-    request_id: int = -1  # assigned by submit() unless the caller sets a unique id >= 0
-    home: int | None = None  # the slots it may take (rljax.engine.homes); None: any
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """A finished response with everything the learner needs."""
-
-    prompt_tokens: list[int]
-    response_tokens: list[int]
-    logprobs: list[float]  # behaviour log-prob of each response token
-    versions: list[int]  # params version that produced each response token
-    finish_reason: str
-    group_id: int  # the request id: samples of one prompt share it
-    sample_index: int
-    payload: Any = None
-    reward: float | None = None
-
-    @property
-    def min_version(self) -> int:
-        return min(self.versions) if self.versions else -1
-
-
-@dataclasses.dataclass
-class _Sample:
-    request: Request
-    index: int
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    order: int = 0  # admission order: the highest is the youngest
-
-    @property
-    def budget(self) -> int:
-        budget = self.request.max_new_tokens
-        assert budget is not None, "Sampler.submit gives every request its max_new_tokens"
-        return budget
-
-    def to_trajectory(self, reason: str) -> Trajectory:
-        r = self.request
-        return Trajectory(
-            list(r.prompt_tokens),
-            self.tokens,
-            self.logprobs,
-            self.versions,
-            reason,
-            r.request_id,
-            self.index,
-            r.payload,
-        )
+# Request, Trajectory and the finish reasons are the Sampler's interface; they live in
+# rljax.engine.samples and are importable from here too.
+__all__ = ["FINISH_LENGTH", "FINISH_STOP", "Request", "Sampler", "Trajectory"]
 
 
 class Sampler:
@@ -134,13 +73,13 @@ class Sampler:
         self.detokenize = detokenize
         self.swap_mode = swap_mode or engine.sampling_cfg.swap_mode
         self.state: DecodeState = engine.init_decode_state()
-        self._slots: list[_Sample | None] = [None] * engine.max_concurrent_decodes
+        self._slots: list[Sample | None] = [None] * engine.max_concurrent_decodes
         self.homes = SlotHomes(slot_homes, len(self._slots))
-        self._queue: collections.deque[_Sample] = collections.deque()  # resumable samples
+        self._queue: collections.deque[Sample] = collections.deque()  # resumable samples
         # Samples waiting for slots with the prefix they share (prefix sample i = samples[i]).
-        self._pending: collections.deque[tuple[Prefix, list[_Sample]]] = collections.deque()
+        self._pending: collections.deque[tuple[Prefix, list[Sample]]] = collections.deque()
         self._requests: collections.deque[Request] = collections.deque()
-        self._held: dict[int, list[_Sample]] = {}  # interrupted, by request id
+        self._held: dict[int, list[Sample]] = {}  # interrupted, by request id
         self._next_id = itertools.count()
         self._order = itertools.count()
         self._staged: tuple[Any, int] | None = None
@@ -260,7 +199,7 @@ class Sampler:
         for r in list(self._requests):
             if r.request_id == request_id:
                 self._requests.remove(r)
-                held.extend(_Sample(r, i) for i in range(r.num_samples))
+                held.extend(Sample(r, i) for i in range(r.num_samples))
         self.stats["interrupted"] += len(held)
         return len(held)
 
@@ -315,7 +254,7 @@ class Sampler:
 
     # -- the loop ---------------------------------------------------------------------------
 
-    def _prefill(self, batch: list[list[_Sample]], finished: list[Trajectory]) -> None:
+    def _prefill(self, batch: list[list[Sample]], finished: list[Trajectory]) -> None:
         """Prefill each sample list's shared prompt + tokens so far, in one engine call.
 
         Draws each sample's next token and records it; the samples still running go to
@@ -396,7 +335,7 @@ class Sampler:
                 s.order = next(self._order)
                 self._slots[slot] = s
 
-    def _next_batch(self, free: list[int], finished) -> tuple[Prefix, list[_Sample]] | None:
+    def _next_batch(self, free: list[int], finished) -> tuple[Prefix, list[Sample]] | None:
         """Running samples that share one prefix and fit free slots of their home: the first
         waiting group's with room, or one resumed sample with its own prefix."""
         while True:
@@ -415,20 +354,20 @@ class Sampler:
                 return None
             self._prefill(batch, finished)
 
-    def _take_prompts(self, free: list[int]) -> list[list[_Sample]]:
+    def _take_prompts(self, free: list[int]) -> list[list[Sample]]:
         """The next prompts to prefill together: resumed samples first (each its own prompt),
         then new groups; at least one, then more while their samples fit the free slots of
         their homes. One whose home has no free slot waits without holding up the others."""
         left = self.homes.rooms(free)
-        batch: list[list[_Sample]] = []
+        batch: list[list[Sample]] = []
         for source in (self._queue, self._requests):
             i = 0
             while i < len(source) and len(batch) < self.engine.sampling_cfg.prefill_batch:
                 item = source[i]
-                if isinstance(item, _Sample):  # resumed: one sample, its own prompt
+                if isinstance(item, Sample):  # resumed: one sample, its own prompt
                     samples = [item]
                 else:
-                    samples = [_Sample(item, k) for k in range(item.num_samples)]
+                    samples = [Sample(item, k) for k in range(item.num_samples)]
                 home = self.homes.key(samples[0].request.home)
                 if not left.get(home):
                     if not any(left.values()):
@@ -479,7 +418,7 @@ class Sampler:
                 self._slots[slot] = None
         return finished + done
 
-    def _finish_reason(self, s: _Sample, token: int) -> str | None:
+    def _finish_reason(self, s: Sample, token: int) -> str | None:
         if token in self.stop_ids:
             return FINISH_STOP
         if self.stop_strings and self.detokenize is not None:  # __init__ checked it is given
