@@ -39,7 +39,7 @@ def _unsupported(source: str, what: str, fix: str) -> ValueError:
 def architecture_of(config_json: Mapping[str, Any], *, source: str = "config.json") -> str:
     """The supported architecture name a ``config.json`` declares; raises for any other."""
     archs = config_json.get("architectures") or []
-    arch = archs[0] if archs else _MODEL_TYPES.get(config_json.get("model_type"))
+    arch = archs[0] if archs else _MODEL_TYPES.get(config_json.get("model_type", ""))
     if arch not in ARCHITECTURES:
         shown = arch if arch else f"model_type={config_json.get('model_type')!r}"
         raise _unsupported(
@@ -115,7 +115,7 @@ def config_from_hf(
     try:
         hidden = int(config_json["hidden_size"])
         heads = int(config_json["num_attention_heads"])
-        fields = {
+        fields: dict[str, Any] = {
             "family": family,
             "vocab_size": int(config_json["vocab_size"]),
             "hidden_size": hidden,

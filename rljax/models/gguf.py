@@ -144,6 +144,8 @@ class GGUFTensorReader:
     def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         """Dequantizes the rows in ``index[0]`` only, then slices the other dimensions."""
         gname = gguf_name(name)
+        if gname is None:
+            raise KeyError(f"{name} has no GGUF tensor (gguf_name maps no such name)")
         tensor = self._tensors[gname]
         rows, rest = index[0], index[1:]
         kind = gname.split(".", 2)[-1] if gname.startswith("blk.") else gname

@@ -145,7 +145,9 @@ class SafetensorsReader:
                 raise ValueError(
                     f"{index_path} is not a valid safetensors index ({text}); re-download it"
                 ) from None
-            self._file_of = {k: str(io.join(path, v)) for k, v in weight_map.items()}
+            self._file_of: dict[str, str] | None = {
+                k: str(io.join(path, v)) for k, v in weight_map.items()
+            }
         elif io.is_file(single):
             self.source = single
             self._file_of = None

@@ -20,6 +20,7 @@ the stacked layout (``sampling.weights_layout``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -120,7 +121,8 @@ def serving_shardings(abstract: ServingDecoder, mesh: Mesh, rules: ShardingRules
         {k: place(LAYER_AXES[k], x, f"layers/{i}/{k}") for k, x in layer.items()}
         for i, layer in enumerate(abstract.layers)
     )
-    return abstract.replace(
+    return dataclasses.replace(
+        abstract,
         embed=place(PARAM_AXES["embed"], abstract.embed, "embed"),
         final_norm=place(PARAM_AXES["final_norm"], abstract.final_norm, "final_norm"),
         head_t=head,

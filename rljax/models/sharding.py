@@ -31,7 +31,8 @@ class ShardingRules:
 
     def spec(self, logical: tuple[str | None, ...], *, name: str = "array") -> PartitionSpec:
         """The PartitionSpec for an array whose dimensions carry ``logical`` names."""
-        out, used = [], {}
+        out: list[str | tuple[str, ...] | None] = []
+        used: dict[str, str | None] = {}  # mesh axis -> the logical axis it shards
         for axis in logical:
             mesh_axes = self.rules.get(axis) if axis is not None else None
             if axis is not None and axis not in self.rules:
@@ -191,7 +192,7 @@ def kernel_mesh_axes(
     if mesh.size == 1 or not dispatch.resolve_impl(impl).use_pallas:
         return None
     used: set[str] = set()
-    out = []
+    out: list[str | tuple[str, ...] | None] = []
     for name, size in dims:
         axes = axis_names(rules.rules.get(name))
         absent = any(a not in mesh.shape for a in axes)

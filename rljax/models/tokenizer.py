@@ -139,7 +139,7 @@ class Tokenizer:
                 )
         self.stop_ids = frozenset({self.eos_id, *extra_stop_ids})
         self.chat_template = chat_template
-        self._template = None
+        self._template: jinja2.Template | None = None  # parsed at the first use
 
     def _require_id(self, token: str, role: str) -> int:
         token_id = self._tok.token_to_id(token)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +127,15 @@ class CallPaths:
 
     cfg: ModelConfig
     layout: ClassVar[Layout]
+
+    def _layers(self) -> Any:
+        raise NotImplementedError  # a subclass's weights
+
+    def _embed(self, tokens: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def _final_norm(self) -> jax.Array:
+        raise NotImplementedError
 
     def _qkv(self, p, x_btd, positions_bt):
         cfg = self.cfg
