@@ -233,13 +233,9 @@ class LocalHosting:
         self.shard_index, self.shard_count = distributed.data_shard()
 
     def check(self, cfg: RunConfig) -> None:
+        # Several processes here share both meshes (mesh.mode is not 'split'), which the config
+        # already refuses to reallocate or lend on; what is left depends on the process count.
         n = self.shard_count
-        if cfg.mesh.reallocate and n > 1:
-            raise ConfigError(
-                "config key 'mesh.reallocate' = True on processes that share both meshes: each "
-                "host measures its own phase times, and hosts that decided differently would "
-                "hang; turn it off, or run a pod (mesh.mode='split', whole hosts per mesh)"
-            )
         if cfg.learner.batch_groups % n:
             raise ConfigError(
                 f"config key 'learner.batch_groups' = {cfg.learner.batch_groups} does not divide "
@@ -252,7 +248,6 @@ class LocalHosting:
                 f"mesh.mode='split', sampler and learner on whole hosts); set mesh.mode="
                 f"'split', or mode='sync' and buffer.max_staleness=0"
             )
-        lending.check_lending(cfg, n)
         if n > 1:
             distributed.check_same_config(cfg)
 

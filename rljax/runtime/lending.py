@@ -19,8 +19,8 @@ to lend during the next step (``lending.*`` keys; ``Lending.force`` pins a decis
   its micro-batches on the sampler's chips (:class:`rljax.learner.learner.GradLoan`) and sums
   them into its own update; it stays the only optimiser and version authority.
 
-Single-process (:func:`check_lending`), and not combined with ``mesh.reallocate`` yet (the
-config refuses both: :class:`rljax.config.RunConfig`).
+Single-process (a pod refuses it: :func:`rljax.runtime.pod_hosting.check_pod`), and not
+combined with ``mesh.reallocate`` yet (the config refuses that: :class:`rljax.config.RunConfig`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rljax.config import ConfigError
 from rljax.engine.engine import Engine
 from rljax.engine.sampler import Sampler
 from rljax.learner.learner import GradLoan
@@ -57,17 +56,6 @@ NONE = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, "nothing measured yet")
 KV_MEMORY_FRAC = 0.9
 
 
-def check_lending(cfg, process_count: int) -> None:
-    """Refuse, with a one-line error, a lending setup this runtime cannot run yet."""
-    if not cfg.lending.enabled:
-        return
-    if process_count > 1:
-        raise ConfigError(
-            f"config key 'lending.enabled' = True is single-process for now; turn it off for "
-            f"this {process_count}-process run"
-        )
-
-
 @dataclasses.dataclass
 class _Replica:
     engine: Engine
@@ -75,8 +63,7 @@ class _Replica:
 
 
 def build(run) -> RunLending | None:
-    """The run's lending (None with ``lending.enabled`` off; the run's hosting checked that it
-    can run: :func:`check_lending`)."""
+    """The run's lending (None with ``lending.enabled`` off)."""
     return RunLending(run) if run.cfg.lending.enabled else None
 
 

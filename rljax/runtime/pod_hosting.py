@@ -30,7 +30,7 @@ from rljax.mesh import distributed
 from rljax.mesh.control import Channel
 from rljax.mesh.transfer import transfer
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import pod, pod_prompts, pod_resize, resume
+from rljax.runtime import pod, pod_prompts, pod_replay, pod_resize, resume
 from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.pod import Op
 from rljax.runtime.pod_scoring import PodScorer, ScoreServer
@@ -256,7 +256,7 @@ class PodHosting:
             if self.resizer is not None:  # the leader's
                 self.resizer.logged(record, cause)
         if self.learner_role:
-            digests = pod.shard_digests(run.learner.params)
+            digests = pod_replay.shard_digests(run.learner.params)
             self.channel.post(f"replicas/{jax.process_index()}", digests)
         if self.is_leader:
             summary["pod"] = self._summary(run, time.perf_counter() - start)
@@ -274,7 +274,7 @@ class PodHosting:
             self.channel.get(f"replicas/{p}", waiting_for=f"learner process {p}'s digests")
             for p in roles.learner
         ]
-        check = pod.compare_replicas(digests)
+        check = pod_replay.compare_replicas(digests)
         run.metrics.write(run.learner.version, "replicas", check)
         out["learner_replicas"] = check
         return out
@@ -284,11 +284,11 @@ class PodHosting:
         roles = self.roles
         assert roles is not None
         if roles.role == "learner":
-            self.tick, op, arg = pod.follow_learner(run, self, self.tick)
+            self.tick, op, arg = pod_replay.follow_learner(run, self, self.tick)
             summary: dict[str, Any] = {"role": "learner", "steps": run.learner.version}
         elif not roles.is_leader:
             assert self.real_sampler and self.score_server and self.feeder
-            self.tick, op, arg = pod.follow_sampler(run, self, self.real_sampler, self.tick)
+            self.tick, op, arg = pod_replay.follow_sampler(run, self, self.real_sampler, self.tick)
             self.score_server.join()  # the leader stopped both before this tick
             self.feeder.join()
             summary = {"role": "sampler"}

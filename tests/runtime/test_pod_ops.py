@@ -19,7 +19,7 @@ from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, replace
 from rljax.metrics import Timeline
 from rljax.policy.reallocation import Split
-from rljax.runtime import pod
+from rljax.runtime import pod, pod_replay
 from rljax.runtime.hosting import LocalHosting
 from rljax.runtime.pod import Op, PodProtocolError
 from rljax.runtime.pod_hosting import PodHosting
@@ -33,7 +33,7 @@ def test_an_unknown_operation_fails_the_follower_naming_it():
     channel.post("tick/0", [["submit", []], ["sumbit", []], ["step", None]])
     seen = []
     with pytest.raises(PodProtocolError, match=r"unknown pod operation 'sumbit' in the leader's"):
-        pod.replay(channel, 0, {Op.SUBMIT: seen.append, Op.STEP: seen.append})
+        pod_replay.replay(channel, 0, {Op.SUBMIT: seen.append, Op.STEP: seen.append})
     assert seen == [[]]  # the operations before it ran, the one after did not
 
 
@@ -43,7 +43,7 @@ def test_each_role_replays_its_operations_in_order_until_the_build_ends():
     channel.post("tick/1", [["swap", 1], ["resize", {"split": [2, 6], "cause": "api"}]])
     seen = []
     handlers = {op: (lambda arg, op=op: seen.append((op, arg))) for op in (Op.SUBMIT, Op.STEP)}
-    k, op, arg = pod.replay(channel, 0, handlers)
+    k, op, arg = pod_replay.replay(channel, 0, handlers)
     # learn and swap are not a sampler's: skipped; resize ends the build and says where to go
     assert seen == [(Op.SUBMIT, [1]), (Op.STEP, None)]
     assert (k, op, arg) == (2, Op.RESIZE, {"split": [2, 6], "cause": "api"})

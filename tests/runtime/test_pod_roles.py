@@ -14,7 +14,7 @@ from rljax.engine.engine import SlotSampling
 from rljax.engine.sampler import Request
 from rljax.mesh import topology
 from rljax.policy.reallocation import Split
-from rljax.runtime import pod, pod_resize, resizing
+from rljax.runtime import pod, pod_replay, pod_resize, resizing
 
 
 def _topology(sampler_hosts, learner_hosts, per_host=2):
@@ -141,9 +141,9 @@ def test_replica_check_names_a_shard_whose_copies_differ():
     mesh = jax.sharding.Mesh(np.array(devices).reshape(2, 2), ("a", "b"))
     spec = jax.sharding.PartitionSpec("a")  # rows over 'a', each row block on 2 devices
     x = jax.device_put(np.arange(8.0).reshape(4, 2), jax.sharding.NamedSharding(mesh, spec))
-    same = pod.shard_digests({"w": x})
-    check = pod.compare_replicas([same, same])
+    same = pod_replay.shard_digests({"w": x})
+    check = pod_replay.compare_replicas([same, same])
     assert check["equal"] and check["replicated_shards"] == 2, check
     other = {k: [d[::-1] for d in v] for k, v in same.items()}  # another process's bytes differ
-    check = pod.compare_replicas([same, other])
+    check = pod_replay.compare_replicas([same, other])
     assert not check["equal"] and len(check["differ"]) == 2, check

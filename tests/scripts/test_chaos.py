@@ -253,13 +253,13 @@ def test_one_run_preempted_killed_and_resumed_in_process(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in killed))
 
     def preempt_during_warm_start(run):
-        warm_start = run._warm_start
+        warm_start = run.warm_start_learner
 
         def preempted():
             warm_start()
             run.request_stop()  # what the SIGTERM handler does
 
-        run._warm_start = preempted
+        run.warm_start_learner = preempted
 
     summary = _train_in_process(_small_run_config(3), tmp_path, preempt_during_warm_start)
     assert summary == {"stopped": True, "steps": 0}  # 2.
