@@ -44,7 +44,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from rljax import io
 from rljax.config import CheckpointConfig, ConfigError
-from rljax.learner.learner import optimizer_shardings
+from rljax.learner.optimizer import optimizer_shardings
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
 """The learner: a sharded, jit-compiled train step with micro-batching on the learner mesh.
 
 ``Learner.step(batch)`` takes a packed :class:`~rljax.learner.batch.TrainBatch`, scans over its
-micro-batches accumulating gradients, then applies one optax AdamW update (``ppo_epochs`` of
-them, on the same batch; the proximal log-probs of decoupled PPO / truncated IS are computed
-once, before the first, so the clip bounds the drift of every epoch). Parameters and
-optimiser state live in their learner shardings (FSDP over 'fsdp', tensor parallel over
-'tensor'); the batch's rows are split over the data-parallel axis.
+micro-batches accumulating gradients, then applies one optax AdamW update
+(:mod:`rljax.learner.optimizer`; ``ppo_epochs`` of them, on the same batch; the proximal
+log-probs of decoupled PPO / truncated IS are computed once, before the first, so the clip
+bounds the drift of every epoch). Parameters and optimiser state live in their learner
+shardings (FSDP over 'fsdp', tensor parallel over 'tensor'); the batch's rows are split over
+the data-parallel axis.
 
 Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never
 materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
@@ -43,6 +44,7 @@ from rljax.kernels.fused_logprobs import (
 )
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
 from rljax.learner.losses import Loss, LossInputs, get_loss, train_inference_mismatch
+from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -57,61 +59,10 @@ from rljax.models.sharding import (
 # from a step's metrics when it has none.
 MISMATCH_FRESH = ("mismatch/abs_logp_fresh", "mismatch/k3_fresh")
 
-# Only the rate is injected (kept in the optimiser state); the rest stay Python constants.
-_STATIC_ADAMW_ARGS = ("b1", "b2", "eps", "eps_root", "weight_decay")
-
-
-def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
-    """AdamW with linear warmup, optional cosine decay, and global-norm clipping.
-
-    The rate goes through ``optax.inject_hyperparams``, so the optimiser state holds the rate
-    its last update applied (:func:`applied_learning_rate`): the schedule runs on the
-    optimiser's own update count, which after a resume, a warm start or ``ppo_epochs > 1`` is
-    not the learner's version.
-    """
-    lr = cfg.learning_rate if learning_rate is None else learning_rate
-    if cfg.decay_steps:
-        start = 0.0 if cfg.warmup_steps else lr
-        end = cfg.warmup_steps + cfg.decay_steps
-        schedule = optax.warmup_cosine_decay_schedule(start, lr, cfg.warmup_steps, end)
-    elif cfg.warmup_steps:
-        schedule = optax.linear_schedule(0.0, lr, cfg.warmup_steps)
-    else:
-        schedule = optax.constant_schedule(lr)
-    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip > 0 else []
-    adamw = optax.inject_hyperparams(optax.adamw, static_args=_STATIC_ADAMW_ARGS)
-    parts.append(adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay))
-    return optax.chain(*parts), schedule
-
-
-def applied_learning_rate(opt_state) -> jax.Array:
-    """The learning rate the optimiser's last update applied (read from its state)."""
-    return optax.tree_utils.tree_get(opt_state, "hyperparams")["learning_rate"]
-
 
 def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
     """How many ways the learner splits a batch's rows."""
     return axis_size(mesh, rules.rules["batch"])
-
-
-def optimizer_shardings(tx, params, param_shardings, replicated):
-    """Moment buffers follow their parameter's sharding; step counts are replicated.
-
-    Explicit, because a sharding left to propagation differs between the first and later
-    steps and the train step would compile twice.
-    """
-    by_path = {
-        jax.tree_util.keystr(path): s
-        for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]
-    }
-
-    def pick(path, leaf):
-        # Optimiser leaves end in '.value' (the nnx Variable); parameter paths do not.
-        key = jax.tree_util.keystr(path).removesuffix(".value")
-        matches = [s for p, s in by_path.items() if key.endswith(p)]
-        return matches[0] if matches and leaf.ndim else replicated
-
-    return jax.tree_util.tree_map_with_path(pick, jax.eval_shape(tx.init, params))
 
 
 def check_divisible(key: str, batch: int, dp: int) -> None:

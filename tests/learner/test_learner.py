@@ -7,7 +7,8 @@ import pytest
 from rljax.config import ConfigError, LearnerConfig
 from rljax.engine.sampler import Request, Sampler
 from rljax.learner.batch import TrainSequence, pack_batch
-from rljax.learner.learner import Learner, check_divisible, make_optimizer
+from rljax.learner.learner import Learner, check_divisible
+from rljax.learner.optimizer import make_optimizer
 from rljax.models.sharding import make_mesh
 from rljax.testing.engines import tiny_engine
 
