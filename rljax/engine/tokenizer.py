@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rljax import io
 from rljax.models.tokenizer import TOKENIZER_FILE, Tokenizer
+
+if TYPE_CHECKING:
+    import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +87,7 @@ class EngineTokenizer:
         max_prefill_length: int | None = None,
         jax_padding: bool = True,
         **kwargs,
-    ) -> tuple[np.ndarray, int]:
+    ) -> tuple[np.ndarray | jax.Array, int]:
         """``(padded ids, true length)``: ``s``'s ids, BOS first when ``is_bos``, padded."""
         del kwargs  # JetStream passes tokenizer-specific options; none apply here
         ids = self.tokenizer.encode(s)

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import jax
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -96,7 +97,7 @@ class PerLayerServing:
         return served
 
     def abstract(self, params: nnx.State) -> ServingDecoder:
-        return self._convert.eval_shape(params)
+        return jax.eval_shape(self._convert, params)
 
 
 # sampling.weights_layout -> its ServingLayout ('auto' is resolved by serving_layout).

@@ -127,8 +127,8 @@ def pack_batch(
             )
             start += len(s.tokens)
     per_mb = n_rows // micro_batches
-    arrays = {k: v.reshape(micro_batches, per_mb, row_len) for k, v in arrays.items()}
-    return TrainBatch(arrays, len(seqs), sum(len(s.tokens) for s in seqs), n_resp)
+    stacked = {k: v.reshape(micro_batches, per_mb, row_len) for k, v in arrays.items()}
+    return TrainBatch(stacked, len(seqs), sum(len(s.tokens) for s in seqs), n_resp)
 
 
 _FLOATS = ("mask", "weights", "old_logprobs", "advantages")

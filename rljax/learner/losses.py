@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -144,7 +145,7 @@ def _policy_gradient(x: LossInputs, cfg: LearnerConfig, *, decoupled: bool):
     if decoupled or cfg.truncated_is > 0:
         prox = _proximal(x, cfg)
         ratio = jnp.exp(x.logprobs - prox)
-        weight = jnp.exp(prox - x.old_logprobs)
+        weight: jax.Array | float = jnp.exp(prox - x.old_logprobs)
         if cfg.truncated_is > 0:
             weight = jnp.minimum(weight, cfg.truncated_is)
         weight = jax.lax.stop_gradient(weight)
@@ -257,7 +258,8 @@ def check_loss(loss: Loss, cfg: LearnerConfig, rows: int = 2, length: int = 3) -
         pass
     f32 = jax.ShapeDtypeStruct((rows, length), jnp.float32)
     i32 = jax.ShapeDtypeStruct((rows, length), jnp.int32)
-    inputs = LossInputs(
+    # Abstract leaves: eval_shape traces the loss on shapes alone.
+    abstract: dict[str, Any] = dict(
         logprobs=f32,
         old_logprobs=f32,
         advantages=f32,
@@ -270,7 +272,7 @@ def check_loss(loss: Loss, cfg: LearnerConfig, rows: int = 2, length: int = 3) -
         prox_logprobs=f32 if loss.needs_proximal(cfg) else None,
     )
     try:
-        out = jax.eval_shape(lambda x: fn(x, cfg), inputs)
+        out = jax.eval_shape(lambda x: fn(x, cfg), LossInputs(**abstract))
     except Exception as e:  # anything the user's function raises while tracing
         text = " ".join(str(e).split())[:300]
         raise TypeError(

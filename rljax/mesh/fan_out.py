@@ -33,7 +33,7 @@ def _is_sharding(x) -> bool:
 
 
 def _spec_axes(spec) -> set[str]:
-    used = set()
+    used: set[str] = set()
     for entry in spec:
         if entry is None:
             continue

@@ -57,7 +57,7 @@ def union_devices(*shardings: Sequence[jax.sharding.Sharding]) -> list[jax.Devic
     for tree in shardings:
         for s in tree:
             for d in s.device_set:
-                seen.setdefault(d.id, d)
+                seen.setdefault(d.id, d)  # type: ignore[attr-defined]  # jax: unresolved Device
     return sorted(seen.values(), key=lambda d: (d.process_index, d.id))
 
 
@@ -288,7 +288,7 @@ def transfer(tree, dst_shardings, *, force_union: bool = False, force_all_reduce
             )
         )
     moved = _mover(mesh, tuple(specs))(blocks, tables)
-    out = []
+    out: list[jax.Array | None] = []  # None: a leaf with no device on this process
     for x, y, d in zip(leaves, moved, dst, strict=True):
         mine = {sh.device: sh.data for sh in y.addressable_shards}
         targets = [dev for dev in d._addressable_device_assignment]  # noqa: SLF001

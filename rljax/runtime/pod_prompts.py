@@ -78,7 +78,9 @@ class PodPrompts:
         # examples each host read; a run passes one dict to every build, so it counts across
         # resizes
         self.read_by_host = {} if read_by_host is None else read_by_host
-        self._chunks = {h: collections.deque() for h in range(1, hosts)}
+        self._chunks: dict[int, collections.deque[dict]] = {
+            h: collections.deque() for h in range(1, hosts)
+        }
         self._taken = dict.fromkeys(range(1, hosts), 0)
 
     def __next__(self) -> list[dict]:

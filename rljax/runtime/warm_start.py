@@ -14,7 +14,7 @@ import numpy as np
 from rljax.config import RunConfig
 from rljax.data.pipeline import prompt_iterator
 from rljax.data.tasks import teacher_answer
-from rljax.learner.batch import TrainSequence
+from rljax.learner.batch import TrainBatch, TrainSequence
 from rljax.learner.learner import Learner
 from rljax.metrics import MetricsWriter, Timeline
 
@@ -26,7 +26,7 @@ def warm_start(
     *,
     encode_prompt: Callable[[dict], list[int]],
     encode_answer: Callable[[str], list[int]],
-    pack: Callable[[list[TrainSequence], str], object],
+    pack: Callable[[list[TrainSequence], str], TrainBatch],
     metrics: MetricsWriter,
     timeline: Timeline,
 ) -> dict[str, float]:

@@ -377,8 +377,9 @@ class FakeSampler:
             moved = []
             for r in chosen:
                 for slot in range(r * per, (r + 1) * per):
-                    if self._slots[slot] is not None:
-                        moved.append(self._slots[slot])
+                    s = self._slots[slot]
+                    if s is not None:
+                        moved.append(s)
                         self._slots[slot] = None
             self._queue.extendleft(reversed(moved))
             self._parked.update(chosen)
