@@ -72,6 +72,7 @@ class FakeLending(Lending):
                 f"{split.sampler_chips} sampler chips; build it with replicas=sampler_chips // tp"
             )
         super().__init__(config, sampler, mode=mode)
+        self.sampler = sampler  # replicas.main: its replicas are parked and copied
         self.split = split
         self.tp = tp
         self.batch_groups = batch_groups
@@ -83,8 +84,8 @@ class FakeLending(Lending):
         ``on_boundary``)."""
         stats = self.meter.stats(
             split=self.split,
-            slots=self.replicas.main.num_slots,
-            buffer_rows=self.driver.buffer_rows(),
+            slots=self.sampler.num_slots,
+            buffer_rows=self.driver.buffer_rows() if self.driver is not None else [],
             batch_groups=self.batch_groups,
             switch_cost_s=0.0,
             granularity=self.tp,
@@ -92,7 +93,7 @@ class FakeLending(Lending):
         self.decide(stats, self.split, self.param_bytes)
 
     def _open_replica(self, learner: FakeLearner, chips: int) -> FakeSampler:
-        main: FakeSampler = self.replicas.main
+        main = self.sampler
         count = max(1, chips // self.tp)
         sleep_cost(self.config.prepare_s)
         return FakeSampler(
@@ -115,7 +116,7 @@ class FakeLending(Lending):
     def _lent_step(
         self, learner: FakeLearner, batch, chips: int, micro_batches: int
     ) -> dict[str, Any]:
-        main: FakeSampler = self.replicas.main
+        main = self.sampler
         step_s = float(learner.step_cost_s(batch))
         count = min(chips // self.tp, main.replicas - 1)
         share = micro_batches / self.micro_batches
