@@ -40,6 +40,7 @@ from rljax.runtime.boundary import SafePoints
 from rljax.runtime.clocks import RoleClocks, step_metrics
 from rljax.runtime.parts import LearnerPart, LenderPart, SamplerPart, WeightSyncPart
 from rljax.runtime.rollout import Group, lockstep_request_id, make_group
+from rljax.runtime.threads import ThreadedSchedule
 
 # Counters every step's metrics carry, in every mode (zero when nothing happened).
 COUNTERS = (
@@ -54,7 +55,7 @@ COUNTERS = (
 log = logging.getLogger(__name__)
 
 
-class Driver(SafePoints):
+class Driver(SafePoints, ThreadedSchedule):
     """Runs ``num_steps`` learner steps (or until ``stop()``) in either schedule."""
 
     def __init__(
@@ -342,87 +343,9 @@ class Driver(SafePoints):
                 self._rewards_q.task_done()
             self._cond.notify_all()
 
-    # -- threaded schedule ------------------------------------------------------------------
-
-    def _sampler_loop(self) -> None:
-        while not self._stop.is_set():
-            self._wait_while_parked()
-            self._swap_weights()
-            self._dispatch()
-            if self.sampler.has_work():
-                for trajs in self._generate():
-                    self._rewards_q.put(trajs)
-            else:
-                start = time.perf_counter()
-                with self._cond:
-                    self._cond.wait(timeout=0.05)
-                self.clocks.sampler_wait(start, time.perf_counter())
-
-    def _sampler_main(self) -> None:
-        self._sampler_alive = True
-        try:
-            self._sampler_loop()
-        finally:
-            with self._cond:
-                self._sampler_alive = False
-                self._cond.notify_all()
-
-    def _reward_loop(self) -> None:
-        while True:
-            items = [self._rewards_q.get()]
-            while items[-1] is not None and not self._rewards_q.empty():
-                items.append(self._rewards_q.get_nowait())  # every group waiting: one call
-            done = [trajs for trajs in items if trajs is not None]
-            self._score_and_place(done, taken=len(done))
-            if items[-1] is None:
-                return
-
-    def _threaded_batch(self) -> list[Group] | None:
-        start = time.perf_counter()
-        if self._lender is not None:
-            self._lender.waiting(self.learner)
-        try:
-            with self._cond:
-                while not self.buffer.ready(self.learner.version):
-                    if self._stop.is_set() or self._errors:
-                        return None
-                    if not self._serve_lent():
-                        self._cond.wait(timeout=0.1)
-                groups = self._consume()
-                self._cond.notify_all()
-        finally:
-            if self._lender is not None:  # its requests go back to the sampler before the step
-                self._lender.ready()
-        self.clocks.learner_wait(start, time.perf_counter())
-        return groups
-
-    def _serve_lent(self) -> bool:
-        """One generate on a replica lent on the learner's chips, outside the lock (held)."""
-        if self._lender is None:
-            return False
-        self._cond.release()
-        try:
-            return self._lender.serve()
-        finally:
-            self._cond.acquire()
-            self._cond.notify_all()  # the sampler thread collects what it finished
-
     def _consume(self) -> list[Group]:
         # Completion order varies with thread timing; request-id order does not.
         return sorted(self.buffer.consume(self.learner.version), key=_group_request_id)
-
-    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
-        def run():
-            try:
-                fn()
-            except BaseException as e:  # surfaced by run() on the learner thread
-                # Logged at once too: on a pod the learner thread may be inside a collective
-                # that waits for the work this thread would have done, and never get to raise.
-                log.exception("the driver's %s thread failed", threading.current_thread().name)
-                self._errors.append(e)
-                self.stop()
-
-        return run
 
     # -- the loop -----------------------------------------------------------------------------
 

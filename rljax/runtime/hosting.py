@@ -19,6 +19,8 @@ run it is in.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +38,8 @@ from rljax.runtime import lending, resizing, resume, scoring
 
 if TYPE_CHECKING:
     from rljax.runtime.run import Run
+
+log = logging.getLogger(__name__)
 
 
 class PromptSource(Protocol):
@@ -179,6 +183,9 @@ class ProcessPrompts:
 
     def __next__(self) -> list[dict]:
         local = next(self._it)
+        if log.isEnabledFor(logging.DEBUG):  # one JSON line per read, for pod debugging
+            fields = {"process": self.shard_index, "prompts": [ex["prompt"] for ex in local]}
+            log.debug("data read %s", json.dumps(fields))
         return [ex for share in distributed.allgather_objects(local) for ex in share]
 
     def get_state(self) -> dict[str, Any]:

@@ -212,8 +212,9 @@ class Ticks:
     def _delete_read(self) -> None:
         """Delete the ticks every other process has read."""
         others = [p for p in range(self.channel.count) if p != jax.process_index()]
-        read = [self.channel.try_get(f"read/{p}") for p in others]
-        if any(r is None for r in read):
+        posted = [self.channel.try_get(f"read/{p}") for p in others]
+        read = [int(r) for r in posted if r is not None]
+        if len(read) < len(others):
             return
         upto = min(read)
         for k in range(self.deleted, upto):

@@ -135,7 +135,8 @@ def compare_replicas(digests: list[dict[str, list[str]]]) -> dict[str, Any]:
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+    """``metrics`` as JSON: arrays of one element become numbers."""
+    out: dict[str, Any] = {}
     for key, value in metrics.items():
         if isinstance(value, dict):
             out[key] = _plain(value)

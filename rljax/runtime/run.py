@@ -201,9 +201,7 @@ class Run:
     def next_prompts(self) -> list[dict]:
         """The next global batch of prompts (the same list on every process that reads it)."""
         self._lead("Run.next_prompts")
-        batch = next(self.prompts)
-        _debug("read", prompts=[ex["prompt"] for ex in batch])
-        return batch
+        return next(self.prompts)
 
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
         """Rewards for ``trajs`` (in order), wherever the hosting scores them."""
@@ -471,6 +469,6 @@ def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def _debug(event: str, **fields: Any) -> None:
-    """One JSON line per data event, for --logger_levels=rljax.runtime.run:DEBUG."""
+    """One JSON line per data event, for --logger_levels=rljax.runtime:DEBUG."""
     if log.isEnabledFor(logging.DEBUG):
         log.debug("data %s %s", event, json.dumps(fields))
