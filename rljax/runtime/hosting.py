@@ -266,7 +266,8 @@ class LocalHosting:
         learner = resume.learner_for(cfg, learner_mesh, run.loss, restored, run.learners)
         run.adopt_learner(learner, None if restored is None else restored.meta, learner.graphdef)
         sampler_mesh = run.topology.sampler
-        run.engine = run.engines.get(sampler_mesh, lambda: run.build_engine(sampler_mesh))
+        run.engine = run.build_engine(sampler_mesh)
+        run.engines.put(sampler_mesh, run.engine)  # builds counts the resizes' cache misses
         run.weight_sync = WeightSync(
             run.engine.param_shardings, dtype=cfg.sampling.dtype, slices=run.topology.slices
         )
