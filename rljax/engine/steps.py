@@ -68,9 +68,28 @@ class Steps:
 def build_steps(engine) -> Steps:
     """Jit ``engine``'s device steps with its shardings (see Engine for the layout)."""
     state_sh = engine.decode_state_shardings()
-    prefix_sh = engine.get_prefix_destination_sharding()
     rep = engine._replicated()
     max_seq_len = engine.max_seq_len
+
+    generates: dict = {}
+
+    def generate(sampler: Sampler | None):
+        if sampler not in generates:
+            generates[sampler] = _generate_step(engine, state_sh, rep, max_seq_len, sampler)
+        return generates[sampler]
+
+    def empty_state() -> DecodeState:
+        return _empty_state(engine)
+
+    # Compiled once per engine: building a Sampler must not re-jit the empty state.
+    make_state = jax.jit(empty_state, out_shardings=state_sh)
+    prefill, prefill_many = _prefill_step(engine), _prefill_many_step(engine)
+    return Steps(make_state, prefill, prefill_many, _insert_step(engine, state_sh), generate)
+
+
+def _prefill_step(engine):
+    """One prompt's prefill, its outputs placed where a Prefix lives."""
+    prefix_sh, rep = engine.get_prefix_destination_sharding(), engine._replicated()
     model_of = engine.layout.model  # the decoder over the weights in the engine's layout
     shard = (engine.mesh, engine._rules)
 
@@ -104,6 +123,15 @@ def build_steps(engine) -> Steps:
         )
         data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
         return k[:, 0], v[:, 0], data, log_prob
+
+    return prefill
+
+
+def _prefill_many_step(engine):
+    """N prompts' prefill in one forward pass, its outputs placed where a Prefix lives."""
+    prefix_sh, rep = engine.get_prefix_destination_sharding(), engine._replicated()
+    model_of = engine.layout.model  # the decoder over the weights in the engine's layout
+    shard = (engine.mesh, engine._rules)
 
     # A Sharding given for a tuple output applies to each of its arrays.
     @functools.partial(
@@ -140,6 +168,12 @@ def build_steps(engine) -> Steps:
         )
         data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
         return tuple(k[:, i] for i in range(n)), tuple(v[:, i] for i in range(n)), data, log_prob
+
+    return prefill_many
+
+
+def _insert_step(engine, state_sh):
+    """Copying a prefix into slots of the decode state, which it donates."""
 
     @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
     def insert(state, prefix: Prefix, rows_wm, slots_w, cols_w, fold_w):
@@ -188,19 +222,7 @@ def build_steps(engine) -> Steps:
             top_k=put(state.top_k, prefix.top_k),
         )
 
-    generates: dict = {}
-
-    def generate(sampler: Sampler | None):
-        if sampler not in generates:
-            generates[sampler] = _generate_step(engine, state_sh, rep, max_seq_len, sampler)
-        return generates[sampler]
-
-    def empty_state() -> DecodeState:
-        return _empty_state(engine)
-
-    # Compiled once per engine: building a Sampler must not re-jit the empty state.
-    make_state = jax.jit(empty_state, out_shardings=state_sh)
-    return Steps(make_state, prefill, prefill_many, insert, generate)
+    return insert
 
 
 def _generate_step(engine, state_sh, rep, max_seq_len, sampler):

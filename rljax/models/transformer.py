@@ -266,75 +266,89 @@ class CallPaths:
                     f"shards of the 'batch' mesh axes {batch_axes!r}; they must match"
                 )
 
-        def per_shard(x):  # [B, ...] -> [kv_shards, B / kv_shards, ...]
-            return x.reshape(kv_shards, b // kv_shards, *x.shape[1:])
-
-        def by_shard(pages):  # [..., P, Z, H] -> [..., kv_shards, P / kv_shards, Z, H]
-            *lead, p, z_, h = pages.shape
-            return pages.reshape(*lead, kv_shards, p // kv_shards, z_, h)
-
-        def write(pool, layer, new_bkh):
-            """Each slot's new key (or value) into layer ``layer`` of the [L, K, P, Z, H] pool.
-
-            The whole pool is the scan's carry and is updated in place: a pool passed as the
-            scan's xs and ys would need a second pool-sized buffer.
-            """
-
-            def one(pool_lkpzh, page, offset, new_bkh):
-                # Scalar layer + two index arrays around a slice: indexed dims lead, [B, K, H].
-                return pool_lkpzh.at[layer, :, page, offset].set(new_bkh)
-
-            new_bkh = new_bkh.astype(pool.dtype)
-            if kv_shards == 1:
-                return one(pool, page_b, offset_b, new_bkh)
-            out = jax.vmap(one, in_axes=(2, 0, 0, 0), out_axes=2)(
-                by_shard(pool), per_shard(page_b), per_shard(offset_b), per_shard(new_bkh)
-            )
-            return out.reshape(pool.shape)
-
-        def attend(q, kp, vp):
-            if split is not None:
-                mesh, (batch_axes, head_axis) = split
-                if kv_shards == 1:
-                    return sharded_paged_decode_attention(
-                        mesh, batch_axes, head_axis, q, kp, vp, lengths_b, page_table_bm, impl=impl
-                    )
-                # Each device holds its shard's pages: the pool is split over P by batch_axes.
-                pages = PartitionSpec(head_axis, batch_axes, None, None)
-                slots = PartitionSpec(batch_axes)
-                specs = (PartitionSpec(batch_axes, head_axis, None), pages, pages, slots, slots)
-                fn = functools.partial(paged_decode_attention, impl=impl)
-                out = PartitionSpec(batch_axes, head_axis, None)
-                return run_sharded(fn, mesh, specs, out, (q, kp, vp, lengths_b, page_table_bm))
-            if kv_shards == 1:
-                return paged_decode_attention(q, kp, vp, lengths_b, page_table_bm, impl=impl)
-            fn = functools.partial(paged_decode_attention, impl=impl)
-            out = jax.vmap(fn, in_axes=(0, 1, 1, 0, 0))(
-                per_shard(q),
-                by_shard(kp),
-                by_shard(vp),
-                per_shard(lengths_b),
-                per_shard(page_table_bm),
-            )
-            return out.reshape(q.shape)
-
-        z = k_pages.shape[3]
-        page_b = jnp.take_along_axis(page_table_bm, (positions_b // z)[:, None], axis=1)[:, 0]
-        offset_b = positions_b % z
-        lengths_b = positions_b + 1
+        cache = _PagedKV(page_table_bm, positions_b, k_pages.shape[3], kv_shards, split, impl)
 
         def block(carry, layer):
             x_btd, kp, vp = carry
             p, i = layer
             q, k, v = self._qkv(p, x_btd, positions_b[:, None])
-            kp, vp = write(kp, i, k[:, 0]), write(vp, i, v[:, 0])
-            attn = attend(q[:, 0], kp[i], vp[i])
+            kp, vp = cache.write(kp, i, k[:, 0]), cache.write(vp, i, v[:, 0])
+            attn = cache.attend(q[:, 0], kp[i], vp[i])
             return (self._finish_block(p, x_btd, attn[:, None]), kp, vp), None
 
         carry = (self._embed(tokens_b[:, None]), k_pages, v_pages)
         (x_b1d, k_pages, v_pages), _ = self.layout.run_layers(block, carry, self._layers())
         hidden = rms_norm(x_b1d[:, 0], self._final_norm(), self.cfg.norm_eps)
         return hidden, k_pages, v_pages
+
+
+class _PagedKV:
+    """One decode step's paged KV cache, split into ``kv_shards`` (see :meth:`CallPaths.decode`):
+    where each slot's new key and value go, and attention over each slot's pages."""
+
+    def __init__(self, page_table_bm, positions_b, page_size, kv_shards, split, impl):
+        self.page_table_bm = page_table_bm
+        self.kv_shards = kv_shards
+        self.split = split  # the kernel's (mesh, (batch axes, head axis)), or None
+        self.impl = impl
+        page_m1 = (positions_b // page_size)[:, None]
+        self.page_b = jnp.take_along_axis(page_table_bm, page_m1, axis=1)[:, 0]
+        self.offset_b = positions_b % page_size
+        self.lengths_b = positions_b + 1
+
+    def per_shard(self, x):  # [B, ...] -> [kv_shards, B / kv_shards, ...]
+        return x.reshape(self.kv_shards, x.shape[0] // self.kv_shards, *x.shape[1:])
+
+    def by_shard(self, pages):  # [..., P, Z, H] -> [..., kv_shards, P / kv_shards, Z, H]
+        *lead, p, z_, h = pages.shape
+        return pages.reshape(*lead, self.kv_shards, p // self.kv_shards, z_, h)
+
+    def write(self, pool, layer, new_bkh):
+        """Each slot's new key (or value) into layer ``layer`` of the [L, K, P, Z, H] pool.
+
+        The whole pool is the layer loop's carry and is updated in place: a pool passed as the
+        scan's xs and ys would need a second pool-sized buffer.
+        """
+
+        def one(pool_lkpzh, page, offset, new_bkh):
+            # Scalar layer + two index arrays around a slice: indexed dims lead, [B, K, H].
+            return pool_lkpzh.at[layer, :, page, offset].set(new_bkh)
+
+        new_bkh = new_bkh.astype(pool.dtype)
+        if self.kv_shards == 1:
+            return one(pool, self.page_b, self.offset_b, new_bkh)
+        shard = self.per_shard
+        out = jax.vmap(one, in_axes=(2, 0, 0, 0), out_axes=2)(
+            self.by_shard(pool), shard(self.page_b), shard(self.offset_b), shard(new_bkh)
+        )
+        return out.reshape(pool.shape)
+
+    def attend(self, q, kp, vp):
+        """Each slot's query [B, N, H] against its pages of one layer's [K, P, Z, H] pools."""
+        args = (q, kp, vp, self.lengths_b, self.page_table_bm)
+        fn = functools.partial(paged_decode_attention, impl=self.impl)
+        if self.split is not None:
+            mesh, (batch_axes, head_axis) = self.split
+            if self.kv_shards == 1:
+                return sharded_paged_decode_attention(
+                    mesh, batch_axes, head_axis, *args, impl=self.impl
+                )
+            # Each device holds its shard's pages: the pool is split over P by batch_axes.
+            pages = PartitionSpec(head_axis, batch_axes, None, None)
+            slots = PartitionSpec(batch_axes)
+            specs = (PartitionSpec(batch_axes, head_axis, None), pages, pages, slots, slots)
+            out = PartitionSpec(batch_axes, head_axis, None)
+            return run_sharded(fn, mesh, specs, out, args)
+        if self.kv_shards == 1:
+            return fn(*args)
+        out = jax.vmap(fn, in_axes=(0, 1, 1, 0, 0))(
+            self.per_shard(q),
+            self.by_shard(kp),
+            self.by_shard(vp),
+            self.per_shard(self.lengths_b),
+            self.per_shard(self.page_table_bm),
+        )
+        return out.reshape(q.shape)
 
 
 class Decoder(CallPaths, nnx.Module):
