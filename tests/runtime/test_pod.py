@@ -3,11 +3,12 @@ on hosts 0-1 and the learner on hosts 2-3, running configs/arith_async.py with e
 
 One sequence of launches covers the pod's life: SIGTERM to all four (each exits 0 after a
 checkpoint), a relaunch that resumes, ``kill -9`` of a learner host (the others exit non-zero
-within 60 s, naming it unless gloo aborted one of them first), and a last relaunch that
-resizes the pod from 2+2 hosts to 1+3 and back mid-run (``mesh.resize_schedule``) before it
-finishes. The audits read the metrics it left: every train
-step once, no consumed group staler than eta, every prompt drawn consumed once or still held
-(no group lost or duplicated, resizes included), weights moved across hosts every step.
+within 60 s, each saying why: naming it, unless gloo aborted one of them first), and a last
+relaunch that resizes the pod from 2+2 hosts to 1+3 and back mid-run
+(``mesh.resize_schedule``) before it finishes. The audits read the metrics it left: every
+train step once, no consumed group staler than eta, every prompt drawn consumed once or still
+held (no group lost or duplicated, resizes included), weights moved across hosts every step,
+and the copies of the parameters replicated over both learner hosts equal at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from rljax.configs import arith_async
 
+from rljax.mesh.control import LOST_PEER
 from rljax.testing import audit, pod
 
 ETA, STEPS = 2, 4
@@ -33,6 +35,9 @@ ARGV = [
     f"--config.buffer.max_staleness={ETA}",
     # 24 sequences a step: a learner of 4 or 6 devices (2+2 or 1+3 hosts) splits them evenly.
     "--config.learner.group_size=6",
+    # Per-head q/k norms ([layers, head_dim]) have no fsdp axis: every learner device on both
+    # hosts holds a copy, which the end-of-run replicas check compares across the hosts.
+    "--config.model.qk_norm=True",
     "--config.sft.steps=0",
     f"--config.num_steps={STEPS}",
     "--config.eval_examples=4",
@@ -90,6 +95,24 @@ def _gloo_aborted(log: str) -> bool:
     return "terminate called after throwing an instance of 'gloo::" in log
 
 
+# What a survivor logs when the coordination service went down with process 0 (JAX's client).
+COORDINATOR_LOST = (
+    "Terminating process because the JAX distributed service detected fatal errors",
+    "Failed to send RPC to coordination service",
+    "Coordination service has stopped",
+    "Coordination service has been shut down",
+)
+
+
+def _says_why_it_stopped(log: str, pid: int) -> bool:
+    """Whether a survivor's log names a consequence of losing process ``pid``: the process
+    itself, gloo aborting this one (with the exception it threw), a peer lost in a collective,
+    or the coordination service gone with process 0."""
+    aborted = _gloo_aborted(log) and "what():" in log
+    lost_peer = any(s in log for s in LOST_PEER + COORDINATOR_LOST)
+    return _names_lost_process(log, pid) or aborted or lost_peer
+
+
 def _error_lines(log: str) -> str:
     keep = ("E1", "F1", "Error", "error", "terminate", "Fatal", "Traceback")
     lines = log.splitlines()
@@ -140,7 +163,10 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     # a survivor with a collective in flight to the dead process can die at once from an
     # exception in gloo's own thread, before JAX's heartbeat check runs (and if that survivor
     # is process 0, the coordination service dies with it, so no one is left to name process
-    # 3). rljax cannot catch that; the bound on the exit above still holds.
+    # 3). rljax cannot catch that; the bound on the exit above still holds, and every survivor
+    # still says why it stopped: the abort and gloo's exception, or what it lost.
+    for t in text[:3]:
+        assert _says_why_it_stopped(t, 3), _error_lines(t)
     if not any(_gloo_aborted(t) for t in text[:3]):
         for t in text[:3]:
             assert _names_lost_process(t, 3), _error_lines(t)
@@ -178,10 +204,11 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     drawn = audit.drawn_prompts(arith_async.recipe("small"), meta["data"])
     assert audit.audit_prompts(records, audit.leftover_prompts(meta), drawn) == []
     # Both learner hosts hashed their shards at the end. With fsdp over the learner's devices
-    # each shard lives on one device, so there is no second copy to differ (replicated_shards
-    # is 0): one SPMD program holds one set of learner parameters, split over the hosts.
+    # most shards live on one device; the q/k norms are replicated over all four (qk_norm in
+    # ARGV), and every copy, on either host, must hold the same bytes.
     (replicas,) = [r for r in records if r["phase"] == "replicas"][-1:]
-    assert replicas["equal"] and replicas["processes"] == 2 and replicas["shards"] > 0, replicas
+    assert replicas["processes"] == 2 and replicas["replicated_shards"] > 0, replicas
+    assert replicas["equal"] and replicas["differ"] == [], replicas
     train = [r for r in records if r["phase"] == "train"]
     # Weights crossed from the learner hosts to the sampler hosts (bytes counted per swap).
     assert all(r["sync_bytes"] > 0 for r in train[1:]), [r.get("sync_bytes") for r in train]
