@@ -19,7 +19,8 @@ from flax import nnx
 from rljax.kernels.paged_attention.ops import XLA_BLOCK_TOKENS
 
 from rljax.engine.engine import Engine
-from rljax.models.serving import ServingDecoder, to_serving
+from rljax.models.layouts import PerLayer
+from rljax.models.serving import TRANSPOSED, ServingDecoder, to_serving
 
 # The decimals the returned figures keep: milliseconds to the microsecond, ratios to 1e-4.
 # A test comparing a ratio with its rounded parts derives its tolerance from these.
@@ -45,10 +46,11 @@ def weight_matrices(engine: Engine, params) -> list[jax.Array]:
         params = to_serving(nnx.merge(engine._graphdef, params))
     mats = [params.embed if params.head_t is None else params.head_t]
     for layer in params.layers:
-        for name, w in layer.items():
-            if name == "wo_t":  # [D, N, H]: out D, in N * H
+        for name in TRANSPOSED:  # every projection, stored [out..., in...]
+            w = layer[PerLayer.key(name)]
+            if name == "wo":  # [D, N, H]: out D, in N * H
                 mats.append(w.reshape(w.shape[0], -1))
-            elif name.endswith("_t"):  # [out..., D or F]
+            else:  # [out..., D or F]
                 mats.append(w.reshape(-1, w.shape[-1]))
     return [jnp.array(m) for m in mats]  # each its own contiguous buffer
 
