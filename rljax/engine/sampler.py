@@ -245,6 +245,11 @@ class Sampler:
         self._held.clear()
         return running
 
+    def close(self) -> None:
+        """Free the KV pool and the weights now (a lent replica given back); the engine stays
+        compiled, and this sampler is not used again."""
+        del self.state, self.params
+
     def _evict(self, slot: int, *, front: bool) -> None:
         s = self._slots[slot]
         assert s is not None, f"slot {slot} is free: nothing to evict"

@@ -85,8 +85,13 @@ class LendingLearner:
         self._lending = lending
         self._learner = learner
 
-    def __getattr__(self, name: str):
-        return getattr(self._learner(), name)
+    @property
+    def version(self) -> int:
+        return self._learner().version
+
+    @property
+    def params(self) -> Any:
+        return self._learner().params
 
     def step(self, batch) -> dict[str, Any]:
         metrics = self._lending.learn(self._learner(), batch)
@@ -132,7 +137,7 @@ class Lending:
         self.force: LendingDecision | None = None
         self.decision = NONE
         self.decisions: list[LendingDecision] = []
-        self.last_stats = None  # the PhaseStats the last decision read
+        self.last_stats: PhaseStats | None = None  # what the last decision read
         self.stats: collections.Counter = collections.Counter()
         self._reported: collections.Counter = collections.Counter()
 
@@ -290,7 +295,7 @@ class RunLending(Lending):
 
     def waiting(self, learner) -> None:
         self._rewire()
-        super().waiting(learner)
+        super().waiting(self.run.learner)  # the Learner itself: a lent replica takes its mesh
 
     def serve(self) -> bool:
         start = time.perf_counter()
@@ -306,8 +311,7 @@ class RunLending(Lending):
         return Sampler(replica.engine, params, version=learner.version, stop_ids=stop_ids)
 
     def _close_replica(self, replica: Sampler) -> None:
-        # Its KV pool and weight copy go; the engine stays compiled.
-        replica.state = replica.params = None
+        replica.close()
 
     def _replica(self, devices: list) -> _Replica:
         mesh = make_mesh(devices, {"data": len(devices), "tensor": 1})
