@@ -39,6 +39,7 @@ and the host page allocator (:mod:`rljax.engine.pages`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -434,7 +435,7 @@ class Engine:
         self._parked = False
         table = jax.device_put(self.pages.table.copy(), decode_state.page_table.sharding)
         active = jax.device_put(self.pages.active.copy(), decode_state.active.sharding)
-        return decode_state.replace(page_table=table, active=active)
+        return dataclasses.replace(decode_state, page_table=table, active=active)
 
     def shard_of(self, slot: int) -> int:
         """The kv shard whose pages ``slot`` uses."""

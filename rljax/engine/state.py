@@ -36,11 +36,12 @@ class Prefix:
 
     k: jax.Array  # [L, T, K, H]
     v: jax.Array
-    length: jax.Array  # int32 scalar: prompt tokens cached
+    # The request's scalars may still be on the host (numpy) until insert moves them.
+    length: jax.Array | np.integer  # int32 scalar: prompt tokens cached
     tokens: jax.Array  # [S] int32: each sample's first token
     keys: jax.Array  # [S, 2] uint32: each sample's PRNG key data (token i folds in i)
-    floats: jax.Array  # [3] float32: temperature, top_p, min_p of the request
-    top_k: jax.Array  # int32 scalar
+    floats: jax.Array | np.ndarray  # [3] float32: temperature, top_p, min_p of the request
+    top_k: jax.Array | np.integer  # int32 scalar
 
     @property
     def num_samples(self) -> int:
@@ -54,7 +55,7 @@ class Prefix:
                 f"samples {idx.tolist()} are not a non-empty selection of this prefix's "
                 f"{self.num_samples} samples"
             )
-        return self.replace(tokens=self.tokens[idx], keys=self.keys[idx])
+        return dataclasses.replace(self, tokens=self.tokens[idx], keys=self.keys[idx])
 
 
 @struct.dataclass
@@ -111,7 +112,7 @@ class ResultTokens:
     def convert_to_numpy(self) -> ResultTokens:
         """The same result with host numpy arrays."""
         log_prob = None if self.log_prob is None else np.asarray(self.log_prob)
-        return self.replace(data=np.asarray(self.data), log_prob=log_prob)
+        return dataclasses.replace(self, data=np.asarray(self.data), log_prob=log_prob)
 
     def get_result_at_slot(self, slot: int) -> SlotData:
         """The rows of ``slot``: tokens and valid [samples, 1], lengths [samples]."""
@@ -146,6 +147,8 @@ class ResultTokens:
 
     @property
     def logprobs(self) -> np.ndarray:
+        if self.log_prob is None:
+            raise ValueError("this result carries no log-probs (log_prob=None)")
         return np.asarray(self.log_prob[:, 0])
 
 
@@ -165,7 +168,8 @@ def prefix_shardings(mesh: Mesh, rules: ShardingRules, num_kv_heads: int) -> Pre
     kv = NamedSharding(mesh, rules.spec((None, None, "kv_heads", None)))
     kv = _divisible_or_replicated(kv, num_kv_heads, 2)
     rep = NamedSharding(mesh, PartitionSpec())
-    return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)
+    # A pytree of shardings in the Prefix's structure, as jit's shardings arguments take.
+    return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)  # type: ignore[arg-type]
 
 
 def decode_state_shardings(
@@ -186,7 +190,8 @@ def decode_state_shardings(
         slot = table = NamedSharding(mesh, PartitionSpec())
     pages = _divisible_or_replicated(pages, num_kv_heads, 1)
     s = slot
-    return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)
+    # A pytree of shardings in the DecodeState's structure, as jit's shardings arguments take.
+    return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)  # type: ignore[arg-type]
 
 
 def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:
