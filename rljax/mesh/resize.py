@@ -60,7 +60,7 @@ class MeshCache:
       builds: how many objects ``get`` had to build (a cache miss each).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._items: dict[tuple, Any] = {}
         self.builds = 0
 

@@ -111,7 +111,7 @@ def _cell(src_boxes, dst_boxes, shape) -> tuple[int, ...] | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _p2p_plan(shape, src, dst, union):
+def _p2p_plan(shape, src, dst, union: tuple[jax.Device, ...]) -> tuple | None:
     """Point-to-point tables for one leaf, or None when its cells are of several sizes.
 
     Cached: a pod's weight sync plans the same moves every publish.
@@ -160,10 +160,10 @@ def _p2p_plan(shape, src, dst, union):
     recv_off = np.zeros((len(rounds), n, ndim), np.int32)
     recv = np.zeros((len(rounds), n), bool)
     perms = []
-    for r, moves in enumerate(rounds):
+    for i, moves in enumerate(rounds):
         perms.append(tuple(sorted((s, p[0]) for s, p in moves.items())))
         for s, (to, so, ro) in moves.items():
-            send_off[r, s], recv_off[r, to], recv[r, to] = so, ro, True
+            send_off[i, s], recv_off[i, to], recv[i, to] = so, ro, True
     return cell, tuple(perms), send_off, recv_off, recv
 
 

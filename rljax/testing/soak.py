@@ -114,7 +114,7 @@ class QueueProbe:
     step and once per learner step).
     """
 
-    def __init__(self, driver=None):
+    def __init__(self, driver: Any = None) -> None:
         self.driver = driver
         self.peak: dict[str, int] = dict.fromkeys(QUEUES, 0)
         self.samples = 0
