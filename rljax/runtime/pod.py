@@ -30,6 +30,7 @@ No host's clock feeds another host's decision: the leader's decisions depend on 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -40,7 +41,7 @@ from typing import Any
 import jax
 
 from rljax.config import ConfigError
-from rljax.engine.engine import SlotSampling
+from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import Request, Sampler
 from rljax.mesh.control import Channel
 from rljax.mesh.topology import Topology
@@ -225,9 +226,9 @@ class Ticks:
 class PodSampler:
     """The leader's sampler: the real :class:`Sampler`, with each operation also posted.
 
-    Duck-types what the driver and ``Run.evaluate`` use. A swap or a generate posts the tick
-    first, then runs here, so followers and learner processes enter the same collectives in
-    the same order.
+    The driver's :class:`~rljax.runtime.parts.SamplerPart`, plus what ``Run.evaluate`` uses. A
+    swap or a generate posts the tick first, then runs here, so followers and learner processes
+    enter the same collectives in the same order.
     """
 
     def __init__(self, sampler: Sampler, ticks: Ticks, weights: PodWeights, sync: PodWeightSync):
@@ -238,15 +239,39 @@ class PodSampler:
         self.swapped = -1
         self.on_tick = lambda: None  # the leader polls for stop requests here
 
-    # the sampler's state, read by the driver
-    version = property(lambda self: self.real.version)
-    busy_slots = property(lambda self: self.real.busy_slots)
-    num_slots = property(lambda self: self.real.num_slots)
-    free_slots = property(lambda self: self.real.free_slots)
-    queued_samples = property(lambda self: self.real.queued_samples)
-    kv_tokens = property(lambda self: self.real.kv_tokens)
-    engine = property(lambda self: self.real.engine)
-    stats = property(lambda self: self.real.stats)
+    # -- the real sampler's state, read by the driver ---------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.real.version
+
+    @property
+    def busy_slots(self) -> int:
+        return self.real.busy_slots
+
+    @property
+    def num_slots(self) -> int:
+        return self.real.num_slots
+
+    @property
+    def free_slots(self) -> int:
+        return self.real.free_slots
+
+    @property
+    def queued_samples(self) -> int:
+        return self.real.queued_samples
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.real.kv_tokens
+
+    @property
+    def engine(self) -> Engine:
+        return self.real.engine
+
+    @property
+    def stats(self) -> collections.Counter[str]:
+        return self.real.stats
 
     def has_work(self) -> bool:
         return self.real.has_work()
