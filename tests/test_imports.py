@@ -9,7 +9,9 @@ or ``from B import x`` (or ``from A's package import B``) in A. Two graphs are c
   dodge a cycle still ties the two modules into one (models/sharding.py imported the
   Decoder from models/transformer.py that way). Only a module's ``__getattr__`` (PEP 562) is
   left out: it is how a package resolves its public names lazily, and it closes no loop of
-  code that calls back and forth.
+  code that calls back and forth. ``if TYPE_CHECKING:`` imports are left out of both: they
+  never run, and naming a collaborator's type (the run a hosting builds parts for) is how
+  two modules that call each other through a Protocol are annotated.
 """
 
 from __future__ import annotations
@@ -63,9 +65,13 @@ def _import_time_statements(body):
 
 
 def _all_statements(body):
-    """Every import statement in ``body``, in functions too, except a module's __getattr__."""
+    """Every import statement in ``body`` that can run, in functions too, except a module's
+    __getattr__; an ``if TYPE_CHECKING:`` block never runs (types only)."""
     for top in body:
         if isinstance(top, ast.FunctionDef) and top.name == "__getattr__":
+            continue
+        if isinstance(top, ast.If) and _is_type_checking(top.test):
+            yield from _all_statements(top.orelse)
             continue
         for node in ast.walk(top):
             if isinstance(node, ast.Import | ast.ImportFrom):
@@ -181,3 +187,22 @@ def test_deferred_imports_count_only_in_the_deferred_graph(tmp_path):
     deferred = import_graph({"pkg": tmp_path}, deferred=True)
     assert deferred["pkg"] == set()
     assert find_cycle(deferred) == ["pkg.a", "pkg.b", "pkg.a"]
+
+
+def test_type_checking_imports_count_in_neither_graph(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "import pkg.b\n",
+            "b.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n"
+                "else:\n    import pkg.c\n"
+            ),
+            "c.py": "def late():\n    import pkg.a\n",
+        },
+    )
+    assert find_cycle(import_graph({"pkg": tmp_path})) is None
+    deferred = import_graph({"pkg": tmp_path}, deferred=True)
+    assert deferred["pkg.b"] == {"pkg.c"}  # the else branch runs; the TYPE_CHECKING one never
+    assert find_cycle(deferred) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]

@@ -11,7 +11,8 @@ driver, evaluation). What differs on a pod is chosen once, when the run is built
   playing one role; process 0 leads, the others replay its operations (docs/multihost.md).
 
 A hosting builds the run's parts, each behind a Protocol (here, or in
-:mod:`rljax.runtime.parts`): ``prompts`` (:class:`PromptSource`), ``scorer``
+:mod:`rljax.runtime.parts`; :mod:`rljax.testing.conformance` has the type checker hold every
+implementation to its Protocol): ``prompts`` (:class:`PromptSource`), ``scorer``
 (:class:`Scorer`), ``resizer`` (:class:`Resizer`), the sampler, learner and weight sync; and it
 writes the checkpoints the run decides to save. Nothing else in the runtime asks which kind of
 run it is in.
@@ -307,27 +308,3 @@ class LocalHosting:
 
     def fail(self, error: BaseException) -> None:
         pass
-
-
-if TYPE_CHECKING:
-    from rljax.runtime.pod_hosting import PodHosting
-    from rljax.runtime.pod_prompts import PodPrompts
-    from rljax.runtime.pod_resize import PodResizer
-    from rljax.runtime.pod_scoring import PodScorer
-
-    def _implementations(
-        local: LocalHosting,
-        pod: PodHosting,
-        process_prompts: ProcessPrompts,
-        pod_prompts: PodPrompts,
-        process_scorer: ProcessScorer,
-        pod_scorer: PodScorer,
-        in_place: InPlaceResizer,
-        pod_resizer: PodResizer,
-    ) -> None:
-        """Never called: the type checker reads it, and checks each part's implementations."""
-        hostings: list[Hosting] = [local, pod]
-        sources: list[PromptSource] = [process_prompts, pod_prompts]
-        scorers: list[Scorer] = [process_scorer, pod_scorer]
-        resizers: list[Resizer] = [in_place, pod_resizer]
-        del hostings, sources, scorers, resizers

@@ -19,8 +19,8 @@ the members below are all it (with its safe point) uses. Who implements each:
   :class:`rljax.testing.fake_lending.FakeLending` (the fakes' cost models).
 
 The static type check (mypy, in ``.ci/run``) holds every implementation to its part
-(:func:`_implementations`): one that loses a member the driver uses, or changes its signature,
-fails the check.
+(:mod:`rljax.testing.conformance`): one that loses a member the driver uses, or changes its
+signature, fails the check.
 """
 
 from __future__ import annotations
@@ -29,15 +29,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from rljax.engine.sampler import Request, Sampler, Trajectory
-    from rljax.learner.learner import Learner
-    from rljax.mesh.weight_sync import SyncStats, WeightSync
-    from rljax.runtime.driver import Driver
-    from rljax.runtime.lending import Lending, LendingLearner, RunLending
-    from rljax.runtime.pod import PodSampler, PodWeightSync, RemoteLearner
-    from rljax.runtime.replica_set import ReplicaSet
-    from rljax.testing.fake_lending import FakeLending
-    from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync
+    from rljax.engine.sampler import Request, Trajectory
+    from rljax.mesh.weight_sync import SyncStats
+    from rljax.policy.staleness import StalenessBuffer
 
 
 class SamplerPart(Protocol):
@@ -141,10 +135,21 @@ class WeightSyncPart(Protocol):
         ...
 
 
+class DriverView(Protocol):
+    """What a lender reads of the driver it serves."""
+
+    @property
+    def buffer(self) -> StalenessBuffer: ...
+
+    def wake(self) -> None: ...
+
+    def buffer_rows(self) -> list[dict[str, int]]: ...
+
+
 class LenderPart(Protocol):
     """Lends the learner's chips to rollout while it waits for its batch."""
 
-    def bind(self, driver: Driver) -> None:
+    def bind(self, driver: DriverView) -> None:
         """Called once by ``Driver(lender=...)``: the driver this lender serves."""
         ...
 
@@ -159,29 +164,3 @@ class LenderPart(Protocol):
     def ready(self) -> None:
         """The batch is ready: take the lent chips back before the learner trains."""
         ...
-
-
-if TYPE_CHECKING:
-
-    def _implementations(
-        sampler: Sampler,
-        pod_sampler: PodSampler,
-        replicas: ReplicaSet,
-        fake_sampler: FakeSampler,
-        learner: Learner,
-        remote_learner: RemoteLearner,
-        lending_learner: LendingLearner,
-        fake_learner: FakeLearner,
-        weight_sync: WeightSync,
-        pod_weight_sync: PodWeightSync,
-        fake_weight_sync: FakeWeightSync,
-        lending: Lending,
-        run_lending: RunLending,
-        fake_lending: FakeLending,
-    ) -> None:
-        """Never called: the type checker reads it, and checks each part's implementations."""
-        samplers: list[SamplerPart] = [sampler, pod_sampler, replicas, fake_sampler]
-        learners: list[LearnerPart] = [learner, remote_learner, lending_learner, fake_learner]
-        syncs: list[WeightSyncPart] = [weight_sync, pod_weight_sync, fake_weight_sync]
-        lenders: list[LenderPart] = [lending, run_lending, fake_lending]
-        del samplers, learners, syncs, lenders

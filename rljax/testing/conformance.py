@@ -1,0 +1,79 @@
+"""The type checker's proof that every implementation of a run's part conforms to its Protocol.
+
+Nothing imports this module (so it adds no import cycle); mypy, run by ``.ci/run``, reads it
+like every module of ``rljax``. Each function puts each implementation in a list typed with
+its Protocol: one that loses a member its users call, or changes a signature, fails the check.
+The Protocols are in :mod:`rljax.runtime.parts` (the driver's parts) and
+:mod:`rljax.runtime.hosting` (what differs between one process and a pod).
+"""
+
+from __future__ import annotations
+
+from rljax.engine.sampler import Sampler
+from rljax.learner.learner import Learner
+from rljax.mesh.weight_sync import WeightSync
+from rljax.runtime.driver import Driver
+from rljax.runtime.hosting import (
+    Hosting,
+    InPlaceResizer,
+    LocalHosting,
+    ProcessPrompts,
+    ProcessScorer,
+    PromptSource,
+    Resizer,
+    Scorer,
+)
+from rljax.runtime.lending import Lending, LendingLearner, RunLending
+from rljax.runtime.parts import DriverView, LearnerPart, LenderPart, SamplerPart, WeightSyncPart
+from rljax.runtime.pod import PodSampler, PodWeightSync, RemoteLearner
+from rljax.runtime.pod_hosting import PodHosting
+from rljax.runtime.pod_prompts import PodPrompts
+from rljax.runtime.pod_resize import PodResizer
+from rljax.runtime.pod_scoring import PodScorer
+from rljax.runtime.replica_set import ReplicaSet
+from rljax.testing.fake_lending import FakeLending
+from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync
+
+
+def driver_parts(
+    sampler: Sampler,
+    pod_sampler: PodSampler,
+    replicas: ReplicaSet,
+    fake_sampler: FakeSampler,
+    learner: Learner,
+    remote_learner: RemoteLearner,
+    lending_learner: LendingLearner,
+    fake_learner: FakeLearner,
+    weight_sync: WeightSync,
+    pod_weight_sync: PodWeightSync,
+    fake_weight_sync: FakeWeightSync,
+    lending: Lending,
+    run_lending: RunLending,
+    fake_lending: FakeLending,
+    driver: Driver,
+) -> None:
+    """Never called: the driver's parts (:mod:`rljax.runtime.parts`)."""
+    samplers: list[SamplerPart] = [sampler, pod_sampler, replicas, fake_sampler]
+    learners: list[LearnerPart] = [learner, remote_learner, lending_learner, fake_learner]
+    syncs: list[WeightSyncPart] = [weight_sync, pod_weight_sync, fake_weight_sync]
+    lenders: list[LenderPart] = [lending, run_lending, fake_lending]
+    drivers: list[DriverView] = [driver]
+    del samplers, learners, syncs, lenders, drivers
+
+
+def hosting_parts(
+    local: LocalHosting,
+    pod: PodHosting,
+    process_prompts: ProcessPrompts,
+    pod_prompts: PodPrompts,
+    process_scorer: ProcessScorer,
+    pod_scorer: PodScorer,
+    in_place: InPlaceResizer,
+    pod_resizer: PodResizer,
+) -> None:
+    """Never called: what differs between one process and a pod (:mod:`rljax.runtime.hosting`)."""
+    hostings: list[Hosting] = [local, pod]
+    sources: list[PromptSource] = [process_prompts, pod_prompts]
+    scorers: list[Scorer] = [process_scorer, pod_scorer]
+    resizers: list[Resizer] = [in_place, pod_resizer]
+    del hostings, sources, scorers, resizers
