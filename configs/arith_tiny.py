@@ -62,7 +62,7 @@ def recipe(variant: str = "") -> RunConfig:
             group_size=8,
             batch_groups=32,
             learning_rate=1e-3,
-            decay_steps=100,  # cosine to 0 over the 100 RL steps
+            decay_steps=150,  # cosine to 0 over the 150 RL steps
             epsilon_low=0.2,
             epsilon_high=0.28,
             beta=0.0,
@@ -86,7 +86,9 @@ def recipe(variant: str = "") -> RunConfig:
             task="arithmetic", num_digits=2, ops="+", train_size=4000, heldout_size=256
         ),
         metrics=MetricsConfig(progress_bar=True),
-        num_steps=100,
+        # 150 steps: with 100, one CPU (an AMD EPYC with AVX-512, whose XLA code rounds
+        # differently) ended seed 0 at +38.7 points, under the +40 the recipe must hold anywhere.
+        num_steps=150,
         eval_every=25,
         eval_examples=256,
     )
