@@ -60,6 +60,18 @@ class DriverRecord:
     staleness: list[int] = dataclasses.field(default_factory=list)  # per consumed group
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
 
+    def request(self, example: Any, rid: int, prompt: Sequence[int], group_size: int) -> Request:
+        """The request of ``example`` (``group_size`` samples of ``prompt``), recorded."""
+        self.dispatched[rid] = example["id"]
+        return Request(list(prompt), group_size, payload=example, request_id=rid)
+
+    def batch(self, groups: list[Group], learner_version: int) -> Any:
+        """The fake batch of ``groups``, consumed at ``learner_version``, recorded."""
+        self.batch_sizes.append(len(groups))
+        self.staleness.extend(learner_version - g.min_version for g in groups)
+        self.consumed.extend(g.example["id"] for g in groups)
+        return fake_make_batch(groups)
+
 
 def fake_driver(
     *,
@@ -108,17 +120,10 @@ def fake_driver(
     if max_concurrent is None:
         max_concurrent = max(batch_groups + overprovision, sampler.num_slots // group_size)
 
-    def make_request(example, rid: int) -> Request:
-        record.dispatched[rid] = example["id"]
-        return Request(list(prompt), group_size, payload=example, request_id=rid)
-
     def make_batch(groups: list[Group]):
         if on_batch is not None:
             on_batch(groups)
-        record.batch_sizes.append(len(groups))
-        record.staleness.extend(learner.version - g.min_version for g in groups)
-        record.consumed.extend(g.example["id"] for g in groups)
-        return fake_make_batch(groups)
+        return record.batch(groups, learner.version)
 
     if buffer is None:
         buffer = StalenessBuffer(
@@ -138,7 +143,7 @@ def fake_driver(
         buffer=buffer,
         controller=controller,
         prompts=NumberedPrompts(batch_groups) if prompts is None else prompts,
-        make_request=make_request,
+        make_request=lambda example, rid: record.request(example, rid, prompt, group_size),
         score=score,
         make_batch=make_batch,
         group_size=group_size,
