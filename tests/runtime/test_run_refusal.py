@@ -5,22 +5,28 @@ from __future__ import annotations
 import pytest
 from rljax.configs import arith_tiny
 
+from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, replace
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import Run
+from rljax.runtime import Run, lending
 
 
-def test_a_refused_run_closes_its_parts(tmp_path, monkeypatch):
-    closed = []
-    close = RewardPool.close
+def _count_closes(monkeypatch, cls) -> list:
+    closed: list = []
+    close = cls.close
 
     def counting_close(self):
         closed.append(self)
         close(self)
 
-    monkeypatch.setattr(RewardPool, "close", counting_close)
+    monkeypatch.setattr(cls, "close", counting_close)
+    return closed
+
+
+def test_a_refused_run_closes_its_checkpoints(tmp_path, monkeypatch):
+    closed = _count_closes(monkeypatch, Checkpointer)
     # 2 groups of 3 samples cannot be split over 4 data-parallel learner devices: refused once
-    # the learner exists, after the reward pool and the checkpoint manager have been built.
+    # the learner exists, after the checkpoint manager has been opened.
     cfg = replace(
         arith_tiny.recipe("small"),
         **{
@@ -33,3 +39,18 @@ def test_a_refused_run_closes_its_parts(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="learner.batch_groups \\* learner.group_size"):
         Run(cfg, str(tmp_path))
     assert len(closed) == 1
+
+
+def test_a_run_refused_late_closes_its_reward_workers(tmp_path, monkeypatch):
+    closed = _count_closes(monkeypatch, RewardPool)
+    ckpts = _count_closes(monkeypatch, Checkpointer)
+
+    def refuse(run):
+        assert run.rewards is not None  # the last part built: everything before it is open
+        raise ConfigError("refused after the reward pool was built")
+
+    monkeypatch.setattr(lending, "build", refuse)
+    cfg = replace(arith_tiny.recipe("small"), **{"checkpoint.enabled": True})
+    with pytest.raises(ConfigError, match="refused after the reward pool"):
+        Run(cfg, str(tmp_path))
+    assert len(closed) == 1 and len(ckpts) == 1
