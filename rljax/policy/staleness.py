@@ -14,11 +14,20 @@ groups and is consumed whole, in version order::
       buffer 4  [o r r .]
       buffer 5  [r . . .]   <- furthest buffer: V + eta (a sampler at version V reaches it)
 
-    reserve(id, v)       seat in the earliest buffer s >= V with a free seat and s - v <= eta
-    occupy(id, group, m) group lands in the earliest buffer with a free seat at or before its
-                         reserved one; returns surplus request ids when a buffer fills
+    reserve(id, v)       a seat in some buffer s with V <= s <= v + eta (its deadline), granted
+                         only if every open reservation can still be seated by its deadline
+    occupy(id, group, m) group lands in the earliest buffer that is not full and leaves every
+                         other open reservation a seat; returns surplus request ids when a
+                         buffer fills
     release(id)          seat freed (abort, failure, dynamic-sampling drop)
     consume(V)           takes the full buffer V; the learner version becomes V + 1
+
+Seats float (earliest-deadline-first): a reservation is a claim on *some* seat in a buffer no
+later than its deadline, not on one buffer. So a group that completes early fills the buffer
+the learner waits on, even when every seat there was claimed by groups still generating, as
+long as each of those still has a seat by its own deadline: a slow group no longer holds the
+learner back while faster groups wait in later buffers. ``snapshot`` shows the earliest-deadline
+assignment of the open reservations.
 
 Lifecycle contract: every successful ``reserve`` is closed by exactly one ``occupy`` or
 ``release`` with the same request id, including requests returned as surplus. A request id may
@@ -37,6 +46,7 @@ dispatch; ``StalenessBuffer.reserve`` says where each one goes and may still den
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -67,17 +77,12 @@ def _check_request_id(request_id: Any) -> None:
 
 
 class _Slot:
-    """One buffer: the occupied groups and the pending reservations of one version."""
+    """One buffer: the groups occupying seats of one consumption version."""
 
-    __slots__ = ("groups", "reserved")
+    __slots__ = ("groups",)
 
     def __init__(self) -> None:
         self.groups: list[tuple[RequestId, int, Group]] = []  # (request id, min_version, group)
-        self.reserved: dict[RequestId, int] = {}  # request id -> sampler_version, in order
-
-    @property
-    def claims(self) -> int:
-        return len(self.groups) + len(self.reserved)
 
 
 class StalenessBuffer:
@@ -106,7 +111,9 @@ class StalenessBuffer:
         self.overprovision = overprovision
         self._version = 0
         self._slots: dict[int, _Slot] = {}
-        self._pending: dict[RequestId, int] = {}  # request id -> buffer version it holds a seat in
+        # Open reservations: request id -> sampler_version, in reservation order. A reservation
+        # claims a seat in some buffer up to sampler_version + eta, not in one buffer.
+        self._reserved: dict[RequestId, int] = {}
         self._surplus: dict[RequestId, None] = {}  # told to abort, not yet closed (ordered set)
         self._accepted = 0
         self._discarded = 0
@@ -125,7 +132,7 @@ class StalenessBuffer:
     @property
     def num_pending(self) -> int:
         """Reservations holding a seat (not yet occupied, released or made surplus)."""
-        return len(self._pending)
+        return len(self._reserved)
 
     @property
     def discarded(self) -> int:
@@ -140,11 +147,37 @@ class StalenessBuffer:
     def _seat_limit(self) -> int:
         return self.batch_groups + self.overprovision
 
-    def _has_free_seat(self, version: int) -> bool:
+    def _held(self, version: int) -> int:
         slot = self._slots.get(version)
-        if slot is None:
-            return True
-        return len(slot.groups) < self.batch_groups and slot.claims < self._seat_limit()
+        return 0 if slot is None else len(slot.groups)
+
+    def _seat(
+        self, reserved: dict[RequestId, int], fuller: int | None = None
+    ) -> tuple[dict[RequestId, int], list[RequestId]]:
+        """Seats ``reserved`` earliest deadline first; returns (buffer of each seated request,
+        the requests left without a seat). ``fuller``: count that buffer one group fuller.
+
+        A full buffer (B groups) seats nobody; another takes claims up to B + k. With every
+        deadline at least the learner version, earliest-deadline-first seats every request
+        whenever any assignment can.
+        """
+        first, eta = self._version, self.max_staleness
+        free = {}
+        for s in range(first, first + eta + 1):
+            held = self._held(s) + (s == fuller)
+            free[s] = 0 if held >= self.batch_groups else self._seat_limit() - held
+        seats: dict[RequestId, int] = {}
+        unseated: list[RequestId] = []
+        # A stable sort by sampler_version is one by deadline, ties in reservation order.
+        for rid, sampler_version in sorted(reserved.items(), key=lambda item: item[1]):
+            last = min(sampler_version + eta, first + eta)
+            s = next((s for s in range(first, last + 1) if free[s] > 0), None)
+            if s is None:
+                unseated.append(rid)
+            else:
+                free[s] -= 1
+                seats[rid] = s
+        return seats, unseated
 
     def reserve(self, request_id: RequestId, sampler_version: int) -> int | None:
         """Reserves a seat for a group request; returns its buffer version, or None if denied.
@@ -156,12 +189,14 @@ class StalenessBuffer:
             partial rollout. At most the learner version.
 
         Returns:
-          The earliest buffer version s >= ``version`` with a free seat and
-          ``s - sampler_version <= eta``, or None when there is none: the sampler must wait for
-          a seat or, when ``sampler_version + eta < version``, sync newer params first.
+          The buffer the earliest-deadline-first seating puts it in now (seats float: it may
+          end up in another buffer s with ``version <= s <= sampler_version + eta``), or None
+          when granting it would leave some open reservation without a seat by its deadline:
+          the sampler must wait for a seat or, when ``sampler_version + eta < version``, sync
+          newer params first.
         """
         _check_request_id(request_id)
-        if request_id in self._pending or request_id in self._surplus:
+        if request_id in self._reserved or request_id in self._surplus:
             raise ValueError(
                 f"request_id={request_id!r} already holds an open reservation; close it with "
                 "occupy() or release() before reusing the id"
@@ -172,19 +207,21 @@ class StalenessBuffer:
                 f"sampler_version={sampler_version} is ahead of the learner version "
                 f"{self._version}; pass the version of the params the sampler actually holds"
             )
-        for s in range(self._version, sampler_version + self.max_staleness + 1):
-            if self._has_free_seat(s):
-                self._slots.setdefault(s, _Slot()).reserved[request_id] = sampler_version
-                self._pending[request_id] = s
-                return s
-        return None
+        if sampler_version + self.max_staleness < self._version:
+            return None
+        seats, unseated = self._seat({**self._reserved, request_id: sampler_version})
+        if unseated:
+            return None
+        self._reserved[request_id] = sampler_version
+        return seats[request_id]
 
     def occupy(self, request_id: RequestId, group: Group, min_version: int) -> list[RequestId]:
         """Stores a completed group; returns the request ids that became surplus (to abort).
 
-        Placement: the earliest buffer with a free seat at or before the reserved one. Moving
-        earlier is always staleness-safe (an earlier buffer means less staleness) and fills the
-        buffer the learner waits on first; the group's reserved seat is freed for a new request.
+        Placement: the earliest buffer that is not full and leaves every other open
+        reservation a seat by its deadline (earliest-deadline-first), so a group that completes
+        early fills the buffer the learner waits on first, even past slower groups that
+        reserved there before it. Moving earlier is always staleness-safe.
 
         Args:
           request_id: an id returned a seat by ``reserve`` (or returned as surplus, in which case
@@ -196,20 +233,19 @@ class StalenessBuffer:
             its oldest prefix token. It cannot exceed the learner version.
 
         Returns:
-          The pending request ids of the buffer this group filled (empty unless it filled a
-          buffer that still had pending reservations, which only overprovision allows).
+          The open reservations left without any seat by this group filling a buffer (only
+          overprovision can leave any: its B + k claims on a buffer outnumber its B seats).
         """
         if request_id in self._surplus:
             del self._surplus[request_id]
             self._discarded += 1
             return []
-        if request_id not in self._pending:
+        if request_id not in self._reserved:
             raise ValueError(
                 f"request_id={request_id!r} holds no reservation; call reserve() first (and "
                 "occupy or release each reservation exactly once)"
             )
-        reserved_at = self._pending[request_id]
-        sampler_version = self._slots[reserved_at].reserved[request_id]
+        sampler_version = self._reserved[request_id]
         _check_int("min_version", min_version, 0, "use the int version of the oldest token")
         if min_version < sampler_version:
             raise ValueError(
@@ -222,18 +258,25 @@ class StalenessBuffer:
                 f"min_version={min_version} is ahead of the learner version {self._version}; "
                 "pass the version of the params that produced the oldest token"
             )
-        del self._slots[reserved_at].reserved[request_id]
-        del self._pending[request_id]
-        target = next(s for s in range(self._version, reserved_at + 1) if self._has_free_seat(s))
-        slot = self._slots.setdefault(target, _Slot())
-        slot.groups.append((request_id, min_version, group))
+        del self._reserved[request_id]
+        # Its own earliest-deadline seat strands nobody, so some buffer qualifies; with
+        # overprovision, the fewest stranded decides (the earliest among equals).
+        best: tuple[int, int] | None = None
+        last = min(min_version + self.max_staleness, self._version + self.max_staleness)
+        for s in range(self._version, last + 1):
+            if self._held(s) >= self.batch_groups:
+                continue
+            stranded = len(self._seat(self._reserved, fuller=s)[1])
+            if best is None or stranded < best[1]:
+                best = (s, stranded)
+            if stranded == 0:
+                break
+        assert best is not None, "an open reservation always has a buffer that is not full"
+        self._slots.setdefault(best[0], _Slot()).groups.append((request_id, min_version, group))
         self._accepted += 1
-        if len(slot.groups) < self.batch_groups:
-            return []
-        surplus = list(slot.reserved)
-        slot.reserved.clear()
+        surplus = self._seat(self._reserved)[1]
         for rid in surplus:
-            del self._pending[rid]
+            del self._reserved[rid]
             self._surplus[rid] = None
         return surplus
 
@@ -246,12 +289,12 @@ class StalenessBuffer:
         if request_id in self._surplus:
             del self._surplus[request_id]
             return
-        if request_id not in self._pending:
+        if request_id not in self._reserved:
             raise ValueError(
                 f"request_id={request_id!r} holds no open reservation; release only reserved "
                 "requests that were not occupied (an occupied group cannot be released)"
             )
-        del self._slots[self._pending.pop(request_id)].reserved[request_id]
+        del self._reserved[request_id]
 
     def _check_learner_version(self, learner_version: int) -> None:
         if learner_version != self._version:
@@ -288,15 +331,14 @@ class StalenessBuffer:
         """Counts per live buffer, for metrics: ``[{version, reserved, occupied}, ...]``.
 
         Lists every buffer a sampler at the learner version can reach, ``version`` to
-        ``version + eta``, in order.
+        ``version + eta``, in order; ``reserved`` counts the open reservations the
+        earliest-deadline-first seating puts there now.
         """
-        rows = []
-        for s in range(self._version, self._version + self.max_staleness + 1):
-            slot = self._slots.get(s, _Slot())
-            rows.append(
-                {"version": s, "reserved": len(slot.reserved), "occupied": len(slot.groups)}
-            )
-        return rows
+        reserved = collections.Counter(self._seat(self._reserved)[0].values())
+        return [
+            {"version": s, "reserved": reserved[s], "occupied": self._held(s)}
+            for s in range(self._version, self._version + self.max_staleness + 1)
+        ]
 
     def state_dict(self, encode: Callable[[Group], Any] | None = None) -> dict[str, Any]:
         """Plain-data state for a checkpoint.
@@ -307,9 +349,10 @@ class StalenessBuffer:
         (their buffers are full, nothing needs re-dispatching).
         """
         encode = encode or (lambda group: group)
+        seats = self._seat(self._reserved)[0]
         buffers = []
-        for s in sorted(self._slots):
-            slot = self._slots[s]
+        for s in sorted(set(self._slots) | set(seats.values())):
+            slot = self._slots.get(s, _Slot())
             buffers.append(
                 {
                     "version": s,
@@ -318,8 +361,9 @@ class StalenessBuffer:
                         for rid, m, g in slot.groups
                     ],
                     "reservations": [
-                        {"request_id": rid, "sampler_version": v}
-                        for rid, v in slot.reserved.items()
+                        {"request_id": rid, "sampler_version": self._reserved[rid]}
+                        for rid in self._reserved
+                        if seats.get(rid) == s
                     ],
                 }
             )

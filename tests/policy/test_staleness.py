@@ -21,8 +21,10 @@ _OPS = (
 class Harness:
     """Drives a StalenessBuffer like a runtime would and checks every answer against a model.
 
-    Tracks each open request's sampler version and reserved buffer, the surplus set, every
-    accepted group and every consumed group, so invariants can be checked after each step.
+    Tracks each open request's sampler version, the surplus set, every accepted group and every
+    consumed group, so invariants can be checked after each step. Seats float, so the model
+    asks only whether the open reservations can all be seated by their deadlines, by Hall's
+    condition (counted per deadline, not by the buffer's earliest-deadline-first seating).
     """
 
     def __init__(self, batch_groups, max_staleness, overprovision):
@@ -37,7 +39,7 @@ class Harness:
             overprovision=overprovision,
         )
         self.sampler_version = 0
-        self.open = {}  # request id -> (sampler_version, reserved buffer)
+        self.open = {}  # request id -> sampler_version
         self.surplus = set()
         self.accepted = {}  # group uid -> group
         self.consumed = []
@@ -48,27 +50,37 @@ class Harness:
     def version(self):
         return self.buf.version
 
-    def _free(self, row):
-        return row["occupied"] < self.B and row["occupied"] + row["reserved"] < self.B + self.k
+    def seatable(self, versions):
+        """Whether reservations of these sampler versions all fit by their deadlines (Hall)."""
+        rows = self.buf.snapshot()
+        free = [0 if r["occupied"] >= self.B else self.B + self.k - r["occupied"] for r in rows]
+        if any(v + self.eta < self.version for v in versions):
+            return False
+        for d in range(self.version, self.version + self.eta + 1):
+            due = sum(1 for v in versions if v + self.eta <= d)
+            if due > sum(free[: d - self.version + 1]):
+                return False
+        return True
+
+    def pending_versions(self):
+        return [v for rid, v in self.open.items() if rid not in self.surplus]
 
     def dispatch(self, sampler_version):
-        rows = {r["version"]: r for r in self.buf.snapshot()}
         rid = f"r{self.next_id}"
         self.next_id += 1
+        fits = self.seatable(self.pending_versions() + [sampler_version])
         s = self.buf.reserve(rid, sampler_version)
-        reachable = range(self.version, sampler_version + self.eta + 1)
         if s is None:
-            assert not any(self._free(rows[v]) for v in reachable)
+            assert not fits
             return
-        assert s in reachable and self._free(rows[s])
-        assert not any(self._free(rows[v]) for v in range(self.version, s))
-        self.open[rid] = (sampler_version, s)
+        assert fits and self.version <= s <= sampler_version + self.eta
+        self.open[rid] = sampler_version
 
     def complete(self, pick, lag, drop):
         if not self.open:
             return
         rid = sorted(self.open)[pick % len(self.open)]
-        v, _ = self.open.pop(rid)
+        v = self.open.pop(rid)
         if drop:
             self.buf.release(rid)
             self.surplus.discard(rid)
@@ -78,6 +90,7 @@ class Harness:
         uid = f"{rid}@{self.resumes}"
         group = {"uid": uid, "min_version": min_version}
         discarded = self.buf.discarded
+        before = self.buf.snapshot()
         newly_surplus = self.buf.occupy(rid, group, min_version)
         if rid in self.surplus:
             self.surplus.discard(rid)
@@ -85,9 +98,17 @@ class Harness:
             return
         self.accepted[uid] = group
         if newly_surplus:
-            assert len(set(self.open[r][1] for r in newly_surplus)) == 1
+            # Only overprovision strands a reservation, and only when a buffer fills.
+            assert self.k > 0
+            after = self.buf.snapshot()
+            assert any(
+                a["occupied"] == self.B > b["occupied"] for a, b in zip(after, before[: len(after)])
+            )
             assert not self.surplus & set(newly_surplus)
             self.surplus |= set(newly_surplus)
+        # The group went to the earliest buffer it could take without stranding anyone more.
+        held = [r["occupied"] for r in self.buf.snapshot()]
+        assert sum(held) == sum(r["occupied"] for r in before) + 1
 
     def consume(self):
         rows = self.buf.snapshot()
@@ -132,18 +153,14 @@ class Harness:
 
     def check(self):
         rows = self.buf.snapshot()
-        pending = {}
-        for rid, (_, s) in self.open.items():
-            if rid not in self.surplus:
-                pending[s] = pending.get(s, 0) + 1
+        pending = self.pending_versions()
         for row in rows:
-            assert row["reserved"] == pending.pop(row["version"], 0)
             assert row["occupied"] <= self.B
             assert row["occupied"] + row["reserved"] <= self.B + self.k
             if row["occupied"] == self.B:
-                assert row["reserved"] == 0  # a full buffer's reservations are all surplus
-        assert not pending
-        assert self.buf.num_pending == sum(r["reserved"] for r in rows)
+                assert row["reserved"] == 0  # a full buffer seats no reservation
+        assert self.buf.num_pending == len(pending) == sum(r["reserved"] for r in rows)
+        assert self.seatable(pending), "an open reservation lost its seat"
         assert self.buf.accepted == len(self.accepted)
         assert sorted(self.buf.surplus) == sorted(self.surplus)
 
@@ -236,16 +253,51 @@ def test_eta_zero_is_synchronous_on_policy():
 
 
 def test_redundant_rollout_aborts_exactly_the_surplus():
-    buf = StalenessBuffer(batch_groups=2, max_staleness=1, overprovision=2)
-    assert [buf.reserve(f"r{i}", 0) for i in range(6)] == [0, 0, 0, 0, 1, 1]
+    buf = StalenessBuffer(batch_groups=2, max_staleness=0, overprovision=2)
+    assert [buf.reserve(f"r{i}", 0) for i in range(5)] == [0, 0, 0, 0, None]
     assert buf.occupy("r2", "g2", 0) == []
-    assert buf.occupy("r0", "g0", 0) == ["r1", "r3"]
-    assert buf.surplus == ["r1", "r3"] and buf.num_pending == 2
+    assert buf.occupy("r0", "g0", 0) == ["r1", "r3"]  # no later buffer to seat them in
+    assert buf.surplus == ["r1", "r3"] and buf.num_pending == 0
     assert buf.occupy("r3", "late", 0) == []  # completed before its abort landed
     assert buf.discarded == 1
     buf.release("r1")
     assert buf.surplus == [] and buf.consume(0) == ["g2", "g0"]
     assert buf.accepted == 2
+
+
+def test_a_surplus_reservation_with_a_later_seat_is_kept():
+    buf = StalenessBuffer(batch_groups=2, max_staleness=1, overprovision=2)
+    assert [buf.reserve(f"r{i}", 0) for i in range(6)] == [0, 0, 0, 0, 1, 1]
+    assert buf.occupy("r2", "g2", 0) == []
+    # Buffer 0 fills; r1 and r3 still reach buffer 1 (deadline 0 + eta), so nothing is aborted.
+    assert buf.occupy("r0", "g0", 0) == []
+    assert buf.snapshot()[1] == {"version": 1, "reserved": 4, "occupied": 0}
+
+
+def test_a_fast_group_fills_the_current_buffer_past_slower_reservations():
+    buf = StalenessBuffer(batch_groups=2, max_staleness=1)
+    assert [buf.reserve(r, 0) for r in ("slow", "a", "fast")] == [0, 0, 1]
+    buf.occupy("fast", "fast", 0)
+    buf.occupy("a", "a", 0)
+    # "slow" (deadline 1) still has a seat in buffer 1, so the learner need not wait for it.
+    assert buf.ready(0) and buf.consume(0) == ["fast", "a"]
+    assert buf.snapshot()[0] == {"version": 1, "reserved": 1, "occupied": 0}
+
+
+def test_a_group_never_takes_the_seat_a_reservation_due_now_needs():
+    buf = StalenessBuffer(batch_groups=2, max_staleness=1)
+    for r in ("x", "y"):
+        buf.reserve(r, 0)
+        buf.occupy(r, r, 0)
+    buf.consume(0)
+    assert buf.reserve("old", 0) == 1  # its prefix is from version 0: due in buffer 1
+    assert [buf.reserve(r, 1) for r in ("n1", "n2")] == [1, 2]
+    buf.occupy("n1", "n1", 1)
+    buf.occupy("n2", "n2", 1)  # buffer 1 has one seat left and "old" needs it
+    assert buf.snapshot() == [
+        {"version": 1, "reserved": 1, "occupied": 1},
+        {"version": 2, "reserved": 0, "occupied": 1},
+    ]
 
 
 def test_without_overprovision_nothing_is_ever_surplus():
