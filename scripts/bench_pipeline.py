@@ -1,41 +1,41 @@
 """Benchmarks the async pipeline (the real Driver) with fake engines, against baselines.
 
-    python scripts/bench_pipeline.py                  # full run, about 8 minutes on 2 cores
-    python scripts/bench_pipeline.py --only-lending   # (d) alone, about 6 minutes
+    python scripts/bench_pipeline.py --no-lending     # (a)-(c): 3 workloads x 5 seeds
+    python scripts/bench_pipeline.py --only-lending   # (d) alone
     python scripts/bench_pipeline.py --quick          # tiny workloads, the smoke test's run
 
-The Driver, StalenessBuffer and StalenessController are the real ones; the sampler,
-learner and weight sync are rljax.testing.fakes whose device work is a ``time.sleep`` from a
-cost model (sleeping releases the GIL, as a blocked device call does). Response lengths are
-lognormal with a long tail. Figures, each a ratio taken in this run:
+The Driver, StalenessBuffer and admission (``rljax.policy.admission``, the runtime's rule) are
+the real ones; the sampler, learner and weight sync are rljax.testing.fakes whose device work is
+a ``time.sleep`` from a cost model (sleeping releases the GIL, as a blocked device call does).
+Response lengths are lognormal with a long tail. Figures, each a ratio taken in this run:
   (a) async learner steps/s vs the ideal min(sampler limit, learner limit), each a limit of
       the cost model measured on its own, not the driver throttled: the sampler's rate with
       every slot busy at every decode step (slots tokens per step, over the tokens a learner
       step consumes: B x G x the mean response length, from 200,000 draws of the length
-      distribution), and the learner's step cost at that mean batch plus one publish. The
-      driver's own rates with the other side free are printed beside them;
-  (b) async vs sync steps/s on the same workload and fakes (sync: the same driver in its
-      lock-step schedule: sample a whole batch of groups, then learn, then publish);
+      distribution), and the learner's step cost at that mean batch plus one publish. Per
+      eta: slot occupancy, the staleness histogram of consumed groups, the fraction of
+      trajectories whose tokens span several params versions (partial rollout across
+      versions: in-flight swaps) and the tokens prefilled again. Three workloads (median 64,
+      sigma 1.0; sigma 1.5; a learner-bound one), each over --seeds, as median and range;
+  (b) async vs sync steps/s on the first workload (sync: the same driver in its lock-step
+      schedule: sample a whole batch of groups, then learn, then publish);
   (c) host overhead per trajectory in microseconds: the driver (eta = 4) with every cost set
-      to zero, wall time / trajectories consumed, and the process's CPU time / trajectories
-      (wall includes the threads' wake-up latency; CPU time is the Python work itself).
+      to zero, wall time / trajectories consumed, and the process's CPU time / trajectories.
   (d) lending inside a step, on vs off (rljax.testing.fake_lending: the runtime's lending
       policy, meter, replica set and driver hooks, each loan's costs slept), on workloads
-      of counted chips (a sampler of one-chip replicas, a learner whose step spreads over its
-      chips): IDLE_LEARNER, where the learner waits for the sampler (Rollout-on-TrainPool can
-      pay), and HELD_SAMPLER, where the staleness window holds a fast sampler back while a slow
-      learner trains (Trainer-on-RollPool can pay); and BALANCED, short responses with neither
-      side idle, where the policy should decline. Each ratio is lending-on samples/s over
-      lending-off, median over --seeds, printed beside the simulator's prediction for the same
-      workload and costs (rljax.sim with MeasuredCosts set to the fakes' cost models).
-(a) and (b) are swept over eta (max_staleness) in {0, 1, 2, 4}. Rates are steady-state: taken
-between the learner steps after a warm-up (the pipeline fill is excluded), the same way for
-every run. The last line printed is one JSON object holding every figure.
+      of counted chips: IDLE_LEARNER (Rollout-on-TrainPool can pay), HELD_SAMPLER
+      (Trainer-on-RollPool can pay) and BALANCED (the policy should decline). Each ratio is
+      lending-on samples/s over lending-off, median over --seeds, printed beside the
+      simulator's prediction for the same workload and costs.
+Rates are steady-state: taken between the learner steps after a warm-up (the pipeline fill is
+excluded), the same way for every run. The last line printed is one JSON object holding every
+figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import itertools
 import json
@@ -47,6 +47,7 @@ import time
 import numpy as np
 
 from rljax.engine.sampler import Request
+from rljax.policy import admission
 from rljax.policy.lending import LendDirection, LendingConfig
 from rljax.policy.staleness import StalenessBuffer, StalenessController
 from rljax.runtime.driver import Driver
@@ -80,7 +81,7 @@ class Workload:
     sync_s: float  # weight publish
     steps: int  # learner steps per run
     warmup: int  # steps left out of the steady-state rate
-    concurrency: int  # dispatched groups in flight, in units of slots // group_size
+    name: str = "lognormal_s1.0"
 
     def sampler_cost(self, free: bool):
         if free:
@@ -125,10 +126,15 @@ FULL = Workload(
     learn_per_token_s=3e-5,
     learn_fixed_s=0.02,
     sync_s=0.005,
-    steps=24,
-    warmup=4,
-    concurrency=2,
+    steps=16,
+    warmup=3,
 )
+# The three workloads of (a): the one above, a longer tail, and one the learner bounds.
+WORKLOADS = [
+    FULL,
+    dataclasses.replace(FULL, name="lognormal_s1.5", sigma=1.5),
+    dataclasses.replace(FULL, name="learner_bound", learn_per_token_s=6e-5),
+]
 QUICK = dataclasses.replace(
     FULL, slots=8, group_size=4, batch_groups=2, median_len=8, max_len=64, steps=6, warmup=2
 )
@@ -160,24 +166,30 @@ def _steady_rate(times: list[float], warmup: int) -> float:
     return (len(times) - 1 - warmup) / (times[-1] - times[warmup])
 
 
-def _driver(w, sync, *, eta: int, max_concurrent: int, times: list, **kw):
+def _driver(
+    w, sync, *, eta: int, controller, times: list, on_step=None, make_batch=fake_make_batch, **kw
+):
     """The real Driver over the fakes for workload ``w`` (``kw``: its sampler, learner and the
-    rest); ``times`` gets each step's end."""
+    rest); ``times`` gets each step's end, ``on_step`` each step's metrics."""
+
+    def step_done(step, metrics):
+        times.append(time.perf_counter())
+        if on_step is not None:
+            on_step(metrics)
+
     return Driver(
         weight_sync=sync,
         buffer=StalenessBuffer(batch_groups=w.batch_groups, max_staleness=eta),
-        controller=StalenessController(
-            max_staleness=eta, batch_groups=w.batch_groups, max_concurrent=max_concurrent
-        ),
+        controller=controller,
         prompts=_Prompts(w.batch_groups),
         make_request=lambda ex, rid: Request(
             [1] * w.prompt_len, w.group_size, payload=ex, request_id=rid
         ),
         score=_rewards,
-        make_batch=fake_make_batch,
+        make_batch=make_batch,
         group_size=w.group_size,
         num_steps=w.steps,
-        on_step=lambda step, metrics: times.append(time.perf_counter()),
+        on_step=step_done,
         **kw,
     )
 
@@ -186,14 +198,17 @@ def run_async(
     w: Workload,
     eta: int,
     *,
+    seed: int = 0,
     free_sampler=False,
     free_learner=False,
     zero_cost=False,
     lockstep=False,
 ) -> dict:
-    """The real Driver over the fakes; returns its rate and counters.
+    """The real Driver over the fakes; returns its rate, counters and what its batches held.
 
     ``lockstep=True`` (eta = 0) is the synchronous baseline: the same driver in mode='sync'.
+    Admission is the runtime's own rule (``rljax.policy.admission.controller``: groups in flight
+    derived from the slots and the staleness window), not a constant of this script.
     """
     free_sampler |= zero_cost
     free_learner |= zero_cost
@@ -202,19 +217,39 @@ def run_async(
         slots=w.slots,
         step_cost_s=w.sampler_cost(free_sampler),
         length_sampler=lognormal_lengths(w.median_len, w.sigma, w.max_len),
-        seed=0,
+        seed=seed,
         params=learner.params,
     )
-    groups_in_slots = max(1, w.slots // w.group_size)
     times: list[float] = []
+    staleness: collections.Counter = collections.Counter()
+    spans = [0, 0]  # trajectories consumed after the warm-up: spanning several versions, all
+
+    # Steps warmup + 1 onwards are the ones the rate is taken over (on_step runs after the
+    # step's time is appended, make_batch before).
+    def on_step(metrics):
+        if len(times) > w.warmup + 1:
+            staleness.update({int(k): v for k, v in metrics["staleness_hist"].items()})
+
+    def make_batch(groups):
+        if len(times) > w.warmup:
+            trajs = [t for g in groups for t in g.trajectories]
+            spans[0] += sum(len(set(t.versions)) > 1 for t in trajs)
+            spans[1] += len(trajs)
+        return fake_make_batch(groups)
+
+    controller = admission.controller(
+        slots=w.slots, group_size=w.group_size, batch_groups=w.batch_groups, max_staleness=eta
+    )
     driver = _driver(
         w,
         FakeWeightSync(cost_s=0.0 if zero_cost or free_learner else w.sync_s),
         sampler=sampler,
         learner=learner,
         eta=eta,
-        max_concurrent=max(w.batch_groups, w.concurrency * groups_in_slots),
+        controller=controller,
         times=times,
+        on_step=on_step,
+        make_batch=make_batch,
         lockstep=lockstep,
     )
     start, cpu = time.perf_counter(), time.process_time()
@@ -227,6 +262,10 @@ def run_async(
         "trajectories": w.steps * w.batch_groups * w.group_size,
         "sampler_steps": sampler.stats["steps"],
         "slot_occupancy": sampler.stats["tokens"] / max(1, sampler.stats["steps"] * w.slots),
+        "staleness_hist": {str(k): staleness[k] for k in sorted(staleness)},
+        "multi_version_fraction": spans[0] / max(1, spans[1]),
+        # The fakes' in-flight swap keeps every sequence's KV: nothing is prefilled again.
+        "reprefilled_tokens": sampler.stats["reprefilled_tokens"],
     }
 
 
@@ -295,7 +334,11 @@ def run_lending(w: LendWorkload, lend: bool, seed: int) -> dict:
         w,
         FakeWeightSync(cost_s=w.sync_s),
         eta=w.eta,
-        max_concurrent=w.batch_groups * (w.eta + 1),
+        controller=StalenessController(
+            max_staleness=w.eta,
+            batch_groups=w.batch_groups,
+            max_concurrent=w.batch_groups * (w.eta + 1),
+        ),
         times=times,
         on_boundary=lender.at_boundary if lender else None,
         **parts,
@@ -346,88 +389,110 @@ def bench_lending(workloads: list[LendWorkload], seeds: list[int]) -> dict:
     return out
 
 
-def bench_pipeline(w: Workload, quick: bool) -> dict:
-    """(a), (b) and (c) (module docstring); returns their figures."""
-    print(f"workload: {w}")
-    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "range": [min(values), max(values)]}
 
+
+def bench_workload(w: Workload, seeds: list[int], etas: tuple[int, ...], sync: bool) -> dict:
+    """(a) and (b) on one workload: per eta, the median and range over ``seeds`` of the fraction
+    of the ideal, slot occupancy and (with ``sync``) the ratio to sync; the staleness histogram,
+    the trajectories that span several versions and the tokens prefilled again, summed."""
     sampler_limit, learner_limit = w.limits()
     ideal = min(sampler_limit, learner_limit)
     print(
-        f"limits of the cost model: sampler at full slot occupancy {sampler_limit:.2f} steps/s, "
-        f"learner {learner_limit:.2f} steps/s -> ideal {ideal:.2f}"
+        f"[{w.name}] limits of the cost model: sampler at full slot occupancy "
+        f"{sampler_limit:.2f} steps/s, learner {learner_limit:.2f} steps/s -> ideal {ideal:.2f}",
+        flush=True,
     )
-    sampler_alone = run_async(w, max(ETAS), free_learner=True)
-    print(
-        f"driver, learner free: {sampler_alone['steps_per_s']:.2f} steps/s = "
-        f"{sampler_alone['steps_per_s'] / sampler_limit:.3f} of the sampler limit, "
-        f"slot occupancy {sampler_alone['slot_occupancy']:.2f}"
-    )
-    learner_alone = run_async(w, max(ETAS), free_sampler=True)["steps_per_s"]
-    print(
-        f"driver, sampler free: {learner_alone:.2f} steps/s = "
-        f"{learner_alone / learner_limit:.3f} of the learner limit"
-    )
-
-    sync = run_async(w, 0, lockstep=True)
-    print(f"sync: {sync['steps_per_s']:.2f} steps/s, slot occupancy {sync['slot_occupancy']:.2f}")
-    sweep = {}
-    for eta in ETAS:
-        r = run_async(w, eta)
-        sweep[str(eta)] = {
-            "steps_per_s": r["steps_per_s"],
-            "of_ideal": r["steps_per_s"] / ideal,
-            "vs_sync": r["steps_per_s"] / sync["steps_per_s"],
-            "slot_occupancy": r["slot_occupancy"],
-        }
-        print(
-            f"async eta={eta}: {r['steps_per_s']:.2f} steps/s = {r['steps_per_s'] / ideal:.3f} "
-            f"of ideal, {r['steps_per_s'] / sync['steps_per_s']:.2f}x sync, "
-            f"slot occupancy {r['slot_occupancy']:.2f}"
-        )
-
-    overhead = run_async(w, max(ETAS), zero_cost=True)
-    per_traj_us = overhead["wall_s"] / overhead["trajectories"] * 1e6
-    cpu_per_traj_us = overhead["cpu_s"] / overhead["trajectories"] * 1e6
-    print(
-        f"host overhead: {per_traj_us:.0f} us wall, {cpu_per_traj_us:.0f} us CPU per trajectory "
-        f"({overhead['trajectories']} trajectories in {overhead['wall_s']:.2f} s, zero costs)"
-    )
-    print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    return {
-        "quick": quick,
-        "steps": w.steps,
-        "trajectories_per_step": w.batch_groups * w.group_size,
+    alone = [run_async(w, max(etas), seed=seed, free_learner=True) for seed in seeds]
+    out: dict = {
         "sampler_limit_steps_per_s": sampler_limit,
         "learner_limit_steps_per_s": learner_limit,
-        "sampler_alone_steps_per_s": sampler_alone["steps_per_s"],
-        "sampler_alone_slot_occupancy": sampler_alone["slot_occupancy"],
-        "learner_alone_steps_per_s": learner_alone,
         "ideal_steps_per_s": ideal,
-        "sync_steps_per_s": sync["steps_per_s"],
-        "sync_slot_occupancy": sync["slot_occupancy"],
-        "async": sweep,
-        "best_of_ideal": max(v["of_ideal"] for v in sweep.values()),
-        "host_overhead_us_per_trajectory": per_traj_us,
-        "host_cpu_us_per_trajectory": cpu_per_traj_us,
+        "learner_free_of_sampler_limit": _spread([r["steps_per_s"] / sampler_limit for r in alone]),
+        "learner_free_slot_occupancy": _spread([r["slot_occupancy"] for r in alone]),
     }
+    print(
+        f"[{w.name}] driver, learner free: {out['learner_free_of_sampler_limit']} of the "
+        f"sampler limit, slot occupancy {out['learner_free_slot_occupancy']}",
+        flush=True,
+    )
+    syncs = [run_async(w, 0, seed=seed, lockstep=True) for seed in seeds] if sync else []
+    if syncs:
+        out["sync_steps_per_s"] = _spread([r["steps_per_s"] for r in syncs])
+        out["sync_slot_occupancy"] = _spread([r["slot_occupancy"] for r in syncs])
+        print(f"[{w.name}] sync: {out['sync_steps_per_s']} steps/s", flush=True)
+    out["async"] = {}
+    for eta in etas:
+        runs = [run_async(w, eta, seed=seed) for seed in seeds]
+        hist: collections.Counter = collections.Counter()
+        for r in runs:
+            hist.update({int(k): v for k, v in r["staleness_hist"].items()})
+        row = {
+            "steps_per_s": _spread([r["steps_per_s"] for r in runs]),
+            "of_ideal": _spread([r["steps_per_s"] / ideal for r in runs]),
+            "slot_occupancy": _spread([r["slot_occupancy"] for r in runs]),
+            "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+            "multi_version_fraction": _spread([r["multi_version_fraction"] for r in runs]),
+            "reprefilled_tokens": sum(r["reprefilled_tokens"] for r in runs),
+        }
+        if syncs:
+            row["vs_sync"] = _spread(
+                [r["steps_per_s"] / s["steps_per_s"] for r, s in zip(runs, syncs)]
+            )
+        out["async"][str(eta)] = row
+        print(
+            f"[{w.name}] async eta={eta}: of ideal {row['of_ideal']}, slot occupancy "
+            f"{row['slot_occupancy']}, vs sync {row.get('vs_sync')}, staleness "
+            f"{row['staleness_hist']}, spanning versions {row['multi_version_fraction']}",
+            flush=True,
+        )
+    return out
+
+
+def bench_pipeline(workloads: list[Workload], seeds: list[int], quick: bool) -> dict:
+    """(a), (b) and (c) (module docstring); returns their figures."""
+    print(f"load average at start: {os.getloadavg()[0]:.1f}")
+    figures: dict = {"quick": quick, "seeds": seeds, "workloads": {}}
+    for i, w in enumerate(workloads):
+        print(f"workload: {w}")
+        # Sync and eta = 0 on the first workload only (eta = 0 is sync's schedule, and slow).
+        etas = ETAS if i == 0 else tuple(eta for eta in ETAS if eta > 0)
+        figures["workloads"][w.name] = bench_workload(w, seeds, etas, sync=i == 0)
+    w = workloads[0]
+    figures["steps"] = w.steps
+    figures["trajectories_per_step"] = w.batch_groups * w.group_size
+    learner_alone = run_async(w, max(ETAS), free_sampler=True)["steps_per_s"]
+    figures["learner_alone_of_learner_limit"] = learner_alone / w.limits()[1]
+    print(f"driver, sampler free: {figures['learner_alone_of_learner_limit']:.3f} of the limit")
+    overhead = run_async(w, max(ETAS), zero_cost=True)
+    figures["host_overhead_us_per_trajectory"] = overhead["wall_s"] / overhead["trajectories"] * 1e6
+    figures["host_cpu_us_per_trajectory"] = overhead["cpu_s"] / overhead["trajectories"] * 1e6
+    print(
+        f"host overhead: {figures['host_overhead_us_per_trajectory']:.0f} us wall, "
+        f"{figures['host_cpu_us_per_trajectory']:.0f} us CPU per trajectory (zero costs)"
+    )
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    return figures
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny workloads (the smoke test)")
     p.add_argument("--steps", type=int, default=None, help="learner steps per run of (a)-(c)")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds of the lending runs")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds of every run")
     p.add_argument("--only-lending", action="store_true", help="run (d) alone")
+    p.add_argument("--no-lending", action="store_true", help="run (a)-(c) alone")
     args = p.parse_args(argv)
-    w = QUICK if args.quick else FULL
+    workloads = [QUICK] if args.quick else WORKLOADS
     if args.steps is not None:
-        if args.steps <= w.warmup + 1:
-            p.error(f"--steps={args.steps} must exceed warmup + 1 = {w.warmup + 1}")
-        w = dataclasses.replace(w, steps=args.steps)
-    figures = {} if args.only_lending else bench_pipeline(w, args.quick)
+        if args.steps <= workloads[0].warmup + 1:
+            p.error(f"--steps={args.steps} must exceed warmup + 1 = {workloads[0].warmup + 1}")
+        workloads = [dataclasses.replace(w, steps=args.steps) for w in workloads]
     seeds = [int(x) for x in args.seeds.split(",")]
-    figures["lending"] = bench_lending(LEND_QUICK if args.quick else LENDING, seeds)
+    figures = {} if args.only_lending else bench_pipeline(workloads, seeds, args.quick)
+    if not args.no_lending:
+        figures["lending"] = bench_lending(LEND_QUICK if args.quick else LENDING, seeds)
     print(json.dumps(figures))
     return figures
 
