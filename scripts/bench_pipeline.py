@@ -12,10 +12,13 @@ Response lengths are lognormal with a long tail. Figures, each a ratio taken in 
       the cost model measured on its own, not the driver throttled: the sampler's rate with
       every slot busy at every decode step (slots tokens per step, over the tokens a learner
       step consumes: B x G x the mean response length, from 200,000 draws of the length
-      distribution), and the learner's step cost at that mean batch plus one publish. Per
-      eta: slot occupancy, the staleness histogram of consumed groups, the fraction of
-      trajectories whose tokens span several params versions (partial rollout across
-      versions: in-flight swaps) and the tokens prefilled again. Three workloads (median 64,
+      distribution), and the learner's step cost at that mean batch plus one publish. Beside
+      it, per eta, the staleness bound: the most of that ideal any schedule, even one knowing
+      every length, reaches when each group's oldest token is at most eta versions old
+      (rljax.testing.pipeline_workload.Workload.staleness_bound). Per eta also: slot
+      occupancy, the staleness histogram of consumed groups, the fraction of trajectories
+      whose tokens span several params versions (partial rollout across versions: in-flight
+      swaps) and the tokens prefilled again. Three workloads (median 64,
       sigma 1.0; sigma 1.5; a learner-bound one), each over --seeds, as median and range;
   (b) async vs sync steps/s on the first workload (sync: the same driver in its lock-step
       schedule: sample a whole batch of groups, then learn, then publish);
@@ -59,58 +62,9 @@ from rljax.testing.fakes import (
     fake_make_batch,
     lognormal_lengths,
 )
+from rljax.testing.pipeline_workload import Workload
 
 ETAS = (0, 1, 2, 4)
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """Shapes and cost models of one benchmark run (seconds are per device call)."""
-
-    slots: int  # sampler concurrent sequences
-    group_size: int  # G responses per prompt
-    batch_groups: int  # B groups per learner step
-    prompt_len: int
-    median_len: float  # lognormal response lengths
-    sigma: float
-    max_len: int
-    decode_s: float  # decode step: decode_s + decode_per_slot_s * active slots
-    decode_per_slot_s: float
-    learn_per_token_s: float  # learner step: learn_fixed_s + learn_per_token_s * tokens
-    learn_fixed_s: float
-    sync_s: float  # weight publish
-    steps: int  # learner steps per run
-    warmup: int  # steps left out of the steady-state rate
-    name: str = "lognormal_s1.0"
-
-    def sampler_cost(self, free: bool):
-        if free:
-            return lambda active: 0.0
-        return lambda active: self.decode_s + self.decode_per_slot_s * active
-
-    def mean_response_len(self, draws: int = 200_000) -> float:
-        """The length distribution's mean, by sampling it (the cap makes it no closed form)."""
-        draw = lognormal_lengths(self.median_len, self.sigma, self.max_len)
-        rng = np.random.default_rng(12345)
-        return float(np.mean([draw(rng) for _ in range(draws)]))
-
-    def limits(self) -> tuple[float, float]:
-        """(sampler, learner) learner-steps/s, each side's cost model alone at its best.
-
-        The sampler at full slot occupancy; the learner on the mean batch, plus one publish.
-        """
-        trajectories = self.batch_groups * self.group_size
-        mean_len = self.mean_response_len()
-        tokens_per_s = self.slots / (self.decode_s + self.decode_per_slot_s * self.slots)
-        sampler = tokens_per_s / (trajectories * mean_len)
-        batch_tokens = trajectories * (self.prompt_len + mean_len)
-        learner = 1.0 / (self.learn_fixed_s + self.learn_per_token_s * batch_tokens + self.sync_s)
-        return sampler, learner
-
-    def learner_cost(self, free: bool):
-        if free:
-            return lambda batch: 0.0
-        return lambda batch: self.learn_fixed_s + self.learn_per_token_s * batch.num_tokens
 
 
 FULL = Workload(
@@ -428,9 +382,11 @@ def bench_workload(w: Workload, seeds: list[int], etas: tuple[int, ...], sync: b
         hist: collections.Counter = collections.Counter()
         for r in runs:
             hist.update({int(k): v for k, v in r["staleness_hist"].items()})
+        bound = w.staleness_bound(eta)
         row = {
             "steps_per_s": _spread([r["steps_per_s"] for r in runs]),
             "of_ideal": _spread([r["steps_per_s"] / ideal for r in runs]),
+            "staleness_bound_of_ideal": bound,
             "slot_occupancy": _spread([r["slot_occupancy"] for r in runs]),
             "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
             "multi_version_fraction": _spread([r["multi_version_fraction"] for r in runs]),
@@ -442,7 +398,8 @@ def bench_workload(w: Workload, seeds: list[int], etas: tuple[int, ...], sync: b
             )
         out["async"][str(eta)] = row
         print(
-            f"[{w.name}] async eta={eta}: of ideal {row['of_ideal']}, slot occupancy "
+            f"[{w.name}] async eta={eta}: of ideal {row['of_ideal']} (staleness bound "
+            f"{bound:.3f}), slot occupancy "
             f"{row['slot_occupancy']}, vs sync {row.get('vs_sync')}, staleness "
             f"{row['staleness_hist']}, spanning versions {row['multi_version_fraction']}",
             flush=True,
