@@ -5,8 +5,9 @@
   python scripts/simulate.py --config=configs/sim/growing_v5p128.py
 
 Prints throughput ratios against the sync colocated baseline measured in the same run, the
-gain of reallocation over the best static split, the validation figure when the config has
-one, and ends with one line holding a JSON object of all figures.
+gain of reallocation over the best static split, the validation table when the config has one
+(every published per-step figure, its prediction and signed error: rljax.sim.validation), and
+ends with one line holding a JSON object of all figures.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from absl import app
 from ml_collections import config_flags
 
-from rljax.sim import scenario
+from rljax.sim import scenario, validation
 from rljax.sim.costs import CostModel
 from rljax.sim.simulator import SimConfig, Simulator
 from rljax.sim.workload import LengthModel
@@ -180,117 +181,30 @@ def plot_growth(static: dict, runs: dict, total: int, path: str) -> None:
     fig.savefig(path, dpi=80)
 
 
-def _phases(c, cost: CostModel, lengths: LengthModel, chips: int, steps: int) -> dict:
-    """(step, generation, training) seconds of a colocated sync run on ``chips``."""
-    cfg = dataclasses.replace(
-        _sim_config(c, "sync", 0, chips, steps), total_chips=chips, timeline=False
-    )
-    res = _run(cfg, cost, lengths)
-    train = res.learner_util * res.wall_s / res.steps
-    gen = res.step_s - train - cost.reshard_local_s()
-    return {"step_s": res.step_s, "gen_s": gen, "train_s": train}
-
-
-def fit(c, lengths: LengthModel) -> tuple[CostModel, dict]:
-    """Fits decode_hbm and train_mfu to the published per-phase times of ``c.validation.fit``
-    (one colocated sync run); nothing else is fitted."""
-    f = c.validation.fit
-    base = _cost(c)
-    lo, hi = 0.05, 1.0
-    for _ in range(c.validation.bisections):  # generation shrinks as decode_hbm grows
-        mid = 0.5 * (lo + hi)
-        eff = dataclasses.replace(base.efficiencies, decode_hbm=mid)
-        gen = _phases(c, dataclasses.replace(base, efficiencies=eff), lengths, f.chips, 6)
-        lo, hi = (lo, mid) if gen["gen_s"] < f.gen_s else (mid, hi)
-    eff = dataclasses.replace(base.efficiencies, decode_hbm=round(0.5 * (lo + hi), 4))
-    phases = _phases(c, dataclasses.replace(base, efficiencies=eff), lengths, f.chips, 6)
-    # Training time is exactly inversely proportional to train_mfu.
-    mfu = min(1.0, round(eff.train_mfu * phases["train_s"] / f.train_s, 4))
-    eff = dataclasses.replace(eff, train_mfu=mfu)
-    cost = dataclasses.replace(base, efficiencies=eff)
-    check = _phases(c, cost, lengths, f.chips, 6)
-    return cost, {
-        "decode_hbm": eff.decode_hbm,
-        "train_mfu": eff.train_mfu,
-        "fitted_gen_s": round(check["gen_s"], 1),
-        "fitted_train_s": round(check["train_s"], 1),
+def validate(c) -> dict:
+    """Fits to one published run's per-phase times, predicts every other published per-step
+    figure without refitting, prints the table of all of them (signed errors, phase errors),
+    then the band over the unpublished settings (``c.validation.knobs``)."""
+    fitted, fit_figures = validation.fit(c)
+    print("fitted:", fit_figures, flush=True)
+    rows = validation.score(c, validation.predict(c, fitted))
+    print(validation.table(rows), flush=True)
+    bands, settings = validation.band(c, fitted, rows)
+    for row in settings:
+        print("band:", row, flush=True)
+    return {
+        "fit_to": dict(c.validation.fit),
+        "fitted": fit_figures,
+        "figures": [
+            {
+                **dataclasses.asdict(r),
+                "error": round(r.error, 4),
+                "band": [round(x, 3) for x in bands[(r.system, r.figure)]],
+            }
+            for r in rows
+        ],
+        "band_settings": settings,
     }
-
-
-def predict(c, cost: CostModel, lengths: LengthModel, eta: int) -> dict:
-    """Every held-out figure of ``c.validation.heldout`` at one knob setting."""
-    out, steps = {}, c.validation.steps
-    sync_cache: dict[int, dict] = {}
-    for h in c.validation.heldout:
-        if h["chips"] not in sync_cache:
-            sync_cache[h["chips"]] = _phases(c, cost, lengths, h["chips"], 6)
-        sync = sync_cache[h["chips"]]
-        if h["kind"] == "sync_step_s":
-            out[h["name"]] = round(sync["step_s"], 1)
-            out[h["name"].replace("step_s", "gen_s")] = round(sync["gen_s"], 1)
-            out[h["name"].replace("step_s", "train_s")] = round(sync["train_s"], 1)
-            continue
-        cfg = dataclasses.replace(
-            _sim_config(c, "async", eta, h["sampler_chips"], steps),
-            total_chips=h["chips"],
-            timeline=False,
-        )
-        fast = _run(cfg, cost, lengths)
-        out[h["name"]] = round(sync["step_s"] / fast.step_s, 3)
-        # The async step and its learner share: which side set it.
-        out[h["name"].replace("ratio", "step_s")] = round(fast.step_s, 1)
-        out[h["name"].replace("ratio", "train_s")] = round(fast.learner_util * fast.step_s, 1)
-    return out
-
-
-def validate(c, cost: CostModel) -> dict:
-    """Fits to one published system's per-phase times, then predicts the held-out figures
-    without refitting, over a band of the workload knobs the publications do not give.
-
-    Each knob setting (response median, sigma, tail; one at a time around the nominal
-    values in ``c.lengths`` and ``c.validation.tail``) refits the two efficiencies to the same
-    published phases, then predicts; eta varies the async runs only.
-    """
-    del cost
-    v = c.validation
-    settings = [("nominal", {}, v.eta)]
-    for knob, values in v.knobs.items():
-        for value in values:
-            if knob == "eta":
-                settings.append((f"eta={value}", {}, value))
-            else:
-                settings.append((f"{knob}={value}", {knob: value}, v.eta))
-    rows, nominal = [], None
-    for label, overrides, eta in settings:
-        lengths = _lengths(c, overrides.pop("tail_prob", v.tail), **overrides)
-        if label.startswith("eta="):  # eta changes no colocated phase: the nominal fit holds
-            fitted, fit_figures = nominal
-        else:
-            fitted, fit_figures = fit(c, lengths)
-            if label == "nominal":
-                nominal = fitted, fit_figures
-        row = {"knobs": label, **fit_figures, **predict(c, fitted, lengths, eta)}
-        print("validation:", row, flush=True)
-        rows.append(row)
-    published = {h["name"]: list(h["published"]) for h in v.heldout}
-    bands = {}
-    for h in v.heldout:
-        values = [row[h["name"]] for row in rows]
-        lo_pub, hi_pub = min(h["published"]), max(h["published"])
-        nominal = rows[0][h["name"]]
-        # Relative error of the nominal prediction against the published range (0 inside it).
-        err = (
-            0.0
-            if lo_pub <= nominal <= hi_pub
-            else (nominal / (lo_pub if nominal < lo_pub else hi_pub) - 1.0)
-        )
-        bands[h["name"]] = {
-            "nominal": nominal,
-            "band": [min(values), max(values)],
-            "published": published[h["name"]],
-            "nominal_error": round(err, 3),
-        }
-    return {"fit_to": dict(v.fit), "rows": rows, "heldout": bands}
 
 
 def plot(results: dict, path: str) -> None:
@@ -325,8 +239,7 @@ def main(argv) -> None:
     cost = _cost(c)
     figures: dict = {"config": c.name}
     if c.validation.enabled:
-        figures["validation"] = validate(c, cost)
-        print("validation:", figures["validation"])
+        figures["validation"] = validate(c)
     if c.tails and c.etas:
         rows, for_plot = sweep(c, cost)
         for row in rows:

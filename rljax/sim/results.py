@@ -47,6 +47,7 @@ class SimResult:
       lends: (time, direction, chips, share) of each lending decision that lends (mode "lend").
       lent_steps: {direction: learner steps in which that loan was carried out}.
       migrated: requests interrupted on lent or parked chips and resumed elsewhere.
+      step_ends: simulated time at which each learner step finished training.
     """
 
     mode: str
@@ -67,11 +68,23 @@ class SimResult:
     lends: tuple[tuple[float, str, int, float], ...] = ()
     lent_steps: tuple[tuple[str, int], ...] = ()
     migrated: int = 0
+    step_ends: tuple[float, ...] = ()
 
     @property
     def step_s(self) -> float:
         """Mean seconds per learner step."""
         return self.wall_s / max(1, self.steps)
+
+    def steady_step_s(self, skip: int) -> float:
+        """Mean seconds per learner step after the first ``skip`` steps (the pipeline fill):
+        what a published per-step mean over hundreds of steps measures."""
+        if not 0 <= skip < len(self.step_ends) - 1:
+            raise ValueError(
+                f"steady_step_s(skip={skip}) needs more than skip + 1 recorded steps, "
+                f"got {len(self.step_ends)}; run more steps or skip fewer"
+            )
+        ends = self.step_ends
+        return (ends[-1] - ends[skip]) / (len(ends) - 1 - skip)
 
     @property
     def samples_per_s(self) -> float:

@@ -143,6 +143,7 @@ class Simulator:
         self.learner_train = self.retired_busy = 0.0
         self._training = (0.0, 0)  # start and tokens of the step being trained
         self.steps_done = self.dispatched = self.aborted = 0
+        self.step_ends: list[float] = []
         self.staleness: list[int] = []
         self.consumed_prompts: list[int] = []
         self.moves: list[tuple[float, int, int]] = []  # (time, sampler chips, learner chips)
@@ -340,6 +341,7 @@ class Simulator:
 
     def _on_trained(self, now: float, version: int) -> None:
         self.steps_done += 1
+        self.step_ends.append(now)
         split = None
         if self.lender is not None:
             self.lender.unpark(now)
@@ -489,5 +491,6 @@ class Simulator:
             moves=tuple(self.moves),
             final_split=(self.sampler_chips, self.learner_chips),
             spans=tuple(self.spans),
+            step_ends=tuple(self.step_ends),
             **(self.lender.figures() if self.lender is not None else {}),
         )
