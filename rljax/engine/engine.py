@@ -53,7 +53,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.pages import PageAllocator, SlotPages
-from rljax.engine.prefill import PrefillRequest, prefill_batch, prefill_one, sample_keys
+from rljax.engine.prefill import (
+    PrefillRequest,
+    extend_slot,
+    prefill_batch,
+    prefill_one,
+    sample_keys,
+)
 from rljax.engine.state import (
     DecodeState,
     Prefix,
@@ -313,12 +319,15 @@ class Engine:
         rng=None,
         num_samples: int = 1,
         sampling: SlotSampling | None = None,
+        step: int = 0,
     ) -> tuple[Prefix, ResultTokens]:
         """One prefill and ``num_samples`` first tokens, each from its own PRNG stream.
 
         ``rng``: None (the engine's next key), one key (split per sample), or one key per
         sample (shape ``[num_samples]``). The ResultTokens holds one row per sample
         (``samples_per_slot = num_samples``), so ``get_result_at_slot(0)`` reads them all.
+        ``step`` (an rljax extension): the index in its stream of the token drawn, the
+        response tokens a resumed sample already has (0 for a fresh prompt).
         """
         if existing_prefix is not None:
             raise ValueError(
@@ -334,6 +343,7 @@ class Engine:
             num_samples=num_samples,
             sampling=sampling,
             sampler=sampler,
+            step=step,
         )
         register_with_jetstream(("ResultTokens", ResultTokens), ("Engine", Engine))
         return out
@@ -423,6 +433,36 @@ class Engine:
                 self._parked = True
                 self._freed.notify_all()
 
+    def pause(self, slot: int) -> None:
+        """Stop decoding ``slot`` but keep its pages and cached tokens (an rljax extension: a
+        conversation waiting for its env); :meth:`extend` continues it, ``free_resource``
+        ends it."""
+        with self._lock:
+            if not self.pages.active[slot]:
+                raise ValueError(f"slot {slot} is free: only a slot in use can be paused")
+            self.pages.paused[slot] = True
+            self._parked = True
+
+    def extend(
+        self,
+        params,
+        decode_state: DecodeState,
+        slot: int,
+        tokens: Sequence[int],
+        *,
+        step: int,
+        sampler=None,
+    ) -> tuple[DecodeState, ResultTokens]:
+        """Prefill ``tokens`` onto ``slot``'s cached ones and draw its next token (an rljax
+        extension: a conversation's next turn, earlier turns never encoded again).
+
+        ``tokens`` start with the token the slot would feed next (the one ``generate`` drew
+        last, not yet cached); the next token is drawn as token ``step`` of the slot's stream
+        and fed by the next ``generate``. Unpauses the slot. Raises OutOfPages (taking
+        nothing) when the pool is short, ValueError when the slot would have no room left.
+        """
+        return extend_slot(self, params, decode_state, slot, tokens, step, sampler)
+
     def _busy(self, slots: list[int]) -> bool:
         b = self.max_concurrent_decodes
         return any(0 <= s < b and self.pages.active[s] for s in slots)
@@ -434,7 +474,7 @@ class Engine:
             return decode_state
         self._parked = False
         table = jax.device_put(self.pages.table.copy(), decode_state.page_table.sharding)
-        active = jax.device_put(self.pages.active.copy(), decode_state.active.sharding)
+        active = jax.device_put(self.pages.decoding(), decode_state.active.sharding)
         return dataclasses.replace(decode_state, page_table=table, active=active)
 
     def shard_of(self, slot: int) -> int:

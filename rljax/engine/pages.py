@@ -60,7 +60,8 @@ class SlotPages:
     """The page table of every slot, its cached length, and the per-shard allocators.
 
     ``positions[b]`` counts the tokens cached for slot b, which is also where the next token
-    it feeds is written. A slot holds at most ``max_seq_len`` tokens.
+    it feeds is written. A slot holds at most ``max_seq_len`` tokens. A ``paused`` slot (a
+    conversation waiting for its env) keeps its pages and length but does not decode.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class SlotPages:
         self.table = np.zeros((num_slots, self.pages_per_slot), np.int32)
         self.positions = np.zeros(num_slots, np.int64)
         self.active = np.zeros(num_slots, bool)
+        self.paused = np.zeros(num_slots, bool)
         self.reset()
 
     def reset(self) -> None:
@@ -93,6 +95,7 @@ class SlotPages:
         self.table[:] = 0
         self.positions[:] = 0
         self.active[:] = False
+        self.paused[:] = False
 
     def shard_of(self, slot: int) -> int:
         """The kv shard whose pages ``slot`` uses."""
@@ -144,8 +147,37 @@ class SlotPages:
         return self.table[slots]
 
     def live(self) -> np.ndarray:
-        """Active slots with room for one more token; a full slot stays put until released."""
-        return self.active & (self.positions < self.max_seq_len)
+        """Active, unpaused slots with room for one more token; a full slot stays put until
+        released."""
+        return self.decoding() & (self.positions < self.max_seq_len)
+
+    def decoding(self) -> np.ndarray:
+        """The slots the device decodes: active and not paused (the device's ``active``)."""
+        return self.active & ~self.paused
+
+    def extend(self, slot: int, n: int) -> np.ndarray:
+        """Grow an active ``slot`` by ``n`` cached tokens and room for the next one; unpauses it.
+
+        Returns its page-table row. Raises OutOfPages, taking nothing, when its shard is short,
+        and ValueError when the slot is free or would leave no room for a token.
+        """
+        slot = int(slot)
+        if not self.active[slot]:
+            raise ValueError(f"slot {slot} is free: insert a prefix before extending it")
+        length = int(self.positions[slot]) + n
+        if not 0 <= length < self.max_seq_len:
+            raise ValueError(
+                f"extending slot {slot} to {length} tokens leaves no room in a slot of "
+                f"max_seq_len={self.max_seq_len}; end the conversation or raise the budget"
+            )
+        held = self._held[slot]
+        more = length // self.page_size + 1 - len(held)
+        if more > 0:
+            held.extend(self.allocators[self.shard_of(slot)].allocate(more))
+            self.table[slot, : len(held)] = held
+        self.positions[slot] = length
+        self.paused[slot] = False
+        return self.table[slot]
 
     def grow(self) -> bool:
         """Give every live slot the page its next token is written to.
@@ -180,3 +212,4 @@ class SlotPages:
         self.table[slot] = 0
         self.positions[slot] = 0
         self.active[slot] = False
+        self.paused[slot] = False

@@ -34,6 +34,7 @@ class PrefillRequest:
     num_samples: int = 1
     rng: jax.Array | None = None  # as prefill_multisampling's rng
     sampling: SlotSampling | None = None
+    step: int = 0  # the index of the token drawn in each sample's response (its PRNG step)
 
 
 def pow2(n: int) -> int:
@@ -63,11 +64,12 @@ def prefill_one(
     num_samples: int = 1,
     sampling: SlotSampling | None = None,
     sampler=None,
+    step: int = 0,
 ) -> tuple[Prefix, ResultTokens]:
     """``Engine.prefill_multisampling``: one prompt, ``num_samples`` first tokens.
 
-    The prompt ``padded_tokens[:true_length]`` is padded to its bucket; ``rng`` and
-    ``sampling`` are as in ``prefill_multisampling``.
+    The prompt ``padded_tokens[:true_length]`` is padded to its bucket; ``rng``, ``sampling``
+    and ``step`` are as in ``prefill_multisampling``.
     """
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples={num_samples!r} must be an int >= 1")
@@ -89,6 +91,7 @@ def prefill_one(
         keys,
         floats,
         np.int32(s.top_k),
+        np.int32(step),
         sampler=sampler,
     )
     prefix = Prefix(
@@ -99,6 +102,7 @@ def prefill_one(
         keys=keys,
         floats=floats,
         top_k=np.int32(s.top_k),
+        steps=np.int32(step),
     )
     return prefix, ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob)
 
@@ -129,6 +133,7 @@ def prefill_batch(
     keys = np.zeros((n_pad * g, 2), np.uint32)
     floats = np.zeros((n_pad * g, 3), np.float32)
     top_k = np.zeros(n_pad * g, np.int32)
+    steps = np.zeros(n_pad * g, np.int32)
     settings = []
     for i, (r, n) in enumerate(zip(requests, lengths, strict=True)):
         tokens[i, :n] = np.asarray(r.tokens, np.int32)
@@ -137,7 +142,7 @@ def prefill_batch(
         f = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
         sl = slice(i * g, i * g + r.num_samples)
         keys[sl] = np.asarray(engine._sample_keys(r.rng, r.num_samples))
-        floats[sl], top_k[sl] = f, s.top_k
+        floats[sl], top_k[sl], steps[sl] = f, s.top_k, r.step
         settings.append((f, np.int32(s.top_k)))
     ks, vs, data, log_prob = engine._steps.prefill_many(
         params,
@@ -147,6 +152,7 @@ def prefill_batch(
         jnp.asarray(keys),
         jnp.asarray(floats),
         jnp.asarray(top_k),
+        jnp.asarray(steps),
         sampler=sampler,
     )
     data, log_prob = np.asarray(data), np.asarray(log_prob)
@@ -162,6 +168,7 @@ def prefill_batch(
             keys=jnp.asarray(keys[sl]),
             floats=f,
             top_k=k,
+            steps=np.int32(r.step),
         )
         result = ResultTokens(data[sl], samples_per_slot=r.num_samples, log_prob=log_prob[sl])
         out.append((prefix, result))
@@ -207,3 +214,44 @@ def warm_up(engine, params, *, num_samples: int = 1) -> int:
         if batch >= engine.sampling_cfg.prefill_batch:
             return shapes
         batch = min(batch * 2, engine.sampling_cfg.prefill_batch)
+
+
+def extend_buckets(engine) -> tuple[int, ...]:
+    """The chunk lengths an extend is padded to: powers of two from ``page_size`` up to the
+    longest chunk a slot can take, so at most log2(max_seq_len) shapes compile."""
+    out = [pow2(engine.page_size)]
+    while out[-1] < engine.max_seq_len:
+        out.append(out[-1] * 2)
+    return tuple(out)
+
+
+def extend_slot(
+    engine, params, decode_state, slot: int, tokens: Sequence[int], step: int, sampler=None
+):
+    """``Engine.extend``: prefill ``tokens`` onto ``slot``'s cached ones and draw its token
+    ``step``; the host page bookkeeping (under the engine's lock) and the compiled step."""
+    slot, n = int(slot), len(tokens)
+    if n < 1:
+        raise ValueError("extend got no tokens; give the slot's next token at least")
+    c = next(b for b in extend_buckets(engine) if b >= n)
+    chunk = np.zeros(c, np.int32)
+    chunk[:n] = np.asarray(tokens, np.int32)
+    with engine._lock:
+        start = int(engine.pages.positions[slot])
+        row = engine.pages.extend(slot, n)  # raises OutOfPages / ValueError taking nothing
+        # Global page ids: the chunk's rows index the whole pool, whichever shard owns the slot.
+        offset = engine.shard_of(slot) * engine.pages_per_shard
+        row_m = np.append(row + offset, offset).astype(np.int32)  # ends with the null page
+        engine._parked = True  # the slot is decoding again: ship the active mask
+        decode_state = engine._park_freed(decode_state)
+        decode_state, data, log_prob = engine._steps.extend(sampler)(
+            params,
+            decode_state,
+            jnp.asarray(chunk),
+            jnp.int32(n),
+            jnp.int32(start),
+            jnp.asarray(row_m),
+            jnp.int32(slot),
+            jnp.int32(step),
+        )
+    return decode_state, ResultTokens(data, log_prob=log_prob)

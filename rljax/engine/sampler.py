@@ -22,7 +22,12 @@ Only ``inflight`` lets a token tagged with the new version read KV made by the o
 
 A running sample can be interrupted (partial rollout); it is kept with the tokens it has and
 resumes later from its prefix (prompt + tokens so far), re-prefilled under the current params.
-When the page pool runs out, the youngest running sample is preempted the same way.
+When the page pool runs out, the youngest running sample is preempted the same way. Token
+``i`` of a sample's response is drawn from step ``i`` of its own PRNG stream, so a resumed
+sample draws what it would have drawn uninterrupted.
+
+A request with ``turns`` is a conversation: its samples keep their KV across turns and only
+each new turn's tokens are prefilled (:mod:`rljax.engine.conversations`, docs/agents.md).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.engine.conversations import Conversations
 from rljax.engine.engine import Engine
 from rljax.engine.homes import SlotHomes
 from rljax.engine.pages import OutOfPages
@@ -48,8 +54,12 @@ from rljax.engine.state import DecodeState, Prefix, ResultTokens
 __all__ = ["FINISH_LENGTH", "FINISH_STOP", "Request", "Sampler", "Trajectory"]
 
 
-class Sampler:
-    """Drives an :class:`Engine` with continuous batching on the sampler mesh."""
+class Sampler(Conversations):
+    """Drives an :class:`Engine` with continuous batching on the sampler mesh.
+
+    ``keep_kv=False`` gives up a conversation's slot and pages at each turn end and prefills
+    its whole prefix again for the next turn (the baseline keeping the KV is measured against).
+    """
 
     def __init__(
         self,
@@ -62,6 +72,7 @@ class Sampler:
         detokenize: Callable[[list[int]], str] | None = None,
         swap_mode: str | None = None,
         slot_homes: Sequence[int] | None = None,
+        keep_kv: bool = True,
     ):
         if stop_strings and detokenize is None:
             raise ValueError("stop_strings need a detokenize function to read the text")
@@ -72,6 +83,7 @@ class Sampler:
         self.stop_strings = tuple(stop_strings)
         self.detokenize = detokenize
         self.swap_mode = swap_mode or engine.sampling_cfg.swap_mode
+        self.keep_kv = keep_kv
         self.state: DecodeState = engine.init_decode_state()
         self._slots: list[Sample | None] = [None] * engine.max_concurrent_decodes
         self.homes = SlotHomes(slot_homes, len(self._slots))
@@ -80,6 +92,7 @@ class Sampler:
         self._pending: collections.deque[tuple[Prefix, list[Sample]]] = collections.deque()
         self._requests: collections.deque[Request] = collections.deque()
         self._held: dict[int, list[Sample]] = {}  # interrupted, by request id
+        self._waiting: list[Sample] = []  # conversations waiting for their env, no slot
         self._next_id = itertools.count()
         self._order = itertools.count()
         self._staged: tuple[Any, int] | None = None
@@ -143,7 +156,9 @@ class Sampler:
         return len(self._queue) + pending + sum(r.num_samples for r in self._requests)
 
     def has_work(self) -> bool:
-        return bool(self.busy_slots or self._queue or self._pending or self._requests)
+        return bool(
+            self.busy_slots or self._queue or self._pending or self._requests or self._waiting
+        )
 
     # -- params -----------------------------------------------------------------------------
 
@@ -159,16 +174,16 @@ class Sampler:
     def _apply_staged(self) -> None:
         if self._staged is None:
             return
-        if self.swap_mode == "drain" and self.busy_slots:
-            return
+        if self.swap_mode == "drain" and self._decoding():
+            return  # a conversation waiting for its env has drained: it does not hold a swap
         self.params, self.version = self._staged
         self._staged = None
         self.stats["swaps"] += 1
-        if self.swap_mode == "recompute":
+        if self.swap_mode != "inflight":  # their KV came from the old params: prefill again
+            # recompute: every slot; drain: what is left, conversations waiting for their env.
             for slot, s in enumerate(self._slots):
                 if s is not None:
                     self._evict(slot, front=True)
-        if self.swap_mode != "inflight":  # their KV came from the old params: prefill again
             waiting = [s for _, samples in self._pending for s in samples]
             self._pending.clear()
             self._queue.extendleft(reversed(waiting))
@@ -184,6 +199,8 @@ class Sampler:
                 self._slots[slot] = None
                 held.append(s)
         held.extend(s for s in self._queue if s.request.request_id == request_id)
+        held.extend(s for s in self._waiting if s.request.request_id == request_id)
+        self._waiting = [s for s in self._waiting if s.request.request_id != request_id]
         keep = [s for s in self._queue if s.request.request_id != request_id]
         self._queue.clear()
         self._queue.extend(keep)
@@ -204,8 +221,10 @@ class Sampler:
         return len(held)
 
     def resume(self, request_id: int) -> None:
-        """Queue a held request's samples again; they continue from their prefixes."""
-        self._queue.extend(self._held.pop(request_id, []))
+        """Queue a held request's samples again; they continue from their prefixes (a
+        conversation waiting for its env waits on, and continues once it answers)."""
+        for s in self._held.pop(request_id, []):
+            self._route(s)
 
     def hand_over(self, request_id: int) -> list:
         """Interrupt a request and give up its samples (partial rollouts) for another sampler's
@@ -215,12 +234,13 @@ class Sampler:
 
     def adopt(self, samples: Sequence) -> None:
         """Queue samples another sampler handed over; they resume here from their prefixes."""
-        self._queue.extend(samples)
+        for s in samples:
+            self._route(s)
 
     def request_ids(self) -> set[int]:
         """Ids of the requests with a sample here (running, pending, queued or held)."""
         samples = [s for s in self._slots if s is not None] + list(self._queue)
-        samples += [s for _, group in self._pending for s in group]
+        samples += [s for _, group in self._pending for s in group] + self._waiting
         return (
             {s.request.request_id for s in samples}
             | set(self._held)
@@ -243,6 +263,7 @@ class Sampler:
         self._pending.clear()
         self._requests.clear()
         self._held.clear()
+        self._waiting.clear()
         return running
 
     def close(self) -> None:
@@ -255,7 +276,7 @@ class Sampler:
         assert s is not None, f"slot {slot} is free: nothing to evict"
         self.engine.free_resource(slot)
         self._slots[slot] = None
-        (self._queue.appendleft if front else self._queue.append)(s)
+        self._route(s, front=front)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -268,13 +289,14 @@ class Sampler:
         requests = []
         for samples in batch:
             first = samples[0]
-            seeds = [_sample_seed(s.request.seed, s.index, len(s.tokens)) for s in samples]
+            seeds = [_sample_seed(s.request.seed, s.index) for s in samples]
             requests.append(
                 PrefillRequest(
                     list(first.request.prompt_tokens) + first.tokens,
                     len(samples),
                     _keys(seeds),
                     first.request.sampling,
+                    step=len(first.tokens),  # a resumed sample continues its stream
                 )
             )
         if len(requests) == 1:
@@ -287,14 +309,18 @@ class Sampler:
                     rng=r.rng,
                     num_samples=r.num_samples,
                     sampling=r.sampling,
+                    step=r.step,
                 )
             ]
         else:
             out = self.engine.prefill_batch(params=self.params, requests=requests)
         self.stats["prefills"] += len(requests)
         self.stats["prefill_calls"] += 1
+        self.stats["prefill_tokens"] += sum(len(r.tokens) for r in requests)
         for samples, (prefix, result) in zip(batch, out, strict=True):
             keep = self._record(samples, result.convert_to_numpy(), range(len(samples)), finished)
+            # A conversation whose turn ended on its first token waits without a slot.
+            self._waiting.extend(s for s in samples if s.future is not None)
             if keep:
                 running = [samples[i] for i in keep]
                 if len(keep) != prefix.num_samples:
@@ -302,7 +328,10 @@ class Sampler:
                 self._pending.append((prefix, running))
 
     def _record(self, samples, result: ResultTokens, rows, finished) -> list[int]:
-        """Append each valid row's token to its sample; returns the indices still running."""
+        """Append each valid row's token to its sample; returns the indices still running.
+
+        A conversation whose turn ended is neither running nor finished: it asks its env for
+        the next turn and waits (``future`` set)."""
         tokens, valid, logprobs = result.tokens, result.valid, result.logprobs
         running = []
         for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
@@ -313,9 +342,13 @@ class Sampler:
             s.tokens.append(token)
             s.logprobs.append(float(logprobs[row]))
             s.versions.append(self.version)
+            if s.turns is not None:
+                s.loss_mask.append(1)
             self.stats["tokens"] += 1
             reason = self._finish_reason(s, token)
-            if reason:
+            if reason == FINISH_STOP and s.turns is not None:
+                self._end_turn(s)
+            elif reason:
                 finished.append(s.to_trajectory(reason))
             else:
                 running.append(i)
@@ -389,7 +422,11 @@ class Sampler:
         return batch
 
     def _preempt_youngest(self) -> None:
-        busy = [(s.order, slot) for slot, s in enumerate(self._slots) if s is not None]
+        """Free pages: the youngest conversation waiting for its env, else the youngest
+        decoding sample."""
+        if self._preempt_waiting():
+            return
+        busy = [(s.order, slot) for slot, s in self._decoding()]
         _, slot = max(busy)
         self._evict(slot, front=True)
         self.stats["preempted"] += 1
@@ -398,36 +435,37 @@ class Sampler:
         """Fill free slots, run one generate, and return the sequences that finished."""
         self._apply_staged()
         finished: list[Trajectory] = []
+        self._poll_turns(finished)
         self._fill_slots(finished)
-        if not self.busy_slots:
+        if not self._decoding():
             return finished
         while True:
             try:
                 self.state, result = self.engine.generate(self.params, self.state)
                 break
             except OutOfPages:
-                if self.busy_slots == 1:
+                if len(self._decoding()) == 1 and not self.waiting_conversations:
                     raise RuntimeError(
                         "the KV page pool cannot hold even one sequence; raise sampling.num_pages"
                     ) from None
                 self._preempt_youngest()
         self.stats["generate_steps"] += 1
         result = result.convert_to_numpy()
-        busy = [(slot, s) for slot, s in enumerate(self._slots) if s is not None]
+        busy = self._decoding()
         done: list[Trajectory] = []
         running = self._record([s for _, s in busy], result, [slot for slot, _ in busy], done)
         still = {busy[i][0] for i in running}
-        for slot, _ in busy:
+        for slot, s in busy:
             if slot not in still:
-                self.engine.free_resource(slot)
-                self._slots[slot] = None
+                self._park_turn(slot, s)
+        self.stats["conversations_waiting"] = self.waiting_conversations
         return finished + done
 
     def _finish_reason(self, s: Sample, token: int) -> str | None:
         if token in self.stop_ids:
             return FINISH_STOP
         if self.stop_strings and self.detokenize is not None:  # __init__ checked it is given
-            text = self.detokenize(s.tokens)
+            text = self.detokenize(s.tokens[s.turn_start :])  # this turn's (one turn's all)
             if any(stop in text for stop in self.stop_strings):
                 return FINISH_STOP
         if len(s.tokens) >= s.budget:
@@ -448,6 +486,7 @@ def _keys(seeds: Sequence[int]) -> jax.Array:
     return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
-def _sample_seed(seed: int, index: int, resumed_at: int) -> int:
-    """A per-sample seed, independent of which slot or batch the sample lands in."""
-    return (seed * 1_000_003 + index * 7919 + resumed_at * 104_729) % (2**31 - 1)
+def _sample_seed(seed: int, index: int) -> int:
+    """A per-sample seed, independent of which slot or batch the sample lands in; a resumed
+    sample keeps it (its tokens are drawn at their steps of the one stream)."""
+    return (seed * 1_000_003 + index * 7919) % (2**31 - 1)

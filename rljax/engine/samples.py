@@ -4,18 +4,48 @@ A :class:`Request` asks for ``num_samples`` responses to one prompt (a GRPO grou
 response comes back as a :class:`Trajectory` with a finish reason (:data:`FINISH_STOP` or
 :data:`FINISH_LENGTH`), a behaviour log-prob and a params version per token. While the Sampler
 holds it, a response is a :class:`Sample`.
+
+A request with ``turns`` is a conversation (multi-turn, docs/agents.md): each sample gets its
+own :class:`Turns` (the environment as the Sampler sees it). When a model turn ends (a stop
+token), the Sampler asks it for the next turn's tokens and, while it waits, decodes other
+slots. The trajectory's response then holds model and env tokens interleaved; ``loss_mask``
+tells them apart (env tokens: log-prob 0.0, version :data:`ENV_VERSION`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from rljax.engine.state import SlotSampling
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+ENV_VERSION = -1  # the version an env token carries: no policy produced it
+
+
+class Turns(Protocol):
+    """One conversation's environment, as the Sampler sees it (made per sample)."""
+
+    def next_turn(self, turn_tokens: list[int]) -> concurrent.futures.Future[list[int] | None]:
+        """Called (on the sampler thread, must not block) when a model turn ends: the tokens the
+        model decoded in this turn, its stop token included. The future resolves to the token
+        ids to append (the chat template's rendering of the observation plus the header that
+        opens the next assistant turn), or None when the conversation is over (done, limits,
+        or a failure). It never resolves to an exception."""
+        ...
+
+    @property
+    def reward(self) -> float:
+        """The sum of the steps' rewards so far."""
+        ...
+
+    @property
+    def info(self) -> dict:
+        """Counters for metrics: turns, tool_calls, errors by kind, env_s."""
+        ...
 
 
 @dataclasses.dataclass
@@ -30,6 +60,9 @@ class Request:
     payload: Any = None  # carried to the Trajectory (e.g. the task example)
     request_id: int = -1  # assigned by submit() unless the caller sets a unique id >= 0
     home: int | None = None  # the slots it may take (rljax.engine.homes); None: any
+    # A conversation: called once per sample (argument: the sample index) when the sample is
+    # made; None: single-turn.
+    turns: Callable[[int], Turns] | None = None
 
 
 @dataclasses.dataclass
@@ -45,10 +78,17 @@ class Trajectory:
     sample_index: int
     payload: Any = None
     reward: float | None = None
+    # A conversation's: 1 = model token, 0 = env token (None: every token is the model's).
+    loss_mask: list[int] | None = None
+    env_reward: float | None = None  # the Turns' reward (None: single-turn)
+    env_info: dict | None = None  # the Turns' counters (None: single-turn)
 
     @property
     def min_version(self) -> int:
-        return min(self.versions) if self.versions else -1
+        """The oldest version of a model token (env tokens' :data:`ENV_VERSION` is not one);
+        -1 when there is none."""
+        model = [v for v in self.versions if v != ENV_VERSION]
+        return min(model) if model else -1
 
 
 @dataclasses.dataclass
@@ -62,6 +102,23 @@ class Sample:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
     order: int = 0  # admission order: the highest is the youngest
+    turns: Turns | None = None  # made from request.turns when the sample is made
+    loss_mask: list[int] = dataclasses.field(default_factory=list)  # conversations only
+    turn_start: int = 0  # where the current model turn begins in ``tokens``
+    # The env's next turn while the conversation waits for it; None while the model decodes.
+    future: concurrent.futures.Future | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.turns is not None and self.turns is None:
+            self.turns = self.request.turns(self.index)
+
+    def append_env(self, ids: Sequence[int]) -> None:
+        """Append the env's tokens (no log-prob, no version, no loss) and open a model turn."""
+        self.tokens.extend(int(t) for t in ids)
+        self.logprobs.extend(0.0 for _ in ids)
+        self.versions.extend(ENV_VERSION for _ in ids)
+        self.loss_mask.extend(0 for _ in ids)
+        self.turn_start = len(self.tokens)
 
     @property
     def budget(self) -> int:
@@ -71,7 +128,7 @@ class Sample:
 
     def to_trajectory(self, reason: str) -> Trajectory:
         r = self.request
-        return Trajectory(
+        t = Trajectory(
             list(r.prompt_tokens),
             self.tokens,
             self.logprobs,
@@ -81,3 +138,8 @@ class Sample:
             self.index,
             r.payload,
         )
+        if self.turns is not None:
+            t.loss_mask = list(self.loss_mask)
+            t.env_reward = float(self.turns.reward)
+            t.env_info = dict(self.turns.info)
+        return t

@@ -42,6 +42,9 @@ class Prefix:
     keys: jax.Array  # [S, 2] uint32: each sample's PRNG key data (token i folds in i)
     floats: jax.Array | np.ndarray  # [3] float32: temperature, top_p, min_p of the request
     top_k: jax.Array | np.integer  # int32 scalar
+    # int32 scalar: the index of the token prefill drew in each sample's response (0 for a
+    # fresh prompt, the tokens a resumed sample had); generate continues from steps + 1.
+    steps: jax.Array | np.integer = dataclasses.field(default_factory=lambda: np.int32(0))
 
     @property
     def num_samples(self) -> int:
@@ -169,7 +172,7 @@ def prefix_shardings(mesh: Mesh, rules: ShardingRules, num_kv_heads: int) -> Pre
     kv = _divisible_or_replicated(kv, num_kv_heads, 2)
     rep = NamedSharding(mesh, PartitionSpec())
     # A pytree of shardings in the Prefix's structure, as jit's shardings arguments take.
-    return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep)  # type: ignore[arg-type]
+    return Prefix(k=kv, v=kv, length=rep, tokens=rep, keys=rep, floats=rep, top_k=rep, steps=rep)  # type: ignore[arg-type]
 
 
 def decode_state_shardings(

@@ -60,6 +60,7 @@ class Steps:
     prefill_many: Callable
     insert: Callable
     generate: Callable  # generate(sampler) -> jitted (params, state) step
+    extend: Callable  # extend(sampler) -> jitted step continuing one slot (_extend_step)
 
     def lower_generate(self, params, state):
         return self.generate(None).lower(params, state)
@@ -72,11 +73,17 @@ def build_steps(engine) -> Steps:
     max_seq_len = engine.max_seq_len
 
     generates: dict = {}
+    extends: dict = {}
 
     def generate(sampler: Sampler | None):
         if sampler not in generates:
             generates[sampler] = _generate_step(engine, state_sh, rep, max_seq_len, sampler)
         return generates[sampler]
+
+    def extend(sampler: Sampler | None):
+        if sampler not in extends:
+            extends[sampler] = _extend_step(engine, state_sh, rep, sampler)
+        return extends[sampler]
 
     def empty_state() -> DecodeState:
         return _empty_state(engine)
@@ -84,7 +91,8 @@ def build_steps(engine) -> Steps:
     # Compiled once per engine: building a Sampler must not re-jit the empty state.
     make_state = jax.jit(empty_state, out_shardings=state_sh)
     prefill, prefill_many = _prefill_step(engine), _prefill_many_step(engine)
-    return Steps(make_state, prefill, prefill_many, _insert_step(engine, state_sh), generate)
+    insert = _insert_step(engine, state_sh)
+    return Steps(make_state, prefill, prefill_many, insert, generate, extend)
 
 
 def _prefill_step(engine):
@@ -96,8 +104,9 @@ def _prefill_step(engine):
     @functools.partial(
         jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
     )
-    def prefill(params, tokens_1t, length, keys_s2, floats, top_k, sampler=None):
-        """Cache the whole prompt; draw each sample's first token from its last logits."""
+    def prefill(params, tokens_1t, length, keys_s2, floats, top_k, step, sampler=None):
+        """Cache the whole prompt; draw each sample's token ``step`` (0 for a fresh prompt, the
+        tokens it has for a resumed one) from its last logits."""
         t = tokens_1t.shape[1]
         positions = jnp.arange(t)[None]
         segments = (positions < length).astype(jnp.int32)
@@ -117,7 +126,7 @@ def _prefill_step(engine):
             full(top_k),
             full(floats[1]),
             full(floats[2]),
-            jnp.zeros(s, jnp.int32),
+            full(step).astype(jnp.int32),
             jnp.ones(s, bool),
             sampler,
         )
@@ -138,7 +147,7 @@ def _prefill_many_step(engine):
         jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
     )
     def prefill_many(
-        params, tokens_nt, lengths_n, rows_s, keys_s2, floats_s3, top_k_s, sampler=None
+        params, tokens_nt, lengths_n, rows_s, keys_s2, floats_s3, top_k_s, steps_s, sampler=None
     ):
         """Cache N prompts in one forward pass; sample s draws from prompt ``rows_s[s]``.
 
@@ -162,7 +171,7 @@ def _prefill_many_step(engine):
             top_k_s,
             floats_s3[:, 1],
             floats_s3[:, 2],
-            jnp.zeros(s, jnp.int32),
+            steps_s,
             jnp.ones(s, bool),
             sampler,
         )
@@ -215,7 +224,7 @@ def _insert_step(engine, state_sh):
             page_table=put(state.page_table, rows_wm),
             active=put(state.active, True),
             keys=put(state.keys, keys),
-            steps=put(state.steps, 1),
+            steps=put(state.steps, prefix.steps + 1),
             temperature=put(state.temperature, prefix.floats[0]),
             top_p=put(state.top_p, prefix.floats[1]),
             min_p=put(state.min_p, prefix.floats[2]),
@@ -268,6 +277,67 @@ def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
         return new, data, log_prob
 
     return generate
+
+
+def _extend_step(engine, state_sh, rep, sampler):
+    """One slot's next chunk of tokens prefilled onto its pages, and the token after it drawn.
+
+    The chunk is C rows of one forward pass through the decoder's paged path: row c writes its
+    key and value at ``start + c`` through the slot's page row before attending, and attends
+    to the ``start + c + 1`` tokens cached there, so it sees the slot's earlier tokens and the
+    chunk causally. Padding rows (``c >= n``) point at the null page only.
+    """
+    # The paged path splits rows over the 'batch' axes with their own shard's pages; the
+    # chunk's rows share one slot's pages, so with several kv shards it runs as plain XLA over
+    # global page ids, which GSPMD partitions.
+    one_shard = engine.kv_shards == 1
+    impl = engine.impl if one_shard else "xla"
+    shard = (engine.mesh, engine._rules) if one_shard else None
+
+    @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
+    def extend(params, state, tokens_c, n, start, row_m, slot, step):
+        """Cache ``tokens_c[:n]`` at ``start..start+n`` of ``slot`` (``row_m``: its page row
+        in global page ids, the null page past its pages) and draw its token ``step``."""
+        model = engine.layout.model(params)
+        c = tokens_c.shape[0]
+        valid_c = jnp.arange(c) < n
+        positions_c = jnp.where(valid_c, start + jnp.arange(c), 0)
+        null = row_m[-1]  # the caller ends every row with its shard's null page
+        table_cm = jnp.where(valid_c[:, None], row_m[None, :-1], null)
+        hidden, kp, vp = model.decode(
+            tokens_c,
+            positions_c,
+            state.k_pages,
+            state.v_pages,
+            table_cm,
+            impl=impl,
+            sharding=shard,
+        )
+        last_d = jax.lax.dynamic_index_in_dim(hidden, n - 1, keepdims=False)
+        pick = lambda x: x[slot][None]  # noqa: E731
+        tokens, logprobs = draw(
+            model.logits(last_d)[None],
+            pick(state.keys),
+            pick(state.temperature),
+            pick(state.top_k),
+            pick(state.top_p),
+            pick(state.min_p),
+            jnp.full(1, step, jnp.int32),
+            jnp.ones(1, bool),
+            sampler,
+        )
+        new = state.replace(
+            k_pages=kp,
+            v_pages=vp,
+            tokens=state.tokens.at[slot].set(tokens[0]),
+            positions=state.positions.at[slot].set(start + n),
+            active=state.active.at[slot].set(True),
+            steps=state.steps.at[slot].set(step + 1),
+        )
+        data, log_prob = pack_result(tokens, jnp.ones(1, bool), jnp.full(1, step + 1), logprobs)
+        return new, data, log_prob
+
+    return extend
 
 
 def _empty_state(engine) -> DecodeState:
