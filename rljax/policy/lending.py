@@ -176,6 +176,18 @@ def train_loan_cost_s(config: LendingConfig, param_bytes: float) -> float:
     return config.train_prepare_s + config.release_s + transfer
 
 
+def reprefill_s(cached_tokens: int, prefill_s_per_token: float) -> float:
+    """Seconds to prefill again, on the replica that takes them, the tokens a moved request had
+    cached (prompt and response so far): a loan handing its requests back, or a parked replica's
+    requests resumed elsewhere. The simulator and the fakes both charge it from here."""
+    if cached_tokens < 0 or prefill_s_per_token < 0:
+        raise ValueError(
+            f"reprefill_s({cached_tokens}, {prefill_s_per_token}): tokens and seconds per "
+            "token must be >= 0"
+        )
+    return cached_tokens * prefill_s_per_token
+
+
 class LendDirection(enum.Enum):
     """Which role lends chips to the other for the next steps."""
 

@@ -120,6 +120,11 @@ class CostModel:
         flops = 2.0 * self.n_params * tokens
         return flops / (self.tp * self.chip.bf16_flops * self.efficiencies.prefill_mfu)
 
+    @property
+    def prefill_s_per_token(self) -> float:
+        """One replica's prefill seconds per token (prefill is linear in its tokens here)."""
+        return self.prefill_s(1)
+
     def train_step_s(self, tokens: int, chips: int) -> float:
         """Time for ``chips`` learner chips to train on ``tokens`` tokens (one optimizer step)."""
         if chips < 1:

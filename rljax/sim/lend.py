@@ -86,7 +86,8 @@ class Lender:
             dest = max(targets, key=lambda r: (r.slots - r.n - r.queued, -r.index))
             done = sum(d for _, d in samples)
             req.replica = dest
-            dest.resume(now, req, samples, prompt, sim.cost.prefill_s(prompt + round(done)))
+            again = lending.reprefill_s(prompt + round(done), sim.cost.prefill_s_per_token)
+            dest.resume(now, req, samples, prompt, again)
             sim._schedule_replica(dest)
             sim._changes += 1
             self.migrated += 1

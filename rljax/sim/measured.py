@@ -31,6 +31,8 @@ class MeasuredCosts(CostModel):
       train_step_s_per_token: one learner step's seconds per trained token on ``learner_chips``.
       learner_chips: the chips the training time was measured on.
       publish_s: one weight publish (learner to sampler).
+      reprefill_s_per_token: prefill seconds per cached token of a request moved to another
+        replica (a loan's hand-back; :func:`rljax.policy.lending.reprefill_s`).
     """
 
     chip: ChipSpec = UNBOUNDED
@@ -39,11 +41,13 @@ class MeasuredCosts(CostModel):
     train_step_s_per_token: float = 0.0
     learner_chips: int = 1
     publish_s: float = 0.0
+    reprefill_s_per_token: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
         times = (self.decode_s_per_step, self.prefill_s_per_group, self.train_step_s_per_token)
-        if self.decode_s_per_step <= 0 or min(*times, self.publish_s) < 0 or self.learner_chips < 1:
+        low = min(*times, self.publish_s, self.reprefill_s_per_token)
+        if self.decode_s_per_step <= 0 or low < 0 or self.learner_chips < 1:
             raise ValueError(
                 "MeasuredCosts needs decode_s_per_step > 0, the other seconds >= 0 and "
                 f"learner_chips >= 1; got {self}"
@@ -60,6 +64,10 @@ class MeasuredCosts(CostModel):
 
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_s_per_group
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        return self.reprefill_s_per_token
 
     def train_step_s(self, tokens: int, chips: int) -> float:
         return self.train_step_s_per_token * tokens * self.learner_chips / chips

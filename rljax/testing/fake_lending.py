@@ -12,7 +12,9 @@ benchmark measures whether its decisions pay:
   the learner's params and version, start after ``prepare_s`` (slept on the learner thread, as
   :class:`~rljax.runtime.lending.RunLending` copies the weights there) and serve routed
   requests while the learner waits; when the batch is ready their requests go back to the
-  sampler as partial rollouts, and the learner starts ``release_s`` later.
+  sampler as partial rollouts, and the learner starts ``release_s`` later; the sampler that
+  adopts them prefills their cached tokens again first (``FakeSampler(prefill_s_per_token=...)``,
+  as the simulator charges the replica that resumes them).
 - **Trainer-on-RollPool**: ``k = (chips // tp) * tp`` sampler chips, in whole replicas, are
   parked (their sequences back in the sampler's queue) for ``c + s T L / k`` seconds while the
   learner does its own ``(1 - s) T``, where ``s`` is the lent share of the micro-batches and
@@ -105,6 +107,7 @@ class FakeLending(Lending):
             version=learner.version,
             params=learner.params,
             vocab_size=main.vocab_size,
+            prefill_s_per_token=main.prefill_s_per_token,
         )
 
     def _close_replica(self, replica: FakeSampler) -> None:
@@ -157,6 +160,9 @@ class LendWorkload:
     lending: LendingConfig  # the policy's knobs and each loan's costs
     steps: int
     warmup: int
+    # A moved sequence's prefill again, per cached token (rljax.policy.lending.reprefill_s):
+    # build the FakeSampler with the same prefill_s_per_token so both charge it.
+    prefill_s_per_token: float = 0.0
 
     @property
     def replicas(self) -> int:
@@ -171,6 +177,7 @@ class LendWorkload:
             train_step_s_per_token=self.learn_per_token_s,
             learner_chips=self.learner_chips,
             publish_s=self.sync_s,
+            reprefill_s_per_token=self.prefill_s_per_token,
         )
 
     def lender(self, sampler: FakeSampler) -> FakeLending:

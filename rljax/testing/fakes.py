@@ -29,6 +29,7 @@ import numpy as np
 
 from rljax.engine.sampler import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 from rljax.mesh.weight_sync import HISTORY, SyncStats
+from rljax.policy.lending import reprefill_s
 
 LengthSampler = Callable[[np.random.Generator], int]
 
@@ -120,6 +121,10 @@ class FakeSampler:
       replicas: engines the slots are split between (evenly), stepping in lock-step: a step
         costs ``max(step_cost_s(live sequences of one replica))`` over the replicas with any,
         and a sequence enters the replica with the fewest. 1 (the default) is one engine.
+      prefill_s_per_token: what a moved sequence costs to prefill again, per cached token
+        (prompt and response so far): samples adopted from another sampler (a loan's hand-back)
+        or parked off a replica stall the next step by
+        :func:`rljax.policy.lending.reprefill_s` of their tokens. 0 (the default): free.
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class FakeSampler:
         params: Any = None,
         vocab_size: int = 32_000,
         replicas: int = 1,
+        prefill_s_per_token: float = 0.0,
     ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots={slots!r} must be an int >= 1 (concurrent sequences)")
@@ -145,8 +151,12 @@ class FakeSampler:
             )
         if not callable(step_cost_s) or not callable(length_sampler):
             raise TypeError("step_cost_s and length_sampler must be callables (cost models)")
+        if prefill_s_per_token < 0:
+            raise ValueError(f"prefill_s_per_token={prefill_s_per_token} must be >= 0")
         self.slots = slots
         self.step_cost_s = step_cost_s
+        self.prefill_s_per_token = prefill_s_per_token
+        self._reprefill_s = 0.0  # owed by the next step: sequences moved here to prefill again
         self.length_sampler = length_sampler
         self.seed = seed
         self.version = version
@@ -261,6 +271,8 @@ class FakeSampler:
             self._apply_staged()
             self._refill()
             loads = [self._load(r) for r in range(self.replicas)]
+            again, self._reprefill_s = self._reprefill_s, 0.0
+        sleep_cost(again)
         active = sum(loads)
         if self.replicas == 1:
             sleep_cost(self.step_cost_s(active))
@@ -352,6 +364,7 @@ class FakeSampler:
         with self._lock:
             self._queue.extend(samples)
             self._live.update(s.request.request_id for s in samples)
+            self._owe_reprefill(samples)
 
     def park(self, count: int) -> list[int]:
         """Take ``count`` replicas out of decoding (their chips lent); returns their indices.
@@ -382,9 +395,15 @@ class FakeSampler:
                         moved.append(s)
                         self._slots[slot] = None
             self._queue.extendleft(reversed(moved))
+            self._owe_reprefill(moved)
             self._parked.update(chosen)
             self.stats["parked_samples"] += len(moved)
         return chosen
+
+    def _owe_reprefill(self, samples: Sequence[_FakeSample]) -> None:
+        """The next step prefills these moved samples' cached tokens again (under the lock)."""
+        tokens = sum(len(s.request.prompt_tokens) + len(s.versions) for s in samples)
+        self._reprefill_s += reprefill_s(tokens, self.prefill_s_per_token)
 
     def unpark(self, replicas: Sequence[int]) -> None:
         """Return parked replicas to decoding."""
