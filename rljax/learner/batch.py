@@ -10,6 +10,11 @@ The weight encodes the loss aggregation, so micro-batches simply add up:
 - ``token_mean``: every response token of the batch weighs 1 / (response tokens in the batch);
 - ``seq_mean_token_mean``: a sequence's tokens weigh 1 / (sequences * its length);
 - ``constant``: 1 / (sequences * max_new_tokens), Dr. GRPO's length-unbiased sum.
+
+A conversation (multi-turn) is one sequence: its response holds model and env tokens, and its
+``loss_mask`` marks the model's. Env tokens are inputs only: mask 0, weight 0, behaviour
+log-prob 0 (whatever the trajectory says), and every count above ("response tokens", "its
+length") counts model tokens only.
 """
 
 from __future__ import annotations
@@ -44,10 +49,16 @@ class TrainSequence:
     logprobs: Sequence[float] = ()  # behaviour log-prob per response token
     advantage: float = 0.0
     versions: Sequence[int] = ()  # policy version per response token
+    loss_mask: Sequence[int] = ()  # per response token: 1 trained (model), 0 not (env); (): all
 
     @property
     def response_len(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    @property
+    def trained_len(self) -> int:
+        """The response tokens trained on (the model's, not the env's)."""
+        return int(sum(self.loss_mask)) if self.loss_mask else self.response_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,13 +113,18 @@ def pack_batch(
             raise ValueError(
                 f"sequence {i}: {len(s.logprobs)} log-probs for {s.response_len} response tokens"
             )
+        if s.loss_mask and (len(s.loss_mask) != s.response_len or not set(s.loss_mask) <= {0, 1}):
+            raise ValueError(
+                f"sequence {i}: loss_mask must hold one 0 or 1 per response token "
+                f"({s.response_len}), got {len(s.loss_mask)} values"
+            )
     rows = pack_sequences([len(s.tokens) for s in seqs], row_len=row_len)
     n_rows = _round_rows(len(rows), micro_batches * row_multiple)
     rows += [[] for _ in range(n_rows - len(rows))]
     counts = [sum(len(seqs[i].tokens) for i in row) for row in rows]
     order = [r for mb in balance_microbatches(counts, micro_batches) for r in mb]
 
-    n_resp = sum(s.response_len for s in seqs)
+    n_resp = sum(s.trained_len for s in seqs)
     arrays = {
         name: np.zeros((n_rows, row_len), np.float32 if name in _FLOATS else np.int32)
         for name in FIELDS
@@ -138,7 +154,7 @@ def _weight(s: TrainSequence, aggregation: str, n_resp: int, n_seqs: int, max_ne
     if aggregation == "token_mean":
         return 1.0 / max(n_resp, 1)
     if aggregation == "seq_mean_token_mean":
-        return 1.0 / (n_seqs * max(s.response_len, 1))
+        return 1.0 / (n_seqs * max(s.trained_len, 1))
     return 1.0 / (n_seqs * max_new)
 
 
@@ -151,10 +167,12 @@ def _write(arrays, row: int, start: int, seg: int, s: TrainSequence, weight: flo
     # Position t predicts token t+1: the response tokens are predicted from p-1 .. n-2.
     tgt = slice(start + p - 1, start + n - 1)
     arrays["targets"][row, start : start + n - 1] = s.tokens[1:]
-    arrays["mask"][row, tgt] = 1.0
-    arrays["weights"][row, tgt] = weight
+    trained = np.asarray(s.loss_mask, np.float32) if s.loss_mask else 1.0
+    arrays["mask"][row, tgt] = trained
+    arrays["weights"][row, tgt] = weight * trained
     arrays["advantages"][row, tgt] = s.advantage
     if s.logprobs:
-        arrays["old_logprobs"][row, tgt] = s.logprobs
+        # An env token's behaviour log-prob never reaches a loss: no policy sampled it.
+        arrays["old_logprobs"][row, tgt] = np.where(trained, np.asarray(s.logprobs, np.float32), 0)
     if s.versions:
         arrays["versions"][row, tgt] = s.versions

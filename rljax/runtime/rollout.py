@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rljax.engine.sampler import Trajectory
+from rljax.learner.batch import TrainSequence
 
 # Lock-step request ids are (version + 1) * LOCKSTEP_ID_STRIDE + k, for the k-th request
 # admitted at that version: a synchronous run's sampling seeds then depend only on the step,
@@ -56,6 +57,20 @@ def make_group(example: Any, trajectories: Sequence, rewards: Sequence[float]) -
     )
 
 
+def train_sequence(t: Trajectory, advantage: float) -> TrainSequence:
+    """What the learner trains on of a trajectory: prompt + response (a conversation's model
+    and env tokens as the engine held them, never encoded again), its behaviour log-probs and
+    versions, and its loss mask (env tokens untrained)."""
+    return TrainSequence(
+        list(t.prompt_tokens) + list(t.response_tokens),
+        len(t.prompt_tokens),
+        t.logprobs,
+        float(advantage),
+        t.versions,
+        t.loss_mask or (),
+    )
+
+
 def encode_group(g: Group) -> dict[str, Any]:
     """A JSON-safe form of a buffered group, for checkpoints."""
     return {
@@ -68,7 +83,8 @@ def encode_group(g: Group) -> dict[str, Any]:
 
 
 def decode_group(d: dict[str, Any]) -> Group:
-    """The inverse of :func:`encode_group`."""
+    """The inverse of :func:`encode_group`. A checkpoint written before conversations existed
+    (no ``loss_mask``, ``env_reward``, ``env_info``) loads as single-turn trajectories."""
     trajs = [Trajectory(**t) for t in d["trajectories"]]
     return Group(
         d["request_id"], d["example"], trajs, np.asarray(d["rewards"], np.float32), d["min_version"]
