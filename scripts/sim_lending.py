@@ -77,6 +77,8 @@ def compare(c) -> dict:
         )
     best_lend = max(splits, key=lambda n: lend[n].samples_per_s)
     return {
+        "lending_costs": c.lend.lending.to_dict(),
+        "costs_basis": c.lend.get("costs_basis", ""),
         "workload": c.name,
         "steps": c.steps,
         "chips": c.total_chips,
@@ -121,6 +123,7 @@ def perf(c) -> dict:
 def main(argv) -> None:
     del argv
     c = _CONFIG.value
+    print(f"loan costs: {c.lend.lending.to_dict()} ({c.lend.get('costs_basis', '')})", flush=True)
     figures = compare(c)
     if c.lend.perf_steps:
         figures["perf"] = perf(c)

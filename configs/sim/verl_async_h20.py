@@ -106,9 +106,7 @@ NEMO_SYSTEM = dict(
 # The unpublished settings and the band each spans, one at a time from nominal. verl's length
 # knobs refit the two efficiencies (the fitted run is verl's); the others do not.
 KNOBS = {
-    "verl": dict(
-        median=[500.0, 1000.0], sigma=[0.7, 1.1], tail_prob=[0.0005, 0.005], eta=[2, 4]
-    ),
+    "verl": dict(median=[500.0, 1000.0], sigma=[0.7, 1.1], tail_prob=[0.0005, 0.005], eta=[2, 4]),
     "nemo_rl": dict(sigma=[0.5, 1.0], train_flops_per_param=[(10.0, 10.0)]),
 }
 
@@ -161,8 +159,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.seed = 0
     c.lengths = ml_collections.ConfigDict(
         # Unpublished: median, sigma and the share that runs to the limit (tail_prob).
-        dict(median=700.0, sigma=0.9, tail_prob=0.002, max_tokens=28_672, growth=1.0,
-             growth_steps=400)
+        dict(
+            median=700.0,
+            sigma=0.9,
+            tail_prob=0.002,
+            max_tokens=28_672,
+            growth=1.0,
+            growth_steps=400,
+        )
     )
     c.validation = validation(arg, small)
     c.etas, c.sampler_fractions, c.tails = [], [], []

@@ -19,6 +19,7 @@ import ml_collections
 
 from rljax.models.presets import get_preset
 from rljax.policy.lending import LendingConfig
+from rljax.sim import loan_costs
 from rljax.sim.chips import get_chip
 from rljax.sim.config import SimConfig
 from rljax.sim.costs import CostModel, Efficiencies
@@ -29,9 +30,10 @@ GENERIC_EFFICIENCIES = dict(
     decode_hbm=0.6, decode_mfu=0.5, prefill_mfu=0.5, train_mfu=0.4, sync=0.5
 )
 # decode_hbm and train_mfu fitted to verl's 32-GPU colocated per-phase times at the nominal
-# knobs (configs/sim/verl_async_h20.py, docs/simulator.md); the rest generic.
+# knobs (configs/sim/verl_async_h20.py at the freeze commit 01d72b5, docs/simulator.md); the
+# rest generic.
 VERL_H20_EFFICIENCIES = dict(
-    decode_hbm=0.3897, decode_mfu=0.5, prefill_mfu=0.5, train_mfu=0.3628, sync=0.5
+    decode_hbm=0.3792, decode_mfu=0.5, prefill_mfu=0.5, train_mfu=0.3641, sync=0.5
 )
 
 
@@ -125,10 +127,20 @@ def add_lending(
     perf_steps: int = 0,
 ) -> ml_collections.ConfigDict:
     """Adds the section scripts/sim_lending.py reads: ``eta``, the static ``splits`` (sampler
-    chips) compared, ``lending`` overrides of ``LendingConfig`` (none: its documented
-    defaults) and ``perf_steps`` of a timed lending run (0: none)."""
+    chips) compared, ``lending`` overrides of ``LendingConfig`` and ``perf_steps`` of a timed
+    lending run (0: none). A loan's ``prepare_s`` and ``release_s`` default to the published
+    measurements of :func:`rljax.sim.loan_costs.sourced` for the scenario's model, chip and
+    ``tp`` (``lending`` may override them); the other costs keep ``LendingConfig``'s."""
+    weight_bytes = cost_model(c).weight_bytes
+    costs = dict(loan_costs.sourced(weight_bytes, c.tp, c.chip), **(lending or {}))
     c.lend = ml_collections.ConfigDict(
-        dict(eta=eta, splits=list(splits), lending=dict(lending or {}), perf_steps=perf_steps)
+        dict(
+            eta=eta,
+            splits=list(splits),
+            lending=costs,
+            perf_steps=perf_steps,
+            costs_basis=loan_costs.basis(weight_bytes, c.tp, c.chip),
+        )
     )
     return c
 
