@@ -122,7 +122,7 @@ def validation(arg: str, small: bool) -> ml_collections.ConfigDict:
             bisections=12,
             fit=fit,
             systems=[VERL_SYSTEM, NEMO_SYSTEM],
-            knobs={} if small else KNOBS,
+            knobs={} if arg else KNOBS,  # the band runs on the main fit only
         )
     )
 

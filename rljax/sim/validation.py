@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_collections
+
 from rljax.sim import scenario
 from rljax.sim.costs import CostModel
 from rljax.sim.simulator import Simulator
@@ -63,7 +65,7 @@ def signed_error(predicted: float, published: float) -> float:
 # ----- workloads -------------------------------------------------------------------------------
 
 
-def system_scenario(c, system) -> object:
+def system_scenario(c, system) -> ml_collections.ConfigDict:
     """The scenario ``c`` with a system's published workload fields in place of its own."""
     out = c.copy_and_resolve_references()
     with out.unlocked():
@@ -258,7 +260,9 @@ def band(c, fitted: CostModel, nominal: list[Scored]) -> tuple[dict, list[dict]]
     for system, knobs in v.knobs.items():
         for knob, values in knobs.items():
             for value in values:
-                cost, only = fitted, {system}
+                cost = fitted
+                only: set[str] | None = {system}
+                override: dict[str, dict] = {}
                 if knob in LENGTH_KNOBS:
                     override = {system: {"lengths": {knob: value}}}
                     if system == v.fit.system:
@@ -269,7 +273,7 @@ def band(c, fitted: CostModel, nominal: list[Scored]) -> tuple[dict, list[dict]]
                 else:
                     override = {system: {knob: value}}
                 got = predict(c, cost, override, systems=only)
-                row = {"setting": f"{system} {knob}={value}"}
+                row: dict[str, str | float] = {"setting": f"{system} {knob}={value}"}
                 for r in score(c, got):
                     lo_hi = lows[(r.system, r.figure)]
                     lo_hi[0], lo_hi[1] = min(lo_hi[0], r.predicted), max(lo_hi[1], r.predicted)
