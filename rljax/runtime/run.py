@@ -46,7 +46,7 @@ from rljax.runtime import lending, resume, scoring
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
 from rljax.runtime.hosting import Hosting, PromptSource, Resizer, Scorer, hosting_for, not_leader
-from rljax.runtime.rollout import Group, encode_group
+from rljax.runtime.rollout import Group, encode_group, train_sequence
 from rljax.runtime.warm_start import warm_start
 
 RewardFn = Callable[[str, dict], float]
@@ -242,13 +242,7 @@ class Run:
             scale=resolve_scale(self.cfg.learner, self.learner.loss),
         )
         seqs = [
-            TrainSequence(
-                list(t.prompt_tokens) + t.response_tokens,
-                len(t.prompt_tokens),
-                t.logprobs,
-                float(a),
-                t.versions,
-            )
+            train_sequence(t, float(a))
             for g, row in zip(groups, adv, strict=True)
             for t, a in zip(g.trajectories, row, strict=True)
         ]
