@@ -10,7 +10,7 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo")
 SWAP_MODES = ("inflight", "recompute", "drain")
 WEIGHTS_LAYOUTS = ("auto", "stacked", "per_layer")
-TASKS = ("arithmetic", "gsm8k", "math")
+TASKS = ("arithmetic", "arithmetic_lookup", "gsm8k", "math")
 MESH_MODES = ("colocated", "split")
 SLICE_LAYOUTS = ("by_role", "spread")  # multislice: whole slices per role, or both on every one
 # Activation rematerialisation of the training decoder block: 'none' keeps every activation,

@@ -317,7 +317,9 @@ class DataConfig:
     """The prompt source (rljax.data).
 
     Attributes:
-      task: 'arithmetic' (problems generated from the seed), 'gsm8k' or 'math' (from path).
+      task: 'arithmetic' (problems generated from the seed), 'arithmetic_lookup' (the same
+        problems with the second operand hidden behind a tool: ``rljax.data.arithmetic``,
+        for agent runs), 'gsm8k' or 'math' (from path).
       path: the JSONL/parquet file of gsm8k/math.
       num_digits: arithmetic: digits per operand.
       ops: arithmetic: the operators drawn from, a string over '+', '-', '*'.
@@ -340,11 +342,13 @@ class DataConfig:
 
     def __post_init__(self):
         _one_of("data.task", self.task, TASKS)
-        if self.task != "arithmetic" and not self.path:
+        if self.task in ("gsm8k", "math") and not self.path:
             _fail("data.path", self.path, f"a JSONL or parquet file for task {self.task!r}")
         _positive("data.num_digits", self.num_digits)
         if not self.ops or set(self.ops) - set("+-*"):
             _fail("data.ops", self.ops, "a non-empty string over '+', '-', '*'")
+        if self.task == "arithmetic_lookup" and self.ops != "+":
+            _fail("data.ops", self.ops, "'+' for data.task='arithmetic_lookup' (hides an addend)")
         _positive("data.train_size", self.train_size)
         _positive("data.heldout_size", self.heldout_size)
         _one_of("data.prompt_format", self.prompt_format, ("raw", "chat"))

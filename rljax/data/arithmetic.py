@@ -162,3 +162,22 @@ def careless_sum(prompt: str, slip: float, rng) -> str:
             carry = 0
         a, b = a // 10, b // 10
     return "".join(str(d) for d in reversed(digits)).lstrip("0") or "0"
+
+
+HIDDEN = "*"  # stands for the operand an agent must look up (a character the char tokenizer has)
+
+
+def hide_operand(example: dict) -> dict:
+    """The lookup variant of an addition problem: ``"37+45="`` becomes ``"37+*="``.
+
+    The second operand is kept in ``hidden``: only a tool call reveals it
+    (:class:`rljax.envs.lookup.LookupEnv`), so the answer is out of reach without the tool.
+    """
+    question = example["prompt"].rstrip("= ")
+    a, plus, b = question.partition("+")
+    if not plus or not a.isdigit() or not b.isdigit():
+        raise ValueError(
+            f"the lookup task hides the second operand of an addition like '37+45=', got "
+            f"{example['prompt']!r}; use data.ops='+'"
+        )
+    return {**example, "prompt": f"{a}+{HIDDEN}=", "hidden": b}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rljax.config import ConfigError
-from rljax.data.arithmetic import ArithmeticTask, careless_sum
+from rljax.data.arithmetic import ArithmeticTask, careless_sum, hide_operand
 
 # name -> answer(example, slip, rng): the targets a supervised warm start imitates.
 Teacher = Callable[[dict, float, np.random.Generator], str]
@@ -24,7 +24,7 @@ TEACHERS: dict[str, Teacher] = {
 
 def load_task(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
     """(train, held-out) examples for ``data_cfg.task``."""
-    if data_cfg.task == "arithmetic":
+    if data_cfg.task in ("arithmetic", "arithmetic_lookup"):
         task = ArithmeticTask(
             num_digits=data_cfg.num_digits,
             ops=data_cfg.ops,
@@ -32,7 +32,10 @@ def load_task(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
             heldout_size=data_cfg.heldout_size,
             seed=seed,
         )
-        return task.train(), task.heldout()
+        train, heldout = task.splits()
+        if data_cfg.task == "arithmetic_lookup":
+            train, heldout = [hide_operand(e) for e in train], [hide_operand(e) for e in heldout]
+        return train, heldout
     from rljax import io
     from rljax.data import math_tasks
 
