@@ -45,7 +45,8 @@ def get_config(arg: str = ""):
     eta = int(arg[3:]) if arg.startswith("eta") else 0
     splits = [4, 6, 8] if small else [2, 4, 6, 8, 10, 12]
     # prepare_s / release_s from published measurements (rljax.sim.loan_costs); the
-    # Trainer-on-RollPool costs, unpublished, at LendingConfig's documented defaults. All listed
-    # so a band can override them, e.g. --config.lend.lending.prepare_s=9.1 (verl-omni's).
+    # Trainer-on-RollPool costs, unpublished, at LendingConfig's documented defaults. Any can
+    # be moved for a band, e.g. verl-omni's prepare:
+    # configs/sim/lend_bidirl16.py --config.lend.lending.prepare_s=9.1
     costs = dict(train_prepare_s=1.0, grad_transfer_s_per_gb=0.1)
     return scenario.add_lending(c, eta=eta, splits=splits, lending=costs)
