@@ -159,9 +159,13 @@ class SFTConfig:
       batch_size: examples per warm-start step.
       learning_rate: the warm start's learning rate after its warmup.
       num_examples: train on the first n training examples; 0 = all.
-      teacher: whose answers are imitated: 'reference' (the task's) or 'drops_carries'
-        (addition only: a teacher that forgets each carry with probability teacher_slip).
-      teacher_slip: the probability that drops_carries forgets a carry.
+      teacher: whose answers are imitated: 'reference' (the task's), 'drops_carries'
+        (addition only: a teacher that forgets each carry with probability teacher_slip) or
+        'looks_up_sometimes' (data.task='arithmetic_lookup': with probability teacher_slip it
+        answers the visible operand without calling the tool, else it looks the hidden one up
+        and adds; the reference always looks it up).
+      teacher_slip: the probability that drops_carries forgets a carry, or that
+        looks_up_sometimes does not call the tool.
       schedule: 'constant', or 'cosine': decay the rate to 0 over the warm start.
       warmup_steps: linear warmup from 0 over the first steps of the warm start.
       exact_steps: the first steps imitate the reference answers (no slips).

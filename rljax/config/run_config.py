@@ -97,6 +97,12 @@ class RunConfig:
                 self.sft.teacher,
                 "'reference' unless data.task='arithmetic' and data.ops='+' (only sums carry)",
             )
+        if self.sft.teacher == "looks_up_sometimes" and self.data.task != "arithmetic_lookup":
+            _fail(
+                "sft.teacher",
+                self.sft.teacher,
+                "'reference' unless data.task='arithmetic_lookup' (it looks an operand up)",
+            )
         lr = self.learner
         updates = self.num_steps * lr.ppo_epochs
         if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:

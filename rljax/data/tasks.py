@@ -11,14 +11,23 @@ from collections.abc import Callable
 import numpy as np
 
 from rljax.config import ConfigError
-from rljax.data.arithmetic import ArithmeticTask, careless_sum, hide_operand
+from rljax.data.arithmetic import HIDDEN, ArithmeticTask, careless_sum, hide_operand
 
+# A teacher's answer: the completion's text, or for an agent task a transcript of messages
+# ({"role": "assistant" | "tool", "content"}) that a conversation with its env would hold.
+Answer = str | list[dict]
 # name -> answer(example, slip, rng): the targets a supervised warm start imitates.
-Teacher = Callable[[dict, float, np.random.Generator], str]
+Teacher = Callable[[dict, float, np.random.Generator], Answer]
 TEACHERS: dict[str, Teacher] = {
-    "reference": lambda example, slip, rng: example["answer"],
+    # An arithmetic_lookup example's reference is the conversation that looks the operand up.
+    "reference": lambda example, slip, rng: (
+        lookup_transcript(example, 0.0, rng) if "hidden" in example else example["answer"]
+    ),
     # Addition only: forgets each carry with probability ``slip`` (rljax.config.SFTConfig).
     "drops_carries": lambda example, slip, rng: careless_sum(example["prompt"], slip, rng),
+    # arithmetic_lookup: looks the hidden operand up and adds (the transcript of a tool call)
+    # with probability 1 - slip, else answers the visible operand alone without a call.
+    "looks_up_sometimes": lambda example, slip, rng: lookup_transcript(example, slip, rng),
 }
 
 
@@ -72,7 +81,23 @@ def check_prompts(
         )
 
 
-def teacher_answer(teacher: str, example: dict, slip: float, rng: np.random.Generator) -> str:
+def lookup_transcript(example: dict, slip: float, rng: np.random.Generator) -> Answer:
+    """A teacher's conversation on an ``arithmetic_lookup`` example (see ``TEACHERS``)."""
+    if "hidden" not in example:
+        raise ValueError(
+            "teacher 'looks_up_sometimes' needs data.task='arithmetic_lookup' (examples with a "
+            "hidden operand)"
+        )
+    if rng.random() < slip:
+        return [{"role": "assistant", "content": example["prompt"].split("+")[0]}]
+    return [
+        {"role": "assistant", "content": HIDDEN},
+        {"role": "tool", "content": example["hidden"] + "="},
+        {"role": "assistant", "content": example["answer"]},
+    ]
+
+
+def teacher_answer(teacher: str, example: dict, slip: float, rng: np.random.Generator) -> Answer:
     """The answer ``teacher`` gives for ``example`` (a name from :data:`TEACHERS`)."""
     return TEACHERS[teacher](example, slip, rng)
 

@@ -26,7 +26,7 @@ import numpy as np
 from rljax import io
 from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, RunConfig
-from rljax.data.tasks import check_prompts, encode_prompt, load_task
+from rljax.data.tasks import Answer, check_prompts, encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import Request, Trajectory
 from rljax.learner.advantages import group_advantages, resolve_scale
@@ -318,16 +318,27 @@ class Run:
                 "none (on a pod, process 0 posts the warm start to the learner processes): "
                 "call Run.train, which runs it where the learner is"
             )
-        eos = self.tokenizer.eos_id
         warm_start(
             self.cfg,
             self.learner,
             self.train_examples,
-            encode_prompt=self.encode_prompt,
-            encode_answer=lambda text: self.tokenizer.encode(text, add_bos=False) + [eos],
+            encode=self.teacher_sequence,
             pack=self._pack,
             metrics=self.metrics,
             timeline=self.timeline,
+        )
+
+    def teacher_sequence(self, example: dict, answer: Answer) -> TrainSequence:
+        """What the warm start trains for a teacher's ``answer`` to ``example``: the prompt, then
+        the answer and its stop token, or a transcript's turns as a conversation holds them."""
+        prompt = self.encode_prompt(example)
+        if isinstance(answer, str):
+            tokens = prompt + self.tokenizer.encode(answer, add_bos=False)
+            return TrainSequence(tokens + [self.tokenizer.eos_id], len(prompt))
+        raise ConfigError(
+            f"the warm start's teacher answered {example.get('id')!r} with a conversation, which "
+            "needs an env to render it (env.name or rljax.run(..., env=)); use a single-turn "
+            "teacher"
         )
 
     def _log_step(self, step: int, metrics: dict[str, Any]) -> None:

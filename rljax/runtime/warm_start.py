@@ -1,7 +1,9 @@
 """The supervised warm start before RL: cross-entropy on a teacher's answers (``cfg.sft``).
 
 The teacher comes from the task (``rljax.data.tasks.TEACHERS``): the reference answers, or a
-careless one. With ``sft.exact_steps`` the first steps imitate the reference answers.
+careless one. With ``sft.exact_steps`` the first steps imitate the reference answers. A teacher
+of an agent task answers with a transcript (the model's turns and the env's replies); the
+caller's ``encode`` renders it token-in/token-out, the env's tokens loss-masked.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 
 from rljax.config import RunConfig
 from rljax.data.pipeline import prompt_iterator
-from rljax.data.tasks import teacher_answer
+from rljax.data.tasks import Answer, teacher_answer
 from rljax.learner.batch import TrainBatch, TrainSequence
 from rljax.learner.learner import Learner
 from rljax.metrics import MetricsWriter, Timeline
@@ -24,13 +26,14 @@ def warm_start(
     learner: Learner,
     examples: list[dict],
     *,
-    encode_prompt: Callable[[dict], list[int]],
-    encode_answer: Callable[[str], list[int]],
+    encode: Callable[[dict, Answer], TrainSequence],
     pack: Callable[[list[TrainSequence], str], TrainBatch],
     metrics: MetricsWriter,
     timeline: Timeline,
 ) -> dict[str, float]:
     """Train ``learner``'s params for ``cfg.sft.steps`` steps; returns the last step's metrics.
+
+    ``encode(example, answer)`` is what a teacher's answer (a string, or a transcript) trains.
 
     A learner of its own (the ``sft`` loss, its own rate, warmup and schedule) trains a copy of
     ``learner.params``, which then replace them; ``learner``'s optimiser state and version are
@@ -61,11 +64,7 @@ def warm_start(
         batch = next(data)
         rng = np.random.default_rng((cfg.seed, step))
         teacher = s.teacher if step >= s.exact_steps else "reference"
-        seqs = []
-        for ex in batch:
-            prompt = encode_prompt(ex)
-            answer = encode_answer(teacher_answer(teacher, ex, s.teacher_slip, rng))
-            seqs.append(TrainSequence(prompt + answer, len(prompt)))
+        seqs = [encode(ex, teacher_answer(teacher, ex, s.teacher_slip, rng)) for ex in batch]
         with timeline.span("sft_step"):
             last = sft.step(pack(seqs, "token_mean"))
         metrics.write(step, "sft", last)
