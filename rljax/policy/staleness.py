@@ -171,12 +171,12 @@ class StalenessBuffer:
         # A stable sort by sampler_version is one by deadline, ties in reservation order.
         for rid, sampler_version in sorted(reserved.items(), key=lambda item: item[1]):
             last = min(sampler_version + eta, first + eta)
-            s = next((s for s in range(first, last + 1) if free[s] > 0), None)
-            if s is None:
+            seat = next((v for v in range(first, last + 1) if free[v] > 0), None)
+            if seat is None:
                 unseated.append(rid)
             else:
-                free[s] -= 1
-                seats[rid] = s
+                free[seat] -= 1
+                seats[rid] = seat
         return seats, unseated
 
     def reserve(self, request_id: RequestId, sampler_version: int) -> int | None:
