@@ -132,3 +132,19 @@ def test_the_band_runs_each_unpublished_setting(published):
     for r in rows:
         lo, hi = lows[(r.system, r.figure)]
         assert lo <= r.predicted <= hi
+
+
+def test_the_steady_step_leaves_the_pipeline_fill_out():
+    from rljax.sim.results import SimResult
+    from rljax.sim.simulator import Simulator
+    from tests.sim.test_simulator import COST, LENGTHS, small
+
+    res = Simulator(small("async", steps=8), COST, LENGTHS).run()
+    assert len(res.step_ends) == res.steps == 8
+    assert list(res.step_ends) == sorted(res.step_ends) and res.step_ends[-1] == res.wall_s
+    ends = res.step_ends
+    assert res.steady_step_s(2) == pytest.approx((ends[-1] - ends[2]) / 5)
+    fill = SimResult(**{**res.__dict__, "step_ends": (100.0, 101.0, 102.0)})
+    assert fill.steady_step_s(0) == pytest.approx(1.0)  # the 100 s fill is not a step
+    with pytest.raises(ValueError, match="skip fewer"):
+        res.steady_step_s(7)
