@@ -11,7 +11,7 @@ from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, 
 from rljax.sim.measured import MeasuredCosts
 from rljax.sim.simulator import Simulator
 from rljax.sim.workload import LengthModel
-from rljax.testing import fakes
+from rljax.testing import fake_sampler
 from rljax.testing.fakes import FakeSampler
 from tests.sim.test_simulator import COST, small
 
@@ -79,7 +79,7 @@ def _sampler(per_token: float) -> FakeSampler:
 def slept(monkeypatch):
     """The seconds the fakes sleep, recorded instead of slept."""
     calls: list[float] = []
-    monkeypatch.setattr(fakes, "sleep_cost", calls.append)
+    monkeypatch.setattr(fake_sampler, "sleep_cost", calls.append)
     return calls
 
 
