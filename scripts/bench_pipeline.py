@@ -30,6 +30,10 @@ Response lengths are lognormal with a long tail. Figures, each a ratio taken in 
       (Trainer-on-RollPool can pay) and BALANCED (the policy should decline). Each ratio is
       lending-on samples/s over lending-off, median over --seeds, printed beside the
       simulator's prediction for the same workload and costs.
+  (e) conversations that wait for tools (rljax.testing.fake_sampler's multi-turn samples: a
+      waiting conversation holds its slot, its env answers after a lognormal tool latency
+      about as long as a turn's decode): conversations/s, async at eta 2 over sync, median
+      and range over --seeds (--only-agents runs it alone).
 Rates are steady-state: taken between the learner steps after a warm-up (the pipeline fill is
 excluded), the same way for every run. The last line printed is one JSON object holding every
 figure.
@@ -89,6 +93,19 @@ WORKLOADS = [
     dataclasses.replace(FULL, name="lognormal_s1.5", sigma=1.5),
     dataclasses.replace(FULL, name="learner_bound", learn_per_token_s=6e-5),
 ]
+# (e) conversations: up to 4 turns of lognormal length (median 32), each but the last followed by
+# a tool call whose latency (lognormal, median 85 ms) equals a median turn's decode at full
+# occupancy (32 x 2.64 ms); the tool's reply is 16 tokens.
+AGENTS = dataclasses.replace(
+    FULL,
+    name="agents",
+    median_len=32,
+    max_turns=4,
+    tool_median_s=0.0845,
+    obs_tokens=16,
+    steps=12,
+    warmup=2,
+)
 QUICK = dataclasses.replace(
     FULL, slots=8, group_size=4, batch_groups=2, median_len=8, max_len=64, steps=6, warmup=2
 )
@@ -167,13 +184,7 @@ def run_async(
     free_sampler |= zero_cost
     free_learner |= zero_cost
     learner = FakeLearner(w.learner_cost(free_learner))
-    sampler = FakeSampler(
-        slots=w.slots,
-        step_cost_s=w.sampler_cost(free_sampler),
-        length_sampler=lognormal_lengths(w.median_len, w.sigma, w.max_len),
-        seed=seed,
-        params=learner.params,
-    )
+    sampler = w.sampler(seed=seed, params=learner.params, free=free_sampler)
     times: list[float] = []
     staleness: collections.Counter = collections.Counter()
     spans = [0, 0]  # trajectories consumed after the warm-up: spanning several versions, all
@@ -262,6 +273,9 @@ BALANCED = dataclasses.replace(
     eta=1,
 )
 LENDING = [IDLE_LEARNER, HELD_SAMPLER, BALANCED]
+QUICK_AGENTS = dataclasses.replace(
+    QUICK, name="agents", max_turns=3, tool_median_s=0.01, obs_tokens=4
+)
 LEND_QUICK = [
     dataclasses.replace(w, batch_groups=4, median_len=8, max_len=64, steps=8, warmup=3)
     for w in LENDING
@@ -407,6 +421,20 @@ def bench_workload(w: Workload, seeds: list[int], etas: tuple[int, ...], sync: b
     return out
 
 
+def bench_agents(w: Workload, seeds: list[int]) -> dict:
+    """(e): conversations per second, async (eta = 2) over sync, per seed on workload ``w``."""
+    runs = {
+        mode: [run_async(w, eta, seed=seed, lockstep=eta == 0) for seed in seeds]
+        for mode, eta in (("sync", 0), ("async_eta2", 2))
+    }
+    per_step = w.batch_groups * w.group_size
+    rates = {m: [r["steps_per_s"] * per_step for r in rs] for m, rs in runs.items()}
+    ratios = [a / s for a, s in zip(rates["async_eta2"], rates["sync"])]
+    out = {m: _spread(r) for m, r in rates.items()} | {"async_vs_sync": _spread(ratios)}
+    print(f"[{w.name}] conversations/s: {out}", flush=True)
+    return out
+
+
 def bench_pipeline(workloads: list[Workload], seeds: list[int], quick: bool) -> dict:
     """(a), (b) and (c) (module docstring); returns their figures."""
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
@@ -439,7 +467,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=None, help="learner steps per run of (a)-(c)")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds of every run")
     p.add_argument("--only-lending", action="store_true", help="run (d) alone")
-    p.add_argument("--no-lending", action="store_true", help="run (a)-(c) alone")
+    p.add_argument("--no-lending", action="store_true", help="leave (d) out")
+    p.add_argument("--only-agents", action="store_true", help="run (e) alone")
     args = p.parse_args(argv)
     workloads = [QUICK] if args.quick else WORKLOADS
     if args.steps is not None:
@@ -447,7 +476,14 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"--steps={args.steps} must exceed warmup + 1 = {workloads[0].warmup + 1}")
         workloads = [dataclasses.replace(w, steps=args.steps) for w in workloads]
     seeds = [int(x) for x in args.seeds.split(",")]
+    if args.only_agents:
+        agents = QUICK_AGENTS if args.quick else AGENTS
+        figures = {"agents": bench_agents(agents, seeds)}
+        print(json.dumps(figures))
+        return figures
     figures = {} if args.only_lending else bench_pipeline(workloads, seeds, args.quick)
+    if not args.only_lending:
+        figures["agents"] = bench_agents(QUICK_AGENTS if args.quick else AGENTS, seeds)
     if not args.no_lending:
         figures["lending"] = bench_lending(LEND_QUICK if args.quick else LENDING, seeds)
     print(json.dumps(figures))

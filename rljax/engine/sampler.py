@@ -77,7 +77,7 @@ class Sampler(Conversations):
         if stop_strings and detokenize is None:
             raise ValueError("stop_strings need a detokenize function to read the text")
         self.engine = engine
-        self.params = engine.serving_params(params)
+        self.params: Any = engine.serving_params(params)
         self.version = version
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.stop_strings = tuple(stop_strings)

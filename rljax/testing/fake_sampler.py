@@ -24,6 +24,8 @@ from rljax.engine.sampler import FINISH_LENGTH, FINISH_STOP, Request, Trajectory
 from rljax.policy.lending import reprefill_s
 
 LengthSampler = Callable[[np.random.Generator], int]
+# A conversation's turns: [(model tokens of the turn, seconds its env step takes after it)].
+TurnSampler = Callable[[np.random.Generator], list[tuple[int, float]]]
 
 
 def lognormal_lengths(median: float, sigma: float, max_len: int) -> LengthSampler:
@@ -71,22 +73,39 @@ class _FakeSample:
     logprobs: np.ndarray
     reason: str
     versions: list[int] = dataclasses.field(default_factory=list)
+    # A conversation: after the model token at response position p (a key of ``waits``) the
+    # env answers ``waits[p]`` seconds later with ``obs_tokens`` tokens (mask 0, version -1);
+    # meanwhile the sample keeps its slot, paused, as the engine keeps a waiting conversation's.
+    waits: dict[int, float] = dataclasses.field(default_factory=dict)
+    obs_tokens: int = 0
+    wait_until: float = 0.0
 
     @property
     def done(self) -> bool:
         return len(self.versions) == len(self.tokens)
 
+    def advance(self, version: int, now: float) -> None:
+        """Reveal the next model token; a turn's last one brings the env's tokens and a wait."""
+        position = len(self.versions)
+        self.versions.append(version)
+        if position in self.waits:
+            self.versions.extend([-1] * self.obs_tokens)
+            self.wait_until = now + self.waits[position]
+
     def to_trajectory(self) -> Trajectory:
         r = self.request
+        mask = [int(v >= 0) for v in self.versions] if self.waits else None
+        logprobs = self.logprobs if mask is None else np.where(mask, self.logprobs, 0.0)
         return Trajectory(
             list(r.prompt_tokens),
             self.tokens.tolist(),
-            self.logprobs.tolist(),
+            logprobs.tolist(),
             self.versions,
             self.reason,
             r.request_id,
             self.index,
             r.payload,
+            loss_mask=mask,
         )
 
 
@@ -131,6 +150,8 @@ class FakeSampler:
         vocab_size: int = 32_000,
         replicas: int = 1,
         prefill_s_per_token: float = 0.0,
+        turns: TurnSampler | None = None,
+        obs_tokens: int = 0,
     ):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots={slots!r} must be an int >= 1 (concurrent sequences)")
@@ -150,6 +171,8 @@ class FakeSampler:
         self.prefill_s_per_token = prefill_s_per_token
         self._reprefill_s = 0.0  # owed by the next step: sequences moved here to prefill again
         self.length_sampler = length_sampler
+        self.turns = turns  # multi-turn conversations (the env's waits) instead of lengths
+        self.obs_tokens = obs_tokens
         self.seed = seed
         self.version = version
         self.params = params
@@ -192,6 +215,8 @@ class FakeSampler:
 
     def _draw(self, request: Request, index: int) -> _FakeSample:
         rng = np.random.default_rng([self.seed, request.request_id, index])
+        if self.turns is not None:
+            return self._draw_conversation(request, index, rng)
         length = int(self.length_sampler(rng))
         if length < 1:
             raise ValueError(f"length_sampler returned {length}; lengths must be >= 1 token")
@@ -201,6 +226,28 @@ class FakeSampler:
         tokens = rng.integers(0, self.vocab_size, length)
         logprobs = -rng.exponential(1.0, length)
         return _FakeSample(request, index, tokens, logprobs, reason)
+
+    def _draw_conversation(self, request: Request, index: int, rng) -> _FakeSample:
+        """A conversation's tokens (model turns with the env's tokens between) and waits."""
+        budget = request.max_new_tokens or np.iinfo(np.int64).max
+        waits: dict[int, float] = {}
+        length, reason = 0, FINISH_STOP
+        turns = self.turns(rng)  # type: ignore[misc]
+        for i, (tokens, tool_s) in enumerate(turns):
+            if tokens < 1 or tool_s < 0:
+                raise ValueError(f"a turn of {tokens} tokens and {tool_s} s; need >= 1 and >= 0")
+            if length + tokens >= budget:
+                length, reason = budget, FINISH_LENGTH
+                break
+            length += tokens
+            if i + 1 < len(turns):
+                waits[length - 1] = float(tool_s)
+                length += self.obs_tokens
+        tokens_ = rng.integers(0, self.vocab_size, length)
+        logprobs = -rng.exponential(1.0, length)
+        return _FakeSample(
+            request, index, tokens_, logprobs, reason, waits=waits, obs_tokens=self.obs_tokens
+        )
 
     @property
     def busy_slots(self) -> int:
@@ -258,15 +305,24 @@ class FakeSampler:
     # -- the loop ---------------------------------------------------------------------------
 
     def step(self) -> list[Trajectory]:
-        """One decode step: refill free slots, sleep the step cost, advance every active one."""
+        """One decode step: refill free slots, sleep the step cost, advance every active one.
+
+        A conversation waiting for its env holds its slot without decoding; when every
+        occupied slot waits, the step sleeps until the first env step returns.
+        """
         with self._lock:
             self._apply_staged()
             self._refill()
-            loads = [self._load(r) for r in range(self.replicas)]
+            now = time.perf_counter()
+            loads = [self._load(r, now) for r in range(self.replicas)]
             again, self._reprefill_s = self._reprefill_s, 0.0
+            waiting = [s.wait_until for s in self._slots if s is not None and s.wait_until > now]
         sleep_cost(again)
         active = sum(loads)
-        if self.replicas == 1:
+        if not active and waiting:
+            sleep_cost(min(waiting) - now)
+            self.stats["env_wait_steps"] += 1
+        elif self.replicas == 1:
             sleep_cost(self.step_cost_s(active))
         else:
             sleep_cost(max((self.step_cost_s(n) for n in loads if n), default=0.0))
@@ -275,10 +331,10 @@ class FakeSampler:
             version = self.version
             advanced = 0  # fewer than ``active`` when a replica was parked during the sleep
             for slot, s in enumerate(self._slots):
-                if s is None:
+                if s is None or s.wait_until > now:
                     continue
                 advanced += 1
-                s.versions.append(version)
+                s.advance(version, time.perf_counter())
                 if s.done:
                     self._slots[slot] = None
                     finished.append(s.to_trajectory())
@@ -291,10 +347,13 @@ class FakeSampler:
         self.stats["finished"] += len(finished)
         return finished
 
-    def _load(self, replica: int) -> int:
-        """Live sequences on one replica."""
+    def _load(self, replica: int, now: float | None = None) -> int:
+        """Live sequences on one replica (with ``now``: those decoding, not waiting for env)."""
         per = self._per_replica
-        return sum(s is not None for s in self._slots[replica * per : (replica + 1) * per])
+        return sum(
+            s is not None and (now is None or s.wait_until <= now)
+            for s in self._slots[replica * per : (replica + 1) * per]
+        )
 
     def _refill(self) -> None:
         """Fill free slots from the queue, each into the unparked replica with the fewest."""
@@ -320,8 +379,7 @@ class FakeSampler:
         """Remove a request's running and queued samples; returns them (call under the lock)."""
         out = [s for s in self._slots if s is not None and s.request.request_id == request_id]
         self._slots = [
-            None if s is not None and s.request.request_id == request_id else s
-            for s in self._slots
+            None if s is not None and s.request.request_id == request_id else s for s in self._slots
         ]
         out += [s for s in self._queue if s.request.request_id == request_id]
         self._queue = collections.deque(
@@ -409,5 +467,3 @@ class FakeSampler:
         while self.has_work():
             out.extend(self.step())
         return out
-
-

@@ -12,10 +12,12 @@ compares its rate with limits computed here from the cost model alone, never fro
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import numpy as np
 
-from rljax.testing.fakes import lognormal_lengths
+from rljax.testing.fake_sampler import FakeSampler, lognormal_lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,35 @@ class Workload:
     steps: int  # learner steps per run
     warmup: int  # steps left out of the steady-state rate
     name: str = "lognormal_s1.0"
+    # Multi-turn conversations (0: single-turn): 1 to max_turns turns, each of lognormal
+    # length (median_len, sigma, the conversation capped at max_len), each but the last
+    # followed by an env step of lognormal seconds (tool_median_s, tool_sigma) that answers
+    # with obs_tokens tokens.
+    max_turns: int = 0
+    tool_median_s: float = 0.0
+    tool_sigma: float = 1.0
+    obs_tokens: int = 0
+
+    def sampler(self, *, seed: int, params: Any, free: bool = False) -> FakeSampler:
+        """The fake sampler of this workload (``free``: its decode steps cost nothing)."""
+        lengths = lognormal_lengths(self.median_len, self.sigma, self.max_len)
+        turns = None
+        if self.max_turns:
+            tool_mu, max_turns = math.log(self.tool_median_s), self.max_turns
+
+            def turns(rng: np.random.Generator) -> list[tuple[int, float]]:
+                n = int(rng.integers(1, max_turns + 1))
+                return [(lengths(rng), rng.lognormal(tool_mu, self.tool_sigma)) for _ in range(n)]
+
+        return FakeSampler(
+            slots=self.slots,
+            step_cost_s=self.sampler_cost(free),
+            length_sampler=lengths,
+            seed=seed,
+            params=params,
+            turns=turns,
+            obs_tokens=self.obs_tokens,
+        )
 
     def sampler_cost(self, free: bool):
         if free:
@@ -92,5 +123,3 @@ class Workload:
         if free:
             return lambda batch: 0.0
         return lambda batch: self.learn_fixed_s + self.learn_per_token_s * batch.num_tokens
-
-

@@ -6,8 +6,8 @@ preemption continue a conversation as if nothing happened."""
 import numpy as np
 import pytest
 
-from rljax.engine.samples import ENV_VERSION
 from rljax.engine.sampler import Request, Sampler
+from rljax.engine.samples import ENV_VERSION
 from rljax.testing.engines import tiny_engine
 from rljax.testing.turns import scripted
 
@@ -97,7 +97,7 @@ def test_env_tokens_are_the_env_s_ids_and_model_tokens_the_engine_s(greedy):
         assert [e for _, e in turns if e] == SCRIPT[: len([e for _, e in turns if e])]
         for m, _ in turns[: len(seen)]:
             assert m[-1] in stop
-        for tok, lp, v, mask in zip(t.response_tokens, t.logprobs, t.versions, t.loss_mask):
+        for lp, v, mask in zip(t.logprobs, t.versions, t.loss_mask, strict=True):
             if not mask:
                 assert (lp, v) == (0.0, ENV_VERSION)
         assert t.min_version == 0
@@ -202,9 +202,9 @@ def test_interrupt_and_resume_of_a_conversation_draw_what_uninterrupted_draws(se
 
 
 def test_pool_exhaustion_preempts_waiting_conversations_first(greedy):
-    """A pool too small for every conversation's pages while sample k's env takes k + 1 steps
-    to answer (so some wait while others decode): waiting ones give theirs back first and are prefilled again from their whole
-    prefix; the tokens are unchanged."""
+    """A pool too small for every conversation's pages while sample k's env takes k + 1
+    steps to answer (so some wait while others decode): waiting ones give theirs back first
+    and are prefilled again from their whole prefix; the tokens are unchanged."""
     stop = STOP
     (reference, *_), _, _ = _run(greedy, stop, samples=1)
     small = tiny_engine(temperature=0.0, num_pages=16, **SAMPLING)

@@ -66,6 +66,14 @@ def test_figures_are_consistent(quick_run, bench):
     assert (
         set(f["lending"]) == {w.name for w in bench.LEND_QUICK} == {w.name for w in bench.LENDING}
     )
+    agents = f["agents"]  # (e): conversations waiting for tools, async eta 2 vs sync
+    assert set(agents) == {"sync", "async_eta2", "async_vs_sync"}
+    for row in agents.values():
+        assert row["range"][0] <= row["median"] <= row["range"][1]
+    assert math.isclose(  # one seed: the median ratio is the ratio of the medians
+        agents["async_vs_sync"]["median"],
+        agents["async_eta2"]["median"] / agents["sync"]["median"],
+    )
     for row in f["lending"].values():
         assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
         assert row["simulator_range"][0] <= row["simulator_ratio"] <= row["simulator_range"][1]
