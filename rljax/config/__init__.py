@@ -35,6 +35,7 @@ from rljax.config.run_config import RunConfig
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
+    EnvConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,
@@ -56,6 +57,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "DataConfig",
+    "EnvConfig",
     "LearnerConfig",
     "MeshConfig",
     "MetricsConfig",

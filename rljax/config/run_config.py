@@ -9,6 +9,7 @@ from rljax.config.checks import RUN_MODES, ConfigError, _fail, _one_of, _positiv
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
+    EnvConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,
@@ -43,6 +44,7 @@ class RunConfig:
         SimConfig.lending. Off by default.
       data: the prompt source (DataConfig).
       reward: the verifier (RewardConfig).
+      env: multi-turn conversations with an environment (EnvConfig).
       checkpoint: checkpointing (CheckpointConfig).
       metrics: where metrics go (MetricsConfig).
       mode: 'sync' (one lock-step schedule, on-policy) or 'async' (sampler and learner
@@ -67,6 +69,7 @@ class RunConfig:
     lending: LendingConfig = LendingConfig()
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
+    env: EnvConfig = EnvConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     mode: str = "sync"
@@ -128,6 +131,13 @@ class RunConfig:
             raise ConfigError(
                 "config key 'mesh.reallocate' = True needs mode='async' (it measures how long "
                 "each role idles while the other works); set mode='async' or turn it off"
+            )
+        if self.env.max_tokens > self.sampling.max_new_tokens:
+            _fail(
+                "env.max_tokens",
+                self.env.max_tokens,
+                f"at most sampling.max_new_tokens={self.sampling.max_new_tokens} (the engine's "
+                "budget per sample; raise it too)",
             )
         if self.tokenizer == "init" and self.init == "random":
             raise ConfigError(

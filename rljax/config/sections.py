@@ -398,6 +398,43 @@ class RewardConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn conversations with an environment (rljax.envs; docs/agents.md).
+
+    Attributes:
+      name: '' (single-turn: the reward scores the completion), or a registered env
+        (rljax.envs.ENVS: 'lookup', 'lookup_blind', 'tools'); ``rljax.run(..., env=factory)``
+        overrides it. The trajectory's reward is the sum of its steps' rewards.
+      max_turns: model turns per conversation; the last one's step still scores it.
+      max_tokens: response tokens per conversation, model and env tokens together (0: the
+        engine's sampling.max_new_tokens).
+      step_timeout_s: seconds one Env.step may run before its conversation fails ('timeout').
+      num_workers: env steps that run at once (threads, off the sampler's).
+      on_failure: a conversation whose env raised, hung or answered badly ends with what it
+        has ('end', its reward the steps' so far) or its group is dropped ('drop').
+      tool_format: the tool-call syntax the 'tools' env parses: 'hermes' (Qwen) or 'smollm2'.
+    """
+
+    name: str = ""
+    max_turns: int = 4
+    max_tokens: int = 0
+    step_timeout_s: float = 10.0
+    num_workers: int = 4
+    on_failure: str = "end"
+    tool_format: str = "hermes"
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            _fail("env.name", self.name, "'' or the name of a registered env")
+        _positive("env.max_turns", self.max_turns)
+        _positive("env.max_tokens", self.max_tokens, allow_zero=True)
+        _positive_float("env.step_timeout_s", self.step_timeout_s)
+        _positive("env.num_workers", self.num_workers)
+        _one_of("env.on_failure", self.on_failure, ("end", "drop"))
+        _one_of("env.tool_format", self.tool_format, ("hermes", "smollm2"))
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
     """Orbax checkpointing of the full training state (rljax.checkpoint).
 

@@ -34,8 +34,10 @@ CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 GENERATION_CONFIG_FILE = "generation_config.json"
 # The char-level "chat" format is the users' text concatenated: synthetic tasks have no turns.
+# Every message's content, back to back (no role markers: the char-level tasks' prompts are
+# their user message; a conversation's turns follow it as the model and the env wrote them).
 CHAR_LEVEL_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{% for message in messages %}{% if message['role'] != 'system' %}"
     "{{ message['content'] }}{% endif %}{% endfor %}"
 )
 

@@ -29,6 +29,8 @@ from rljax.config import ConfigError, RunConfig
 from rljax.data.tasks import Answer, check_prompts, encode_prompt, load_task
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import Request, Trajectory
+from rljax.envs.base import Env
+from rljax.envs.conversation import Conversations
 from rljax.learner.advantages import group_advantages, resolve_scale
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner, check_divisible
@@ -42,7 +44,7 @@ from rljax.policy import admission
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool, failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import lending, resume, scoring
+from rljax.runtime import agents, lending, resume, scoring
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
 from rljax.runtime.hosting import Hosting, PromptSource, Resizer, Scorer, hosting_for, not_leader
@@ -84,17 +86,19 @@ class Run:
         loss: str | Loss | None = None,
         devices: Sequence[jax.Device] | None = None,
         hosting: Hosting | None = None,
+        env: Callable[[], Env] | None = None,
     ):
         self.ckpt = self.rewards = None
+        self.conversations: Conversations | None = None
         self.hosting: Hosting = hosting_for(cfg) if hosting is None else hosting
         try:
-            self._build(cfg, workdir, reward_fn, loss, devices)
+            self._build(cfg, workdir, reward_fn, loss, devices, env)
         except BaseException as e:
             self.hosting.fail(e)  # a pod's other processes stop waiting for this one at once
             self.close()  # a refused start leaves no checkpoint manager or worker running
             raise
 
-    def _build(self, cfg, workdir, reward_fn, loss, devices) -> None:
+    def _build(self, cfg, workdir, reward_fn, loss, devices, env) -> None:
         self.hosting.check(cfg)
         self.cfg = cfg
         self.workdir = str(io.ensure_writable_dir(workdir))
@@ -108,6 +112,9 @@ class Run:
         self.reward = (
             get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
         )
+        # Conversations (env.name or env=): the env's steps give the reward (docs/agents.md).
+        self.conversations = agents.build(cfg, self.tokenizer, self.reward, env)
+        self.env_metrics = agents.EnvMetrics()
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology: Topology = build_topology(cfg.mesh, self.devices)
         self.timeline = Timeline()
@@ -188,14 +195,21 @@ class Run:
     def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
         """A request for ``example``; its sampling seed depends only on the run seed and id."""
         self._lead("Run.make_request")
+        prompt, turns, budget = self.encode_prompt(example), None, None
+        if self.conversations is not None:  # a fresh env per sample, reset on the example
+            prompt = self.conversations.prompt(example)
+            turns = self.conversations.turns(example, prompt)
+            budget = self.cfg.env.max_tokens or None
         return Request(
-            self.encode_prompt(example),
+            prompt,
             1 if greedy else self.cfg.learner.group_size,
             seed=(self.cfg.seed * 1_000_003 + request_id) % (2**31 - 1),
             sampling=SlotSampling(temperature=0.0) if greedy else None,
             payload=example,
             request_id=request_id,
             home=self.prompts.home(example),
+            turns=turns,
+            max_new_tokens=budget,
         )
 
     def next_prompts(self) -> list[dict]:
@@ -207,6 +221,7 @@ class Run:
         """Rewards for ``trajs`` (in order), wherever the hosting scores them."""
         self._lead("Run.score")
         rewards, self.reward_failures = self.scorer.score(trajs)
+        self.env_metrics.add(trajs)
         return rewards
 
     def evaluate(self, step: int, phase: str = "eval") -> float:
@@ -331,18 +346,17 @@ class Run:
     def teacher_sequence(self, example: dict, answer: Answer) -> TrainSequence:
         """What the warm start trains for a teacher's ``answer`` to ``example``: the prompt, then
         the answer and its stop token, or a transcript's turns as a conversation holds them."""
-        prompt = self.encode_prompt(example)
         if isinstance(answer, str):
+            c = self.conversations
+            prompt = self.encode_prompt(example) if c is None else c.prompt(example)
             tokens = prompt + self.tokenizer.encode(answer, add_bos=False)
             return TrainSequence(tokens + [self.tokenizer.eos_id], len(prompt))
-        raise ConfigError(
-            f"the warm start's teacher answered {example.get('id')!r} with a conversation, which "
-            "needs an env to render it (env.name or rljax.run(..., env=)); use a single-turn "
-            "teacher"
-        )
+        return agents.transcript_sequence(self.conversations, example, answer, self.tokenizer)
 
     def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
         metrics.update(failure_metrics(self.reward_failures))
+        if self.conversations is not None:
+            metrics.update(self.env_metrics.metrics(getattr(self.sampler, "stats", None)))
         self.last_metrics = metrics
         self.metrics.write(step, "train", metrics)
         self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])
@@ -459,7 +473,7 @@ class Run:
         return summary
 
     def close(self) -> None:
-        for part in (self.ckpt, self.rewards, getattr(self, "metrics", None)):
+        for part in (self.ckpt, self.rewards, self.conversations, getattr(self, "metrics", None)):
             if part is not None:
                 part.close()
 

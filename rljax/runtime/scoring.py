@@ -42,7 +42,14 @@ def score(
     """
     owners = distributed.group_owners([t.group_id for t in trajs], shard_count)
     mine = [trajs[i] for i, p in enumerate(owners) if p == shard_index]
-    local = pool.score([completion_text(tokenizer, t) for t in mine], [t.payload for t in mine])
+    # A conversation's reward is its env steps' sum (rljax.envs); the verifier scores the rest.
+    single = [t for t in mine if t.env_reward is None]
+    scored = iter(
+        pool.score([completion_text(tokenizer, t) for t in single], [t.payload for t in single])
+    )
+    local = np.array(
+        [t.env_reward if t.env_reward is not None else next(scored) for t in mine], np.float32
+    )
     if log.isEnabledFor(logging.DEBUG):  # one JSON line per scoring, for pod debugging
         prompts = sorted({t.payload["prompt"] for t in mine})
         fields = {"process": shard_index, "prompts": prompts, "trajectories": len(mine)}

@@ -41,6 +41,7 @@ __all__ = [
     "sleep_cost",
 ]
 
+
 @dataclasses.dataclass
 class FakeBatch:
     """What :func:`fake_make_batch` hands the learner: the groups and their token count."""
