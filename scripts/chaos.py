@@ -23,7 +23,9 @@ Audits once the run has finished (each one a list of failures, empty when it pas
   - bitwise (synchronous scenarios): every step's metrics and the final params and optimiser
     state equal, bit for bit, those of an uninterrupted run of the same config;
   - resizes (async_resize): the reallocator moved chips at least once during the run.
-Lending (idle chips lent across roles) does not exist in the runtime yet, so no scenario lends.
+Scenarios: sync and async arithmetic (configs/arith_tiny.py, configs/arith_async.py), async with
+the reallocator resizing, and conversations with the lookup tool (configs/arith_tools.py) in
+sync and async. No scenario lends chips (lending is single-process and off by default).
 Figures are wall times of this run: the interrupted run against an uninterrupted baseline of
 the same config measured here. The last line printed is one JSON object of figures.
 """
@@ -70,6 +72,17 @@ RESIZE = (
 )
 
 
+# arith_tools.py:small made asynchronous on split meshes, as configs/arith_async.py does.
+AGENTS_ASYNC = (
+    ("mode", "async"),
+    ("buffer.max_staleness", 2),
+    ("learner.loss", "decoupled_ppo"),
+    ("mesh.mode", "split"),
+    ("mesh.sampler_devices", 6),
+    ("mesh.learner_devices", 2),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     """One config to interrupt: ``config`` is ``configs/<file>.py:<variant>``."""
@@ -86,6 +99,11 @@ SCENARIOS = {
     "sync": Scenario("sync", "configs/arith_tiny.py:small", 2, bitwise=True),
     "async": Scenario("async", "configs/arith_async.py:small", 8),
     "async_resize": Scenario("async_resize", "configs/arith_async.py:small", 8, RESIZE, False, 1),
+    # Conversations with an env (the lookup tool): in flight at a kill, they restart from their
+    # prompt on resume (the prompt audit sees each consumed once), deterministic enough in sync
+    # to be compared bit for bit.
+    "agents": Scenario("agents", "configs/arith_tools.py:small", 2, bitwise=True),
+    "agents_async": Scenario("agents_async", "configs/arith_tools.py:small", 8, AGENTS_ASYNC),
 }
 
 
@@ -413,7 +431,11 @@ def _spread(values: list[float]) -> list[float] | None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--scenarios", default="sync,async,async_resize", help=f"of {list(SCENARIOS)}")
+    p.add_argument(
+        "--scenarios",
+        default="sync,async,async_resize,agents,agents_async",
+        help=f"of {list(SCENARIOS)}",
+    )
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs per scenario")
     p.add_argument("--terms", type=int, default=3, help="SIGTERMs per scenario")
     p.add_argument("--num_steps", type=int, default=0, help="RL steps (0: 2 (kills + terms + 1))")

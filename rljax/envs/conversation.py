@@ -165,6 +165,7 @@ class Conversations:
                 f"class works), got {type(factory).__name__}"
             )
         self.factory = factory
+        self._fresh()  # one env made now: a factory that makes no Env is refused at the start
         self.renderer = renderer
         self.max_turns = max_turns
         self.on_failure = on_failure

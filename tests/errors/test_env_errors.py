@@ -1,0 +1,38 @@
+"""Envs that cannot work: refused by the launcher or rljax.Run before any step (docs/errors.md
+rows E01-E04); what an env does wrong at run time is counted instead (tests/envs)."""
+
+from rljax.configs import arith_tools
+
+from rljax.envs import Step
+from rljax.runtime.run import Run
+
+TOOLS = arith_tools.__file__ + ":small"
+CFG = arith_tools.recipe("small")
+
+
+class Echo:
+    def reset(self, example):
+        return [{"role": "user", "content": example["prompt"]}]
+
+    def step(self, action):
+        return Step(done=True)
+
+
+def test_unknown_env_name(check_row, launch_error):
+    message = launch_error(f"--config={TOOLS}", "--config.env.name=nope")
+    check_row("E01", message, "register yours with rljax.envs.register_env")
+
+
+def test_env_object_instead_of_a_factory(refused, check_row, workdir):
+    message = refused(lambda: Run(CFG, str(workdir), env=Echo()), TypeError, workdir)
+    check_row("E02", message, "a class works")
+
+
+def test_factory_that_makes_no_env(refused, check_row, workdir):
+    message = refused(lambda: Run(CFG, str(workdir), env=lambda: 42), TypeError, workdir)
+    check_row("E03", message, "return an rljax.envs.Env")
+
+
+def test_env_budget_above_the_engine_s(check_row, launch_error):
+    message = launch_error(f"--config={TOOLS}", "--config.env.max_tokens=64")
+    check_row("E04", message, "raise it too")
