@@ -21,7 +21,6 @@ from rljax.envs.tool_calls import ToolError, excerpt
 
 MAX_EXPRESSION_CHARS = 500
 MAX_DIGITS = 1000  # of any integer operand or result
-_LOG10_2 = math.log10(2)
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -37,8 +36,11 @@ Number = int | float
 
 
 def _digits(n: int) -> float:
-    """About how many decimal digits ``n`` has (exact enough to bound work)."""
-    return n.bit_length() * _LOG10_2
+    """How many decimal digits ``n`` has; inf when it surely has more than MAX_DIGITS (then
+    its digits are not worth counting: more than 4 bits per digit)."""
+    if n.bit_length() > 4 * MAX_DIGITS:
+        return math.inf
+    return len(str(abs(n)))
 
 
 def _checked(value: object, expression: str) -> Number:
@@ -54,13 +56,14 @@ def _checked(value: object, expression: str) -> Number:
 
 def _power(base: Number, exponent: Number, expression: str) -> object:
     # Bound the result's size from the operands before computing it: 9**387420489 would take
-    # minutes and gigabytes. |base| <= 1 never grows, and float powers overflow cheaply.
+    # minutes and gigabytes. |base| <= 1 never grows, and float powers overflow cheaply. The
+    # estimate may be a digit short; _checked counts the result's digits exactly.
     if (
         isinstance(base, int)
         and isinstance(exponent, int)
         and exponent > 0
         and abs(base) > 1
-        and exponent * _digits(abs(base)) > MAX_DIGITS
+        and (exponent > 4 * MAX_DIGITS or exponent * math.log10(abs(base)) > MAX_DIGITS)
     ):
         raise ToolError(
             f"{excerpt(expression)} would have more than {MAX_DIGITS} digits; use a smaller "
