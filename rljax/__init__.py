@@ -24,6 +24,7 @@ _EXPORTS = {
     "CheckpointConfig": "rljax.config",
     "ConfigError": "rljax.config",
     "DataConfig": "rljax.config",
+    "EnvConfig": "rljax.config",
     "LearnerConfig": "rljax.config",
     "MeshConfig": "rljax.config",
     "MetricsConfig": "rljax.config",
@@ -59,13 +60,17 @@ _EXPORTS = {
     "make_mesh": "rljax.models.sharding",
     "Tokenizer": "rljax.models.tokenizer",
     "Decoder": "rljax.models.transformer",
+    "Env": "rljax.envs",
+    "ENVS": "rljax.envs",
+    "Step": "rljax.envs",
+    "register_env": "rljax.envs",
     "RewardPool": "rljax.rewards.pool",
     "REWARDS": "rljax.rewards.registry",
     "get_reward": "rljax.rewards.registry",
     "Run": "rljax.runtime",
     "run": "rljax.runtime",
 }
-_SUBMODULES = ("testing",)
+_SUBMODULES = ("envs", "testing")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
