@@ -181,3 +181,36 @@ def test_bad_factories_and_pool_arguments_are_named(char):
     convs.close()
     with pytest.raises(ValueError, match="num_workers >= 1"):
         EnvPool(num_workers=0)
+
+
+def test_tool_env_conversation_on_smollm2(smollm2):
+    """The tools env through a conversation on SmolLM2's template: the calculator's result comes
+    back as the ids of a tool message and the next assistant header, a bad call as an error the
+    model can read (counted), and the answer ends the conversation with its reward."""
+    from rljax.envs import ToolEnv
+
+    tok = smollm2
+    reward = lambda answer, ex: float(answer.strip() == ex["answer"])  # noqa: E731
+    convs = Conversations(
+        lambda: ToolEnv(fmt="smollm2", answer_reward=reward), ChatRenderer(tok), max_turns=4
+    )
+    example = {"prompt": "What is 1234*5678?", "answer": "7006652"}
+    prompt = convs.prompt(example)
+    assert '"name": "calculator"' in tok.decode(prompt)  # the tools are listed in the system turn
+    conv = convs.turns(example, prompt)(0)
+    end = tok.encode("<|im_end|>")
+    call = (
+        '<tool_call>[{"name": "calculator", "arguments": {"expression": "1234*5678"}}]</tool_call>'
+    )
+    ids = _resolve(conv.next_turn(tok.encode(call) + end))
+    assert ids == ChatRenderer(tok).observation_ids(
+        [{"role": "tool", "name": "calculator", "content": "7006652"}]
+    )
+    assert "7006652" in tok.decode(ids) and tok.decode(ids).endswith("assistant\n")
+    bad = _resolve(conv.next_turn(tok.encode('<tool_call>[{"name": "abacus"}]</tool_call>') + end))
+    assert "unknown_tool" in tok.decode(bad)
+    assert _resolve(conv.next_turn(tok.encode("7006652") + end)) is None
+    assert conv.reward == 1.0 and not conv.failed
+    info = conv.info
+    assert info["turns"] == 3 and info["tool_calls"] == 2 and info["tool_errors/unknown_tool"] == 1
+    convs.close()
