@@ -96,14 +96,19 @@ def _read_capped(
     with selectors.DefaultSelector() as selector:
         for fd in chunks:
             selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
+        # Until the program exits, not until its pipes close: it may close them and run on
+        # (select on no pipes just waits).
+        while True:
             now = time.monotonic()
-            if killed_at is None and (now >= deadline or proc.poll() is not None):
-                kind = "timeout" if proc.poll() is None else None
+            if killed_at is None and now >= deadline:
+                kind = "timeout"  # the program, or a process it left holding a pipe
                 _kill_group(proc.pid)
                 killed_at = now
-            if killed_at is not None and now - killed_at > _DRAIN_S:
-                break  # a process outside the group holds a pipe open: stop listening
+            elif killed_at is None and proc.poll() is not None:
+                _kill_group(proc.pid)  # what it started dies with it
+                killed_at = now
+            if killed_at is not None and (not selector.get_map() or now - killed_at > _DRAIN_S):
+                break  # after _DRAIN_S, a process outside the group holds a pipe: stop listening
             wait_s = deadline - now if killed_at is None else _DRAIN_S
             for key, _ in selector.select(timeout=min(max(wait_s, 0.0), 0.05)):
                 data = os.read(key.fd, 65536)

@@ -148,7 +148,7 @@ def test_no_process_of_the_group_survives_its_leader():
         start_new_session=True,
     )
     with proc:
-        out, _, kind = _read_capped(proc, time.monotonic() + 30, 4096)
+        out, _, kind = _read_capped(proc, time.monotonic() + 10, 4096)
         proc.wait()
     assert kind is None  # the pipe closed when the group was killed, not at the deadline
     assert _none_alive([int(out)])
@@ -160,14 +160,22 @@ def test_ctypes_is_refused():
 
 
 def test_a_busy_loop_is_stopped_by_the_cpu_limit():
-    result = run_python("while True:\n    pass", cpu_s=1, timeout_s=30)
+    result = run_python("while True:\n    pass", cpu_s=1, timeout_s=10)
     assert not result.ok and result.kind == "cpu"
 
 
 def test_a_sleeping_program_is_stopped_by_the_timeout():
-    result = run_python("import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_s=1)
+    # Wakes after 5 s, so that without the timeout it ends "ok" and the test fails.
+    code = "import time\nprint('start', flush=True)\ntime.sleep(5)\nprint('woke')"
+    result = run_python(code, timeout_s=1)
     assert not result.ok and result.kind == "timeout"
     assert result.stdout == "start\n"
+
+
+def test_a_program_that_closes_its_output_is_still_timed_out():
+    code = "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)"
+    result = run_python(code, timeout_s=1)
+    assert not result.ok and result.kind == "timeout"
 
 
 def test_unbounded_allocation_is_stopped_by_the_memory_limit():
@@ -181,7 +189,7 @@ def test_unbounded_allocation_is_stopped_by_the_memory_limit():
 
 
 def test_unbounded_printing_is_cut_at_the_output_limit():
-    result = run_python("while True:\n    print('x' * 1000)", output_bytes=4096, timeout_s=30)
+    result = run_python("while True:\n    print('x' * 1000)", output_bytes=4096, timeout_s=10)
     assert not result.ok and result.kind == "output"
     assert len(result.stdout) == 4096
 
