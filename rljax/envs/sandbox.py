@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from rljax.envs import sandbox_guard
 from rljax.envs.tool_calls import ToolError
@@ -205,30 +206,46 @@ def run_python(
     )
 
 
-# What python_tool tells the model for each kind (the default limits), unless stderr says more.
-_EXPLAINED = {
-    "timeout": f"the program ran past the {TIMEOUT_S:g} s time limit",
-    "cpu": f"the program used more than {CPU_S} s of CPU",
-    "memory": f"the program used more than {MEMORY_BYTES // 2**20} MiB of memory",
-    "output": f"the program printed more than {OUTPUT_BYTES // 2**10} KiB",
-    "killed": "the program was killed by a signal",
-}
-
-
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
 
 
-def python_tool(code: str) -> str:
-    """The ``python`` tool: run ``code`` with :func:`run_python`'s default limits and return
-    what it printed; a ToolError naming the kind and why (the limit, or the program's last
-    error line, e.g. its exception) if it did not end well."""
+def python_tool(
+    code: str,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    cpu_s: int = CPU_S,
+    memory_bytes: int = MEMORY_BYTES,
+    output_bytes: int = OUTPUT_BYTES,
+    **limits: Any,
+) -> str:
+    """The ``python`` tool: run ``code`` with :func:`run_python` (the same limits, defaults
+    included) and return what it printed; a ToolError naming the kind and why (the limit, or
+    the program's last error line, e.g. its exception) if it did not end well.
+
+    Other limits make another tool: ``dataclasses.replace(PYTHON, fn=functools.partial(
+    python_tool, timeout_s=30))``.
+    """
     if not isinstance(code, str):
         raise ToolError(f"code must be a string, got {type(code).__name__}")
-    result = run_python(code)
+    result = run_python(
+        code,
+        timeout_s=timeout_s,
+        cpu_s=cpu_s,
+        memory_bytes=memory_bytes,
+        output_bytes=output_bytes,
+        **limits,
+    )
     if result.ok:
         return result.stdout
+    explained = {
+        "timeout": f"the program ran past the {timeout_s:g} s time limit",
+        "cpu": f"the program used more than {cpu_s} s of CPU",
+        "memory": f"the program used more than {memory_bytes / 2**20:g} MiB of memory",
+        "output": f"the program printed more than {output_bytes / 2**10:g} KiB",
+        "killed": "the program was killed by a signal",
+    }
     assert result.kind is not None
-    detail = _EXPLAINED.get(result.kind) or _last_line(result.stderr) or "it exited non-zero"
+    detail = explained.get(result.kind) or _last_line(result.stderr) or "it exited non-zero"
     raise ToolError(f"{result.kind}: {detail}")

@@ -227,3 +227,7 @@ def test_python_tool_returns_output_or_raises_with_the_kind():
         python_tool("raise ValueError('boom')")
     with pytest.raises(ToolError, match=r"^refused: sandbox: refused socket\."):
         python_tool("import socket\nsocket.socket()")
+    with pytest.raises(ToolError, match=r"^timeout: the program ran past the 0.5 s time limit$"):
+        python_tool("import time\ntime.sleep(5)", timeout_s=0.5)
+    with pytest.raises(ToolError, match=r"^output: the program printed more than 1 KiB$"):
+        python_tool("print('x' * 2000)", output_bytes=1024)
