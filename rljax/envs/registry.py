@@ -21,9 +21,20 @@ EnvBuilder = Callable[[Any, Callable[[str, dict], float]], EnvFactory]
 
 
 def _tools(cfg, reward) -> EnvFactory:
+    """The tool-calling env with the built-in tools; the user's message is the task's prompt
+    through ``data.prompt_template``, as a single-turn run would phrase it."""
     from rljax.envs.tool_env import ToolEnv  # the tools' module is only needed by this env
 
-    return functools.partial(ToolEnv, fmt=cfg.env.tool_format, answer_reward=reward)
+    template = cfg.data.prompt_template
+
+    class TaskToolEnv(ToolEnv):
+        def reset(self, example: dict) -> list[dict]:
+            text = template.format(
+                prompt=example["prompt"], question=example["prompt"].rstrip("= ")
+            )
+            return super().reset({**example, "prompt": text})
+
+    return functools.partial(TaskToolEnv, fmt=cfg.env.tool_format, answer_reward=reward)
 
 
 ENVS: dict[str, EnvBuilder] = {
