@@ -4,6 +4,7 @@ the config or ``env=``, a teacher's transcript as a conversation holds it, and t
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,35 +79,50 @@ def transcript_sequence(
 
 
 class EnvMetrics:
-    """Counters over the conversations scored so far, for the run's metrics: turns per
-    conversation (of the latest scoring), tool calls, tool and env errors by kind, env
-    seconds, and the prefill tokens the sampler saved by keeping the KV."""
+    """What the conversations trained on since the last train step logged: turns per
+    conversation, tool calls, tool and env errors by kind, env seconds, and the prefill tokens
+    the sampler saved by keeping the KV (and its re-prefills) since then. Per step, not since
+    the process started, so a resumed run logs what an uninterrupted one does (in sync mode,
+    where no conversation spans a step boundary). Evaluation's conversations are not counted
+    (:meth:`skip`). Scoring and logging may run on different threads."""
 
     def __init__(self) -> None:
-        self.totals: collections.Counter[str] = collections.Counter()
-        self.env_s = 0.0
-        self.turns_per_conversation = float("nan")
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._env_s = 0.0
+        self._sampler: dict[str, int] = {}
 
     def add(self, trajs: Sequence[Trajectory]) -> None:
         infos = [t.env_info for t in trajs if t.env_info is not None]
-        if not infos:
-            return
-        self.turns_per_conversation = sum(i.get("turns", 0) for i in infos) / len(infos)
-        for info in infos:
-            self.env_s += float(info.get("env_s", 0.0))
-            for key, value in info.items():
-                if key != "env_s":
-                    self.totals[key] += int(value)
+        with self._lock:
+            for info in infos:
+                self._counts["conversations"] += 1
+                self._env_s += float(info.get("env_s", 0.0))
+                for key, value in info.items():
+                    if key != "env_s":
+                        self._counts[key] += int(value)
+
+    def skip(self, sampler_stats: dict[str, int] | None) -> None:
+        """Forget what was added since the last step (an evaluation's conversations)."""
+        with self._lock:
+            self._counts.clear()
+            self._env_s = 0.0
+            self._sampler = dict(sampler_stats or {})
 
     def metrics(self, sampler_stats: dict[str, int] | None) -> dict[str, Any]:
+        """This step's figures; the counts start again from zero."""
+        stats = dict(sampler_stats or {})
+        with self._lock:
+            counts, env_s, before = self._counts, self._env_s, self._sampler
+            self._counts, self._env_s, self._sampler = collections.Counter(), 0.0, stats
+        n = counts.pop("conversations", 0)
         out: dict[str, Any] = {
-            "turns_per_conversation": self.turns_per_conversation,
-            "tool_calls": self.totals["tool_calls"],
-            "env_s": self.env_s,
+            "turns_per_conversation": counts["turns"] / n if n else float("nan"),
+            "tool_calls": counts["tool_calls"],
+            "env_s": env_s,
         }
-        out |= {k: v for k, v in self.totals.items() if k.startswith("tool_errors/")}
-        out |= {f"env_errors/{k}": self.totals[f"env_errors/{k}"] for k in ENV_ERROR_KINDS}
-        stats = sampler_stats or {}
-        out["prefill_tokens_saved"] = int(stats.get("prefill_tokens_saved", 0))
-        out["turn_re_prefills"] = int(stats.get("turn_re_prefills", 0))
+        out |= {k: v for k, v in counts.items() if k.startswith("tool_errors/")}
+        out |= {f"env_errors/{k}": counts[f"env_errors/{k}"] for k in ENV_ERROR_KINDS}
+        for key in ("prefill_tokens_saved", "turn_re_prefills"):
+            out[key] = int(stats.get(key, 0)) - int(before.get(key, 0))
         return out

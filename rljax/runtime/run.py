@@ -234,6 +234,7 @@ class Run:
         with self.timeline.span("eval"):
             requests = [self.make_request(ex, i, greedy=True) for i, ex in enumerate(examples)]
             rewards = self.score(self.sampler.run(requests))
+        self.env_metrics.skip(getattr(self.sampler, "stats", None))  # train steps' alone
         acc = float(np.mean(np.nan_to_num(rewards, nan=0.0)))  # a failed reward is wrong
         self.metrics.write(step, phase, {"heldout_accuracy": acc, "examples": len(examples)})
         return acc

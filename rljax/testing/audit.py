@@ -108,8 +108,11 @@ def audit_sigterms(records: list[dict[str, Any]]) -> list[str]:
 TIMING = re.compile(r"(_s|_per_s)$|^time$")  # wall-clock metrics differ between any two runs
 
 
-def audit_same_metrics(clean: list[dict[str, Any]], killed: list[dict[str, Any]]) -> list[str]:
-    """Every train step's metrics equal the clean run's, except wall-clock ones."""
+def audit_same_metrics(
+    clean: list[dict[str, Any]], killed: list[dict[str, Any]], volatile: tuple[str, ...] = ()
+) -> list[str]:
+    """Every train step's metrics equal the clean run's, except wall-clock ones and the keys
+    in ``volatile`` (metrics a scenario's threads make timing-dependent)."""
     failures = []
     want = {r["step"]: r for r in clean if r["phase"] == "train"}
     for r in killed:
@@ -118,7 +121,7 @@ def audit_same_metrics(clean: list[dict[str, Any]], killed: list[dict[str, Any]]
         diff = sorted(
             k
             for k in set(r) | set(want[r["step"]])
-            if not TIMING.search(k) and r.get(k) != want[r["step"]].get(k)
+            if not TIMING.search(k) and k not in volatile and r.get(k) != want[r["step"]].get(k)
         )
         if diff:
             failures.append(f"step {r['step']}: metrics {diff} differ from the uninterrupted run")

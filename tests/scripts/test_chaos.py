@@ -94,6 +94,11 @@ def test_audit_same_metrics_ignores_wall_clock_only():
     assert audit.audit_same_metrics([a], [c]) == [
         "step 0: metrics ['dispatched', 'loss'] differ from the uninterrupted run"
     ]
+    d = b | {"sampler_occupancy": 0.1}  # a scenario's volatile key is left out, no other
+    assert audit.audit_same_metrics([a], [d], ("sampler_occupancy",)) == []
+    assert audit.audit_same_metrics([a], [d | {"loss": 0.1}], ("sampler_occupancy",)) == [
+        "step 0: metrics ['loss'] differ from the uninterrupted run"
+    ]
 
 
 def test_audit_same_state_compares_bits(tmp_path):
