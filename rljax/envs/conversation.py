@@ -70,8 +70,17 @@ class Conversation:
             last = self._counts["turns"] >= self.max_turns
         action = self.renderer.action_text(turn_tokens)
         stepped = self.pool.submit(self._timed_step, action)
-        stepped.add_done_callback(lambda f: out.set_result(self._answer(f.result(), last)))
+        stepped.add_done_callback(lambda f: out.set_result(self._settle(f.result(), last)))
         return out
+
+    def _settle(self, result: tuple[str, object], last: bool) -> list[int] | None:
+        """:meth:`_answer`, which must resolve the future whatever goes wrong: a conversation
+        whose future never resolved would hold its slot for ever."""
+        try:
+            return self._answer(result, last)
+        except Exception:  # noqa: BLE001 - e.g. a chat template that raises on these messages
+            self._fail("bad_observation", 0.0)
+            return None
 
     def _timed_step(self, action: str) -> tuple[object, float]:
         start = time.perf_counter()

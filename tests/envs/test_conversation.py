@@ -212,3 +212,34 @@ def test_tool_env_conversation_on_smollm2(smollm2):
     info = conv.info
     assert info["turns"] == 3 and info["tool_calls"] == 2 and info["tool_errors/unknown_tool"] == 1
     convs.close()
+
+
+def test_a_template_that_refuses_the_observation_ends_only_that_conversation():
+    """A chat template that raises on the env's messages (here: no 'tool' role) still resolves
+    the turn, so the conversation gives its slot back instead of waiting for ever."""
+    tok = Tokenizer.char_level()
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "{{ raise_exception('this template has no tool role') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    convs, _, conv = _conversation(tok, Scripted([Step([{"role": "tool", "content": "1"}])]))
+    assert _resolve(conv.next_turn(tok.encode("3"))) is None
+    assert conv.info["env_errors/bad_observation"] == 1
+    convs.close()
+
+
+def test_any_failure_while_answering_resolves_the_turn(char):
+    """Whatever fails while the answer is made (here the renderer itself), the turn's future
+    resolves: a future left pending would hold the conversation's slot for ever."""
+
+    class Broken(ChatRenderer):
+        def observation_ids(self, observation):
+            raise RuntimeError("renderer bug")
+
+    env = Scripted([Step([{"role": "tool", "content": "1"}])])
+    convs = Conversations(lambda: env, Broken(char))
+    conv = convs.turns({}, convs.prompt({}))(0)
+    assert _resolve(conv.next_turn(char.encode("3"))) is None
+    assert conv.failed
+    convs.close()
