@@ -287,6 +287,9 @@ def interrupt(launch: Launch, workdir: pathlib.Path, moment: Moment, sig: int) -
     log = launch.log()
     stopped = re.findall(r"stopped at step (\d+); checkpoint saved", log)
     record["stopped_at"] = int(stopped[-1]) if stopped else None
+    # A SIGTERM that lands once the last step is done (in the final evaluation) lets the run
+    # finish: its final summary line.
+    record["finished"] = re.search(r"after \d+ RL steps \(", log) is not None
     # Whether the SIGTERM handler was in place: training (warm start included) had begun.
     record["trained"] = (
         any(m in log for m in ("resumed from checkpoint", "held-out accuracy after warm start"))

@@ -96,6 +96,8 @@ def audit_sigterms(records: list[dict[str, Any]]) -> list[str]:
             continue
         if r["rc"] == -signal.SIGTERM and not r["trained"]:
             continue  # it landed before the handler (the run was still building): nothing to save
+        if r["rc"] == 0 and r.get("finished"):
+            continue  # it landed after the last step: the run finished (and saved) as it should
         limit = (r["checkpoint_at_signal"] or 0) + 2  # a save in flight, the step in flight
         if r["rc"] != 0 or r["stopped_at"] is None or r["stopped_at"] > limit:
             failures.append(

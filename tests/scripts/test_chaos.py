@@ -133,6 +133,9 @@ def test_audit_sigterms():
         "launch 0: SIGTERM at checkpoint 2 gave exit 0, stopped at 9 (expected exit 0 by step 4)"
     ]
     assert audit.audit_sigterms([term(rc=-signal.SIGTERM, stopped_at=None)])
+    # Landed in the final evaluation: the run finished, exit 0; not when it did not finish.
+    assert audit.audit_sigterms([term(rc=0, stopped_at=None, finished=True)]) == []
+    assert audit.audit_sigterms([term(rc=0, stopped_at=None, finished=False)])
     assert audit.audit_sigterms([{"signal": "SIGKILL", "fired": True, "rc": -9}]) == []
 
 
