@@ -17,7 +17,7 @@ SLICE_LAYOUTS = ("by_role", "spread")  # multislice: whole slices per role, or b
 # 'full' recomputes the block in the backward pass, the rest name jax.checkpoint_policies.
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RUN_MODES = ("sync", "async")
-SFT_TEACHERS = ("reference", "drops_carries", "looks_up_sometimes")
+SFT_TEACHERS = ("reference", "drops_carries", "looks_up_sometimes", "calls_calculator_sometimes")
 
 
 class ConfigError(ValueError):

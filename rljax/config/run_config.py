@@ -106,6 +106,15 @@ class RunConfig:
                 self.sft.teacher,
                 "'reference' unless data.task='arithmetic_lookup' (it looks an operand up)",
             )
+        if self.sft.teacher == "calls_calculator_sometimes" and (
+            self.env.name != "tools" or self.data.task != "arithmetic" or self.data.ops != "*"
+        ):
+            _fail(
+                "sft.teacher",
+                self.sft.teacher,
+                "'reference' unless env.name='tools' and data.task='arithmetic' with "
+                "data.ops='*' (it asks the calculator for a product)",
+            )
         lr = self.learner
         updates = self.num_steps * lr.ppo_epochs
         if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:

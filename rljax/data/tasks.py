@@ -28,6 +28,11 @@ TEACHERS: dict[str, Teacher] = {
     # arithmetic_lookup: looks the hidden operand up and adds (the transcript of a tool call)
     # with probability 1 - slip, else answers the visible operand alone without a call.
     "looks_up_sometimes": lambda example, slip, rng: lookup_transcript(example, slip, rng),
+    # env.name='tools' on a product: asks the calculator and repeats its result with
+    # probability 1 - slip, else answers a wrong product (a*b with b's last digit dropped).
+    "calls_calculator_sometimes": lambda example, slip, rng: calculator_transcript(
+        example, slip, rng
+    ),
 }
 
 
@@ -94,6 +99,27 @@ def lookup_transcript(example: dict, slip: float, rng: np.random.Generator) -> A
         {"role": "assistant", "content": HIDDEN},
         {"role": "tool", "content": example["hidden"] + "="},
         {"role": "assistant", "content": example["answer"]},
+    ]
+
+
+def calculator_transcript(example: dict, slip: float, rng: np.random.Generator) -> Answer:
+    """A teacher's conversation on a product ``"a*b="`` with the calculator tool (see
+    ``TEACHERS``); the call is a message's ``tool_calls``, written in the run's tool format
+    when the transcript is encoded."""
+    a, op, b = example["prompt"].rstrip("= ").partition("*")
+    if not op or not (a.isdigit() and b.isdigit()):
+        raise ValueError(
+            "teacher 'calls_calculator_sometimes' needs products like '123*456=' (data.task="
+            f"'arithmetic', data.ops='*'), got {example['prompt']!r}"
+        )
+    answer = str(int(a) * int(b))
+    if rng.random() < slip:
+        return [{"role": "assistant", "content": str(int(a) * (int(b) // 10))}]
+    call = {"name": "calculator", "arguments": {"expression": f"{a}*{b}"}}
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "calculator", "content": answer},
+        {"role": "assistant", "content": answer},
     ]
 
 

@@ -145,6 +145,17 @@ def parse_tool_calls(text: str, fmt: str) -> list[ToolCall]:
     return calls
 
 
+def tool_call_text(calls: Sequence[Mapping], fmt: str) -> str:
+    """The text a model writes to make ``calls`` (``{"name", "arguments"}`` each, the
+    ``tool_calls`` of a chat message) in ``fmt``: what :func:`parse_tool_calls` reads back."""
+    plain = [{"name": c["name"], "arguments": dict(c["arguments"])} for c in calls]
+    if fmt == "hermes":
+        return "\n".join(f"{OPEN_TAG}\n{json.dumps(c)}\n{CLOSE_TAG}" for c in plain)
+    if fmt == "smollm2":
+        return f"{OPEN_TAG}{json.dumps(plain)}{CLOSE_TAG}"
+    raise ValueError(f"unknown tool-call format {fmt!r}; use one of {FORMATS}")
+
+
 _HERMES_PROMPT = """# Tools
 
 You may call one or more functions to assist with the user query.

@@ -16,6 +16,7 @@ from rljax.envs.base import Env
 from rljax.envs.conversation import ENV_ERROR_KINDS, Conversations
 from rljax.envs.registry import env_factory
 from rljax.envs.render import ChatRenderer
+from rljax.envs.tool_calls import tool_call_text
 from rljax.learner.batch import TrainSequence
 
 
@@ -43,7 +44,11 @@ def build(
 
 
 def transcript_sequence(
-    conversations: Conversations | None, example: dict, transcript: list[dict], tokenizer
+    conversations: Conversations | None,
+    example: dict,
+    transcript: list[dict],
+    tokenizer,
+    tool_format: str = "hermes",
 ) -> TrainSequence:
     """A teacher's conversation as the engine would hold it: the env's prompt, each assistant
     message's ids and a stop token (trained), each run of other messages rendered as one
@@ -67,7 +72,10 @@ def transcript_sequence(
             tokens += ids
             mask += [0] * len(ids)
             pending = []
-        ids = renderer.tokenizer.encode(message["content"], add_bos=False) + [stop_id]
+        text = message["content"]
+        if message.get("tool_calls"):  # a call, written as the run's tool format writes it
+            text += tool_call_text(message["tool_calls"], tool_format)
+        ids = renderer.tokenizer.encode(text, add_bos=False) + [stop_id]
         tokens += ids
         mask += [1] * len(ids)
     if pending or not mask:

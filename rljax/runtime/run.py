@@ -352,7 +352,9 @@ class Run:
             prompt = self.encode_prompt(example) if c is None else c.prompt(example)
             tokens = prompt + self.tokenizer.encode(answer, add_bos=False)
             return TrainSequence(tokens + [self.tokenizer.eos_id], len(prompt))
-        return agents.transcript_sequence(self.conversations, example, answer, self.tokenizer)
+        return agents.transcript_sequence(
+            self.conversations, example, answer, self.tokenizer, self.cfg.env.tool_format
+        )
 
     def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
         metrics.update(failure_metrics(self.reward_failures))
