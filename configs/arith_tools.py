@@ -18,19 +18,9 @@ calling it cannot help: what the main run gains comes from what the env returns.
 """
 
 import ml_collections
-from rljax.configs.arith_tiny import MODEL
 
-from rljax.config import (
-    DataConfig,
-    EnvConfig,
-    LearnerConfig,
-    MetricsConfig,
-    RunConfig,
-    SamplingConfig,
-    SFTConfig,
-    replace,
-    to_config_dict,
-)
+from rljax.config import RunConfig, replace, to_config_dict
+from rljax.configs import arith_tiny
 
 VARIANTS = ("small", "control")  # small: < 1 minute; control: the tool answers nothing
 
@@ -41,67 +31,24 @@ def recipe(variant: str = "") -> RunConfig:
         raise ValueError(
             f"unknown variant {variant!r} of configs/arith_tools.py; use one of {VARIANTS} or none"
         )
-    cfg = RunConfig(
-        model=MODEL,
-        tokenizer="char",
-        sampling=SamplingConfig(
-            temperature=1.0,
-            max_new_tokens=10,  # '*' + stop, the operand and '=', the answer + stop
-            max_prefill_length=8,
-            max_concurrent_decodes=256,
-            page_size=8,
-        ),
-        learner=LearnerConfig(
-            loss="grpo",
-            group_size=8,
-            batch_groups=32,
-            learning_rate=1e-3,
-            decay_steps=60,
-            epsilon_low=0.2,
-            epsilon_high=0.28,
-            beta=0.0,
-            grad_clip=1.0,
-        ),
-        sft=SFTConfig(
-            steps=1200,
-            batch_size=64,
-            learning_rate=4e-3,
-            warmup_steps=100,
-            schedule="cosine",
-            teacher="looks_up_sometimes",
-            teacher_slip=0.8,
-            exact_steps=600,
-        ),
-        data=DataConfig(
-            task="arithmetic_lookup", num_digits=2, ops="+", train_size=4000, heldout_size=256
-        ),
-        env=EnvConfig(name="lookup", max_turns=2, step_timeout_s=5.0),
-        metrics=MetricsConfig(progress_bar=True),
-        num_steps=60,
-        eval_every=20,
-        eval_examples=256,
-    )
-    if variant == "control":
-        cfg = replace(cfg, **{"env.name": "lookup_blind"})
-    if variant == "small":
-        cfg = replace(
-            cfg,
-            **{
-                "sampling.max_concurrent_decodes": 32,
-                "learner.batch_groups": 4,
-                "sft.steps": 5,
-                "sft.warmup_steps": 1,
-                "sft.exact_steps": 2,
-                "sft.batch_size": 16,
-                "data.train_size": 200,
-                "data.heldout_size": 16,
-                "num_steps": 3,
-                "eval_every": 0,
-                "eval_examples": 16,
-                "metrics.progress_bar": False,
-            },
-        )
-    return cfg
+    # The default recipe's model, sampling, GRPO and warm-start settings, on the lookup task.
+    base = arith_tiny.recipe("small" if variant == "small" else "")
+    changes = {
+        "sampling.max_new_tokens": 10,  # '*' + stop, the operand and '=', the answer + stop
+        "data.task": "arithmetic_lookup",
+        "env.name": "lookup_blind" if variant == "control" else "lookup",
+        "env.max_turns": 2,
+        "env.step_timeout_s": 5.0,
+        "sft.teacher": "looks_up_sometimes",
+    }
+    if variant != "small":  # the small variant keeps the default's shrunk schedule
+        changes |= {
+            "learner.decay_steps": 60,
+            "sft.steps": 1200,
+            "num_steps": 60,
+            "eval_every": 20,
+        }
+    return replace(base, **changes)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
