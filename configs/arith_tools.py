@@ -18,9 +18,9 @@ calling it cannot help: what the main run gains comes from what the env returns.
 """
 
 import ml_collections
+from rljax.configs import arith_tiny
 
 from rljax.config import RunConfig, replace, to_config_dict
-from rljax.configs import arith_tiny
 
 VARIANTS = ("small", "control")  # small: < 1 minute; control: the tool answers nothing
 
