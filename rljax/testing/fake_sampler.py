@@ -82,14 +82,15 @@ class _FakeSample:
 
     @property
     def done(self) -> bool:
-        return len(self.versions) == len(self.tokens)
+        return len(self.versions) >= len(self.tokens)
 
     def advance(self, version: int, now: float) -> None:
         """Reveal the next model token; a turn's last one brings the env's tokens and a wait."""
         position = len(self.versions)
         self.versions.append(version)
-        if position in self.waits:
-            self.versions.extend([-1] * self.obs_tokens)
+        if position in self.waits:  # the env's tokens, cut where the budget ends
+            room = len(self.tokens) - len(self.versions)
+            self.versions.extend([-1] * min(self.obs_tokens, room))
             self.wait_until = now + self.waits[position]
 
     def to_trajectory(self) -> Trajectory:

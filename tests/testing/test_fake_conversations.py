@@ -1,5 +1,7 @@
 """The fake sampler's conversations: model turns, the env's tokens between, waits in the slot."""
 
+import time
+
 from rljax.engine.sampler import Request
 from rljax.testing.fake_sampler import FakeSampler, lognormal_lengths
 
@@ -45,4 +47,6 @@ def test_a_waiting_conversation_holds_its_slot_and_decodes_nothing():
     sampler.submit([Request([1], num_samples=1, request_id=1)])
     sampler.step()  # both decode their first turn; both now wait for their env
     assert sampler.busy_slots == 2 and sampler.free_slots == 0
-    assert sampler._load(0, now=0.0) == 2 and sampler.stats["tokens"] == 2
+    # Both hold their slot (live), and neither decodes while it waits.
+    assert sampler._load(0) == 2 and sampler._load(0, now=time.perf_counter()) == 0
+    assert sampler.stats["tokens"] == 2
