@@ -130,7 +130,6 @@ class Conversation:
             self._env_s += seconds
             self._failed = True
             self._counts[f"env_errors/{kind}"] += 1
-        return None
 
     @property
     def failed(self) -> bool:
