@@ -10,7 +10,7 @@ from rljax.kernels import dispatch, validation
 from rljax.kernels.flash_attention import block_sizes as block_sizes_lib
 from rljax.kernels.flash_attention.kernel import flash_attention_fwd_kernel
 from rljax.kernels.flash_attention.kernel_bwd import flash_attention_bwd_kernel
-from rljax.kernels.flash_attention.reference import flash_attention_reference
+from rljax.kernels.flash_attention.xla import blocked_attention
 
 _Q = "[B, T, N, H]"
 _KV = "[B, T, K, H]"
@@ -104,7 +104,9 @@ def flash_attention_core(
 ):
     """The jitted op with options already resolved by ``resolve_options``."""
     if not use_pallas:
-        return flash_attention_reference(q, k, v, segment_ids, causal=causal, sm_scale=sm_scale)
+        return blocked_attention(
+            q, k, v, segment_ids, causal=causal, sm_scale=sm_scale, block_q=block_sizes.block_q
+        )
     t = q.shape[1]
     sizes = block_sizes.for_seq_len(t)
     tp = sizes.padded_len(t)
