@@ -6,6 +6,10 @@
 Always measured:
   - fused chunked log-probs/entropy ('xla' path) vs naive full-logits log_softmax, forward and
     forward+backward: time ratio (naive / fused; > 1 means fused is faster);
+  - flash attention's 'xla' path (time-major rows, causal query blocks) vs the materialised
+    reference it is tested against, forward+backward at SmolLM2's training shapes (8 rows of
+    256 tokens in two packed sequences, 9 query heads over 3 kv heads of 64): time ratio
+    (reference / xla path; > 1 means the xla path is faster);
   - compiled memory (temp + output bytes) of the fused forward, and temp bytes of its
     backward, as a fraction of the [T, V] f32 logits, at V = 152064.
 On a TPU also: Pallas vs XLA for all three ops (ratio xla / pallas).
@@ -24,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from rljax.kernels import dispatch
-from rljax.kernels.flash_attention import flash_attention
+from rljax.kernels.flash_attention import flash_attention, flash_attention_reference
 from rljax.kernels.fused_logprobs import (
     token_logprobs_and_entropy,
     token_logprobs_and_entropy_reference,
@@ -84,6 +88,32 @@ def bench_logprobs(args, figures):
     figures["logprobs_fwdbwd_naive_over_fused"] = round(tb_naive / tb_fused, 3)
     figures["logprobs_fwd_ms"] = {"naive": t_naive * 1e3, "fused_xla": t_fused * 1e3}
     figures["logprobs_fwdbwd_ms"] = {"naive": tb_naive * 1e3, "fused_xla": tb_fused * 1e3}
+
+
+def bench_attention(args, figures):
+    """Forward + backward of one layer's causal attention over packed rows, both paths."""
+    b, t, n, k, h = 8, 256, 9, 3, 64  # SmolLM2-135M's heads; the learner benchmark's batch
+    rng = np.random.default_rng(0)
+    q, dout = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32) for _ in range(2))
+    kv = [jnp.asarray(rng.standard_normal((b, t, k, h)), jnp.float32) for _ in range(2)]
+    seg = jnp.asarray(np.repeat([[1] * (t // 2) + [2] * (t - t // 2)], b, axis=0), jnp.int32)
+    paths = {
+        "reference": lambda q, k, v: flash_attention_reference(
+            q, k, v, seg, causal=True, sm_scale=h**-0.5
+        ),
+        "xla": lambda q, k, v: flash_attention(q, k, v, seg, causal=True, impl="xla"),
+    }
+    ms = {}
+    for name, attend in paths.items():
+        loss = lambda *a, attend=attend: jnp.sum(attend(*a) * dout)
+        grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        ms[name] = median_seconds(grad, q, *kv, repeats=args.repeats) * 1e3
+    print(
+        f"attention fwd+bwd B={b} T={t} N={n} K={k} H={h}: reference {ms['reference']:.1f} ms,"
+        f" xla path {ms['xla']:.1f} ms"
+    )
+    figures["attention_fwdbwd_ms"] = ms
+    figures["attention_fwdbwd_reference_over_xla"] = round(ms["reference"] / ms["xla"], 3)
 
 
 def bench_logprob_memory(args, figures):
@@ -159,6 +189,7 @@ def main():
     args = parser.parse_args()
     figures = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
     bench_logprobs(args, figures)
+    bench_attention(args, figures)
     bench_logprob_memory(args, figures)
     if dispatch.on_tpu():
         bench_pallas_vs_xla(args, figures)

@@ -4,6 +4,7 @@
     python scripts/bench_learner.py --steps 5        # more timed steps per side
     python scripts/bench_learner.py --layers 4       # SmolLM2's shapes, 4 layers (a proxy)
     python scripts/bench_learner.py --layer-unroll 0 # only the unrolled layer stack
+    python scripts/bench_learner.py --profile-top 0  # no per-op profile of the headline
     python scripts/bench_learner.py --quick          # the tiny model only: a smoke test
 
 Both sides start from the same weights (SmolLM2-135M-Instruct's GGUF dequantized to f32, or a
@@ -62,11 +63,18 @@ def parse_args(argv=None):
         "--layer-unroll",
         type=int,
         nargs="+",
-        default=[0, 1],
+        default=[1, 0],
         help="learner.layer_unroll of each rljax variant (0: whole stack); the first is the "
-        "headline, the others an A/B against the same torch baseline",
+        "headline (default 1: the learner's default, the scanned stack), the others an A/B "
+        "against the same torch baseline",
     )
     p.add_argument("--no-smollm2", action="store_true", help="only the tiny model")
+    p.add_argument(
+        "--profile-top",
+        type=int,
+        default=15,
+        help="ops in each headline variant's profile (0: none)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: a smoke test")
     args = p.parse_args(argv)
     if args.steps < 1:
@@ -260,6 +268,14 @@ def bench_model(name, built, args, peak):
         key = f"layer_unroll_{unroll}"
         row[key] = time_pair(learner, torch_trainer(torch_side, lcfg, batch.arrays), batch, args)
         row[key].update(figures_of(row[key], tokens, flops, peak))
+        if args.profile_top and unroll == args.layer_unroll[0]:
+            row[key]["profile"] = prof = profile_step(learner, batch, args.profile_top)
+            print(
+                f"{name} layer_unroll={unroll} profile: step {prof['step_s']} s, traced ops "
+                f"{prof['ops_s']} s over all threads, no traced op running {prof['untraced_s']} s"
+            )
+            for r in prof["top"]:
+                print(f"  {r['s']:7.3f} s {r['share']:6.1%}  {r['op']}")
         del learner, torch_side
         r = row[key]
         print(
@@ -273,6 +289,63 @@ def bench_model(name, built, args, peak):
     first = row[f"layer_unroll_{args.layer_unroll[0]}"]
     row["rljax_over_torch"] = first["rljax_over_torch"]
     return row
+
+
+def profile_step(learner, batch, top: int) -> dict:
+    """One more step under ``jax.profiler``: XLA's ops, by the JAX operation they came from.
+
+    Each op's time is summed over its calls and over the threads it ran on (XLA's CPU runtime
+    runs independent ops side by side, so the sum can exceed the step's wall time). Dots that
+    XLA hands to Eigen's thread pool are timed at their dispatch only; ``untraced_s`` is the
+    step's time during which no traced op ran, which is mostly theirs.
+    """
+    import collections
+    import gzip
+    import re
+    import tempfile
+
+    hlo = learner.lower_step(batch.arrays["tokens"].shape).compile().as_text()
+    origin = {}  # HLO instruction -> the JAX operation in its metadata, loop nesting dropped
+    for m in re.finditer(r"%([\w.\-]+) = (\S+) .*?op_name=\"([^\"]*)\"", hlo):
+        op = re.sub(r"(jit\(_train_step\)/|while/body/|closed_call/)", "", m.group(3))
+        origin[m.group(1)] = f"{op} -> {m.group(2).split('{')[0]}"
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        start = time.perf_counter()
+        learner.step(batch)
+        wall = time.perf_counter() - start
+        jax.profiler.stop_trace()
+        (path,) = [
+            os.path.join(d, f)
+            for d, _, files in os.walk(trace_dir)
+            for f in files
+            if f.endswith(".trace.json.gz")
+        ]
+        with gzip.open(path) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    ops = [e for e in events if e.get("ph") == "X" and e["name"] in origin]
+    by_origin: collections.Counter = collections.Counter()
+    for e in ops:
+        by_origin[origin[e["name"]]] += e["dur"] / 1e6
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in ops)
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo = busy + hi - lo, a
+        hi = max(hi, b)
+    busy += hi - lo
+    total = sum(by_origin.values())
+    rows = [
+        {"op": k, "s": round(v, 3), "share": round(v / total, 3)}
+        for k, v in by_origin.most_common(top)
+    ]
+    return {
+        "step_s": round(wall, 3),
+        "ops_s": round(total, 3),
+        "untraced_s": round(max(wall - busy / 1e6, 0.0), 3),
+        "top": rows,
+    }
 
 
 def time_pair(learner, torch_step, batch, args) -> dict:

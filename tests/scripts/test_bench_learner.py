@@ -58,6 +58,19 @@ def test_same_weights_same_losses(quick_run, unroll):
         assert row[side]["tokens_per_s"] > 0
 
 
+def test_the_headline_variant_has_a_per_op_profile(quick_run):
+    """The headline (the first --layer-unroll) is profiled; each op is named by the JAX
+    operation it came from, and the shares are of the traced op time."""
+    tiny = quick_run[1]["tiny"]
+    assert "profile" not in tiny["layer_unroll_1"]
+    profile = tiny["layer_unroll_0"]["profile"]
+    assert 0 < len(profile["top"]) <= 15
+    assert any("dot_general" in r["op"] for r in profile["top"])
+    assert all(r["s"] >= 0 and 0 <= r["share"] <= 1 for r in profile["top"])
+    assert sum(r["share"] for r in profile["top"]) <= 1 + 1e-6
+    assert profile["ops_s"] > 0 and profile["untraced_s"] <= profile["step_s"]
+
+
 def test_model_flops_counts_matmuls_and_attention(bench):
     cfg = bench.TINY
     flops = bench.model_flops(cfg, rows=2, row_len=8)
