@@ -279,7 +279,8 @@ def bench_model(name, built, args, peak):
         del learner, torch_side
         r = row[key]
         print(
-            f"{name} layer_unroll={unroll}: rljax {r['rljax']['tokens_per_s']:.1f} tok/s "
+            f"{name} layer_unroll={unroll}: rljax step {r['rljax']['median_step_s']:.3g} s "
+            f"{r['rljax']['range_step_s']}, {r['rljax']['tokens_per_s']:.1f} tok/s "
             f"({r['rljax']['fraction_of_sgemm_peak']:.1%} of peak), torch "
             f"{r['torch']['tokens_per_s']:.1f} tok/s ({r['torch']['fraction_of_sgemm_peak']:.1%})"
             f": {r['rljax_over_torch']:.2f}x; losses rljax {r['losses']['rljax']}, "
@@ -378,6 +379,7 @@ def figures_of(pair, tokens, flops, peak) -> dict:
         out[side] = {
             "step_s": [round(t, 3) for t in ts],
             "median_step_s": round(med, 4),
+            "range_step_s": [round(min(ts), 4), round(max(ts), 4)],
             "tokens_per_s": round(tokens / med, 2),
             "gflops": round(flops / med / 1e9, 2),
             "fraction_of_sgemm_peak": round(flops / med / peak, 4),

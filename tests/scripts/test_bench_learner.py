@@ -56,6 +56,8 @@ def test_same_weights_same_losses(quick_run, unroll):
     for side in ("rljax", "torch"):
         assert row[side]["fraction_of_sgemm_peak"] > 0
         assert row[side]["tokens_per_s"] > 0
+        low, high = row[side]["range_step_s"]
+        assert low <= row[side]["median_step_s"] <= high
 
 
 def test_the_headline_variant_has_a_per_op_profile(quick_run):
