@@ -1,8 +1,9 @@
 """The ``'xla'`` path of flash attention: causal query blocks over time-major GQA rows.
 
 What runs off the TPU (the CPU, a GPU), differentiated by plain autodiff. Two choices make it
-about 3x faster than the materialised-scores reference at SmolLM2's training shapes on the
-CPU (forward + backward, 8 rows of 256 tokens; docs/benchmarks.md, "Learner"):
+1.5-3x faster than the materialised-scores reference at SmolLM2's training shapes on the CPU
+(forward + backward, 8 rows of 256 tokens; ``scripts/bench_kernels.py``, docs/benchmarks.md,
+"Learner"):
 
 - **Time-major rows.** A kv head's G query heads are laid out as rows ``t * G + g`` of one
   [T * G, H] matrix, so each product is one batched GEMM per (row, kv head) whose query rows
