@@ -197,7 +197,10 @@ def test_pod_survives_preemption_and_a_lost_host(tmp_path):
     # that ran in its slots, before and after the resizes (1+3 hosts: host 0 alone reads).
     summary = json.loads([x for x in text[0].splitlines() if x.startswith('{"')][-1])
     assert summary["pod"]["read_by_host"]["1"] > 0, summary["pod"]
-    assert summary["pod"]["read_by_host"]["0"] > summary["pod"]["read_by_host"]["1"]
+    # Host 0 read alone during the 1+3 step, so it read at least host 1's share. Not strictly
+    # more: each host's reader thread posts its stride ahead of the step that takes it, so the
+    # 1+3 step's prompts may all have been read (by both hosts) before the resize.
+    assert summary["pod"]["read_by_host"]["0"] >= summary["pod"]["read_by_host"]["1"]
     assert summary["pod"]["scored_by_host"]["1"] > 0, summary["pod"]
     assert summary["pod"]["slots_by_host"] == {"0": 16, "1": 16}, summary["pod"]  # kv shards
     meta = audit.read_meta(workdir, steps)
