@@ -40,10 +40,10 @@ def model():
     graphdef, params = init_sharded(cfg, mesh, LEARNER_RULES, seed=0)
     # Norm weights away from 1, so a mis-mapped or mis-differentiated norm shows.
     rng = np.random.default_rng(1)
-    params = jax.tree.map(
-        lambda x: (
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (
             x + 0.2 * rng.standard_normal(x.shape).astype(np.float32)
-            if x.ndim <= 2 and x.shape[-1] == cfg.hidden_size and x.size < 4 * cfg.hidden_size
+            if str(path[0].key).endswith("norm")  # attn_norm, mlp_norm, final_norm
             else x
         ),
         params,
