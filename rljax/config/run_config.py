@@ -10,6 +10,7 @@ from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
+    LoRAConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,
@@ -45,6 +46,7 @@ class RunConfig:
       data: the prompt source (DataConfig).
       reward: the verifier (RewardConfig).
       env: multi-turn conversations with an environment (EnvConfig).
+      lora: low-rank adapters trained on a frozen base (LoRAConfig).
       checkpoint: checkpointing (CheckpointConfig).
       metrics: where metrics go (MetricsConfig).
       mode: 'sync' (one lock-step schedule, on-policy) or 'async' (sampler and learner
@@ -70,6 +72,7 @@ class RunConfig:
     data: DataConfig = DataConfig()
     reward: RewardConfig = RewardConfig()
     env: EnvConfig = EnvConfig()
+    lora: LoRAConfig = LoRAConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     mode: str = "sync"

@@ -19,6 +19,7 @@ import collections
 import importlib.util
 import os
 import re
+from typing import Any
 
 import numpy as np
 from flax import nnx
@@ -260,6 +261,28 @@ def load_gguf(
         check_tensors(tensors, cfg, f"the metadata of {path}")
         graphdef, params = load_params(tensors, cfg, mesh=mesh, rules=rules)
     return cfg, graphdef, params
+
+
+def check_dequantisable(path: str | os.PathLike) -> str:
+    """'' when every tensor of the GGUF file dequantises, else what does not (one phrase).
+
+    Reads one row of each tensor type the file uses; LoRA adapts the dequantised weights, so a
+    layout the ``gguf`` package cannot dequantise cannot be adapted (or loaded) at all.
+    """
+    path = os.fspath(path)
+    quants = _import_gguf().quants
+    with io.local_copy(path) as local:
+        reader = _open(path, local)
+        first: dict[int, Any] = {}
+        for t in reader.tensors:
+            first.setdefault(int(t.tensor_type), t)
+        bad = []
+        for t in first.values():
+            try:
+                quants.dequantize(t.data[:1], t.tensor_type)
+            except (NotImplementedError, ValueError, KeyError):
+                bad.append(f"{t.tensor_type.name} (tensor {t.name})")
+    return f"no dequantiser for {', '.join(bad)}" if bad else ""
 
 
 def find_smollm2_gguf() -> str | None:

@@ -36,10 +36,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
-from rljax.config import ModelConfig
+from rljax.config import LoRAConfig, ModelConfig
 from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
 from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
 from rljax.kernels.sharding import axis_size, run_sharded
+from rljax.models import lora as lora_lib
 from rljax.models.layouts import STACKED, Layout
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardings
 
@@ -68,6 +69,10 @@ PARAM_AXES: dict[str, tuple[str, ...]] = {
 }
 
 LAYER_PARAMS = tuple(k for k, axes in PARAM_AXES.items() if axes[0] == "layers")
+# Every LoRA adapter a Decoder may hold (rljax.models.lora), all stacked by layer.
+ADAPTER_PARAMS = tuple(
+    key(w) for w in lora_lib.WEIGHT_SPECS for key in (lora_lib.a_key, lora_lib.b_key)
+)
 
 # learner.remat -> the jax.checkpoint policy of the scanned training block ('none': no remat).
 REMAT_POLICIES = {
@@ -127,6 +132,8 @@ class CallPaths:
 
     cfg: ModelConfig
     layout: ClassVar[Layout]
+    # alpha / rank of the LoRA adapters the weights carry (rljax.models.lora); unused without.
+    lora_scale: float = 0.0
 
     def _layers(self) -> Any:
         raise NotImplementedError  # a subclass's weights
@@ -137,10 +144,27 @@ class CallPaths:
     def _final_norm(self) -> jax.Array:
         raise NotImplementedError
 
+    def _project(self, x, p, name: str, spec: str) -> jax.Array:
+        """``x`` times weight ``name``, plus its LoRA adapters' product when ``p`` holds them."""
+        y = self.layout.project(x, p, name, spec)
+        if lora_lib.a_key(name) not in p:
+            return y
+        a, b = p[lora_lib.a_key(name)], p[lora_lib.b_key(name)]
+        return y + lora_lib.delta(x, a, b, name, self.lora_scale)
+
+    def _mlp(self, h_btd, p) -> jax.Array:
+        if not any(lora_lib.a_key(w) in p for w in ("w_gate", "w_up", "w_down")):
+            return self.layout.mlp(h_btd, p)
+        # Adapted: plain autodiff, which computes no gradient for the frozen base weights (the
+        # stacked layout's hand-written SwiGLU backward would compute all three).
+        gate = self._project(h_btd, p, "w_gate", "BTD,DF->BTF")
+        up = self._project(h_btd, p, "w_up", "BTD,DF->BTF")
+        return self._project(jax.nn.silu(gate) * up, p, "w_down", "BTF,FD->BTD")
+
     def _qkv(self, p, x_btd, positions_bt):
         cfg = self.cfg
         h_btd = rms_norm(x_btd, p["attn_norm"], cfg.norm_eps)
-        project = self.layout.project
+        project = self._project
         q = project(h_btd, p, "wq", "BTD,DNH->BTNH")
         k = project(h_btd, p, "wk", "BTD,DKH->BTKH")
         v = project(h_btd, p, "wv", "BTD,DKH->BTKH")
@@ -155,9 +179,9 @@ class CallPaths:
 
     def _finish_block(self, p, x_btd, attn_btnh):
         cfg = self.cfg
-        x_btd = x_btd + self.layout.project(attn_btnh, p, "wo", "BTNH,NHD->BTD")
+        x_btd = x_btd + self._project(attn_btnh, p, "wo", "BTNH,NHD->BTD")
         h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
-        return x_btd + self.layout.mlp(h_btd, p)
+        return x_btd + self._mlp(h_btd, p)
 
     # -- call paths -------------------------------------------------------------------------
 
@@ -172,6 +196,7 @@ class CallPaths:
         sharding: Sharding | None = None,
         remat: str = "none",
         unroll: int = 1,
+        adapters: bool = True,
     ):
         """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
 
@@ -190,6 +215,9 @@ class CallPaths:
         code). Unrolling changes neither values nor memory needs; on the CPU it speeds up the
         backward (no dynamic slicing of the stacked weights, gradients and residuals) at a
         compile time that grows with the unrolled depth.
+
+        ``adapters=False`` runs the base model of a LoRA-adapted one (its adapters left out):
+        the reference policy of a KL penalty, with no second copy of the weights.
         """
         if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 0:
             raise ValueError(f"unroll={unroll!r}; expected an integer >= 0 (0: all layers)")
@@ -219,9 +247,8 @@ class CallPaths:
             # Inside a rolled scan XLA cannot CSE the recomputation away, so prevent_cse costs
             # nothing there; unrolled blocks are straight-line code, where it keeps the remat.
             block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=unroll > 1)
-        x_btd, kv = self.layout.run_layers(
-            block, self._embed(tokens_bt), self._layers(), unroll=unroll
-        )
+        layers = self._layers() if adapters else _without_adapters(self._layers())
+        x_btd, kv = self.layout.run_layers(block, self._embed(tokens_bt), layers, unroll=unroll)
         hidden = rms_norm(x_btd, self._final_norm(), self.cfg.norm_eps)
         return (hidden, kv) if return_kv else hidden
 
@@ -280,6 +307,12 @@ class CallPaths:
         (x_b1d, k_pages, v_pages), _ = self.layout.run_layers(block, carry, self._layers())
         hidden = rms_norm(x_b1d[:, 0], self._final_norm(), self.cfg.norm_eps)
         return hidden, k_pages, v_pages
+
+
+def _without_adapters(layers):
+    """Layer weights (a dict, or a tuple of per-layer dicts) with the LoRA adapters left out."""
+    strip = lambda p: {k: v for k, v in p.items() if "_lora_" not in k}  # noqa: E731
+    return strip(layers) if isinstance(layers, dict) else tuple(strip(p) for p in layers)
 
 
 class _PagedKV:
@@ -357,7 +390,7 @@ class Decoder(CallPaths, nnx.Module):
 
     layout = STACKED
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, lora: LoRAConfig | None = None):
         self.cfg = cfg
         dtype = jnp.dtype(cfg.param_dtype)
         d, f, n, k, h, l_ = (
@@ -405,11 +438,19 @@ class Decoder(CallPaths, nnx.Module):
         self.w_gate = param("w_gate", (l_, d, f), fan_in([1]))
         self.w_up = param("w_up", (l_, d, f), fan_in([1]))
         self.w_down = param("w_down", (l_, f, d), fan_in([1]))
+        if lora is not None and lora.enabled:
+            self.lora_scale = lora.scale
+            for name, shape in lora_lib.adapter_shapes(cfg, lora).items():
+                value = lora_lib.init_adapter(name, rngs.params(), shape, dtype)
+                axes = lora_lib.adapter_axes(name)
+                param_ = lora_lib.LoRAParam(value, out_sharding=axes, eager_sharding=False)
+                setattr(self, name, param_)
 
     # -- the weights the call paths read --------------------------------------------------------
 
     def _layers(self) -> dict[str, jax.Array]:
-        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
+        names = (*LAYER_PARAMS, *ADAPTER_PARAMS)
+        return {name: getattr(self, name)[...] for name in names if hasattr(self, name)}
 
     @property
     def unembed_dv(self) -> jax.Array:
@@ -431,9 +472,9 @@ class Decoder(CallPaths, nnx.Module):
         )
 
 
-def abstract_decoder(cfg: ModelConfig) -> Decoder:
+def abstract_decoder(cfg: ModelConfig, lora: LoRAConfig | None = None) -> Decoder:
     """The model with ShapeDtypeStructs for weights: a restore target, never materialised."""
-    return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=lora))
 
 
 def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, seed: int):
@@ -446,3 +487,27 @@ def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, seed: int):
         return nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed)))[1]
 
     return graphdef, jax.jit(create, out_shardings=shardings)()
+
+
+def with_adapters(
+    cfg: ModelConfig,
+    params: nnx.State,
+    lora: LoRAConfig,
+    mesh: Mesh,
+    rules: ShardingRules,
+    seed: int,
+):
+    """A base params state plus freshly initialised LoRA adapters (B = 0: the model is still
+    the base); returns (graphdef, params). The base arrays are kept, not copied; the adapters
+    are placed by their logical axes, and are those ``Decoder(cfg, lora=lora,
+    rngs=nnx.Rngs(seed))`` draws."""
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(seed), lora=lora))
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(lora_lib.split_adapters(abstract_state)[0], mesh, rules)
+
+    def create():  # XLA prunes the base weights' initialisers: only the adapters are outputs
+        state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(seed), lora=lora))[1]
+        return lora_lib.split_adapters(state)[0]
+
+    adapters = jax.jit(create, out_shardings=shardings)()
+    return graphdef, lora_lib.join(params, adapters)

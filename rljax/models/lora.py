@@ -1,0 +1,182 @@
+"""Low-rank adapters (LoRA) on the decoder's projections: one model definition, a frozen base.
+
+An adapted projection computes ``x W + scale * (x A) B`` with ``A`` [in..., r] and ``B``
+[r, out...] (``scale = alpha / r``), in the same call paths the learner and the engine run
+(:class:`rljax.models.transformer.CallPaths`). ``B`` starts at zero, so an adapted model starts
+equal to its base. The adapters are :class:`LoRAParam` variables of the
+:class:`~rljax.models.transformer.Decoder`, stacked by layer like the weights they adapt and
+named ``<weight>_lora_a`` / ``<weight>_lora_b``; :func:`split_adapters` separates them from the
+base, which the learner never differentiates, updates or checkpoints again.
+
+The base model is the reference policy of a KL penalty: the call paths take ``adapters=False``
+(no second copy of the weights). A sampler serves base plus adapters either unmerged (the
+low-rank product at every step) or merged (:func:`merged_layers`: folded into the weights
+when it swaps them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.config import ConfigError, LoRAConfig, ModelConfig
+
+# lora.targets -> the stacked decoder weight each adapts.
+TARGET_WEIGHTS = {
+    "q": "wq",
+    "k": "wk",
+    "v": "wv",
+    "o": "wo",
+    "gate": "w_gate",
+    "up": "w_up",
+    "down": "w_down",
+}
+
+# Each adapted weight's einsum in the stacked layout's axis order (per layer): A takes the
+# input axes to the rank R, B the rank to the output axes.
+WEIGHT_SPECS = {
+    "wq": ("DR", "RNH"),
+    "wk": ("DR", "RKH"),
+    "wv": ("DR", "RKH"),
+    "wo": ("NHR", "RD"),
+    "w_gate": ("DR", "RF"),
+    "w_up": ("DR", "RF"),
+    "w_down": ("FR", "RD"),
+}
+
+_AXES = {
+    "D": "embed",
+    "N": "heads",
+    "K": "kv_heads",
+    "H": "head_dim",
+    "F": "mlp",
+    "R": None,  # the rank is small: replicated
+}
+
+
+class LoRAParam(nnx.Param):
+    """An adapter weight: the only parameters a LoRA run differentiates and updates."""
+
+
+def a_key(weight: str) -> str:
+    return weight + "_lora_a"
+
+
+def b_key(weight: str) -> str:
+    return weight + "_lora_b"
+
+
+def adapted_weights(lora: LoRAConfig) -> tuple[str, ...]:
+    """The decoder weights ``lora`` adapts, in ``lora.targets`` order."""
+    return tuple(TARGET_WEIGHTS[t] for t in lora.targets)
+
+
+def _dims(cfg: ModelConfig, rank: int) -> dict[str, int]:
+    return {
+        "D": cfg.hidden_size,
+        "N": cfg.num_heads,
+        "K": cfg.num_kv_heads,
+        "H": cfg.head_dim,
+        "F": cfg.intermediate_size,
+        "R": rank,
+    }
+
+
+def adapter_shapes(cfg: ModelConfig, lora: LoRAConfig) -> dict[str, tuple[int, ...]]:
+    """Every adapter variable's name -> its stacked shape [L, ...]."""
+    dims = _dims(cfg, lora.rank)
+    out = {}
+    for w in adapted_weights(lora):
+        a, b = WEIGHT_SPECS[w]
+        out[a_key(w)] = (cfg.num_layers, *(dims[c] for c in a))
+        out[b_key(w)] = (cfg.num_layers, *(dims[c] for c in b))
+    return out
+
+
+def adapter_axes(name: str) -> tuple[str | None, ...]:
+    """The logical axes of adapter variable ``name`` (sharded by the weights' rules)."""
+    weight, part = name.rsplit("_lora_", 1)
+    a, b = WEIGHT_SPECS[weight]
+    return ("layers", *(_AXES[c] for c in (a if part == "a" else b)))
+
+
+def init_adapter(name: str, key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    """A: PEFT's default, uniform in +-1/sqrt(fan in) (Kaiming-uniform, a=sqrt(5)); B: zeros."""
+    if name.endswith("_lora_b"):
+        return jnp.zeros(shape, dtype)
+    fan_in = math.prod(shape[1:-1])
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
+
+
+def delta(x: jax.Array, a: jax.Array, b: jax.Array, weight: str, scale: float) -> jax.Array:
+    """``scale * (x A) B`` for one layer's adapters of ``weight``; x's trailing axes are the
+    weight's input axes."""
+    a_spec, b_spec = WEIGHT_SPECS[weight]
+    ins = a_spec[:-1]
+    lead = "abcdefg"[: x.ndim - len(ins)]
+    xa = jnp.einsum(f"{lead}{ins},{a_spec}->{lead}R", x, a.astype(x.dtype))
+    out = jnp.einsum(f"{lead}R,{b_spec}->{lead}{b_spec[1:]}", xa, b.astype(x.dtype))
+    return out * jnp.asarray(scale, x.dtype)
+
+
+def merged_weight(w: jax.Array, a: jax.Array, b: jax.Array, weight: str, scale: float):
+    """``W + scale * A B`` (stacked [L, ...] or one layer's), computed in float32."""
+    a_spec, b_spec = WEIGHT_SPECS[weight]
+    lead = "L" if w.ndim == len(a_spec) - 1 + len(b_spec) - 1 + 1 else ""
+    ab = jnp.einsum(
+        f"{lead}{a_spec},{lead}{b_spec}->{lead}{a_spec[:-1]}{b_spec[1:]}",
+        a.astype(jnp.float32),
+        b.astype(jnp.float32),
+    )
+    return (w.astype(jnp.float32) + scale * ab).astype(w.dtype)
+
+
+def merged_layers(layers: Mapping[str, jax.Array], scale: float) -> dict[str, jax.Array]:
+    """Stacked layer weights with every adapter folded into the weight it adapts (and the
+    adapters dropped): what a merged sampler serves."""
+    out = {k: v for k, v in layers.items() if "_lora_" not in k}
+    for name in list(out):
+        if a_key(name) in layers:
+            out[name] = merged_weight(
+                out[name], layers[a_key(name)], layers[b_key(name)], name, scale
+            )
+    return out
+
+
+def split_adapters(state: nnx.State) -> tuple[nnx.State, nnx.State]:
+    """(adapters, base) of a params state."""
+    adapters, base = nnx.split_state(state, LoRAParam, ...)
+    return adapters, base
+
+
+def has_adapters(state: nnx.State) -> bool:
+    """Whether a params state holds LoRA adapters."""
+    return bool(jax.tree.leaves(split_adapters(state)[0]))
+
+
+def join(base: nnx.State, adapters: nnx.State) -> nnx.State:
+    """The params state of base plus adapters (no array is copied)."""
+    return nnx.merge_state(base, adapters)
+
+
+def check_base(lora: LoRAConfig, source: str) -> None:
+    """Refuses a base whose weights LoRA cannot adapt (a quantised GGUF layout kept as is).
+
+    rljax dequantises a GGUF's tensors when it loads them, so every supported GGUF base is
+    adaptable; a quantised layout this loader cannot dequantise is refused by the loader.
+    """
+    if lora.enabled and source.endswith(".gguf"):
+        from rljax.models.gguf import check_dequantisable
+
+        problem = check_dequantisable(source)
+        if problem:
+            raise ConfigError(
+                f"config key 'lora.enabled' = True cannot adapt the GGUF base {source}: "
+                f"{problem}; convert it to a Hugging Face directory or a GGUF of F32/F16/BF16/"
+                "Q8_0/Q4_0/Q4_1 tensors"
+            )
