@@ -51,7 +51,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.config import ModelConfig, SamplingConfig
+from rljax.config import LoRAConfig, ModelConfig, SamplingConfig
 from rljax.engine.pages import PageAllocator, SlotPages
 from rljax.engine.prefill import (
     PrefillRequest,
@@ -93,7 +93,8 @@ class Engine:
     ``tokenizer`` is a Hugging Face tokenizer directory or a ``.gguf`` file, what
     ``get_tokenizer`` / ``build_tokenizer`` serve; ``checkpoint`` (the same kinds of path)
     holds what ``load_params()`` loads when given no params; ``seed`` seeds the PRNG streams
-    of prefills given no ``rng``.
+    of prefills given no ``rng``; ``lora``: the LoRA adapters ``graphdef`` holds (served merged
+    or unmerged, rljax.engine.weights.lora_merged).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class Engine:
         tokenizer: str | os.PathLike | None = None,
         checkpoint: str | os.PathLike | None = None,
         seed: int = 0,
+        lora: LoRAConfig | None = None,
     ):
         self.model_cfg = model_cfg
         self.sampling_cfg = sampling_cfg
@@ -149,7 +151,7 @@ class Engine:
         self._prefills = itertools.count()
         # How the served weights are held, fixed for the engine's life (rljax.engine.weights).
         self.layout: ServingLayout = serving_layout(
-            sampling_cfg.weights_layout, model_cfg, graphdef, mesh, rules
+            sampling_cfg.weights_layout, model_cfg, graphdef, mesh, rules, lora_cfg=lora
         )
         self.weights_layout = self.layout.name
         self._steps = build_steps(self)

@@ -11,6 +11,11 @@ and those into the decoder its jitted steps run. The engine's code is the same f
   every weight swap (:data:`rljax.models.layouts.PER_LAYER`); what CPU devices decode from
   fastest.
 
+With LoRA adapters in the params (:mod:`rljax.models.lora`), a layout serves them merged
+(folded into the weights they adapt when the weights swap; the engine then decodes a plain
+model) or unmerged (the base as it is plus the low-rank product at every step), per
+``lora.serving`` (:func:`lora_merged`).
+
 When ``load_params()`` is called with no params (JetStream's server does), the engine reads its
 ``checkpoint``, a Hugging Face safetensors directory or a GGUF file, straight into the
 sampler's shardings; it must describe the engine's own model.
@@ -26,10 +31,11 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
-from rljax.config import ModelConfig
+from rljax.config import LoRAConfig, ModelConfig
+from rljax.models import lora
 from rljax.models.serving import ServingDecoder, serving_converter
 from rljax.models.sharding import ShardingRules, state_shardings, with_shardings
-from rljax.models.transformer import CallPaths
+from rljax.models.transformer import CallPaths, abstract_decoder
 
 
 class ServingLayout(Protocol):
@@ -60,16 +66,40 @@ def _wrong_weights(layout: str, want: str, served: Any) -> TypeError:
 
 
 class StackedServing:
-    """Serves the params state as it is: the learner's stacked layout."""
+    """Serves the params state as it is: the learner's stacked layout. Merged LoRA adapters
+    are folded into the base weights by one compiled function at each swap."""
 
     name = "stacked"
 
-    def __init__(self, model_cfg: ModelConfig, graphdef, mesh: Mesh, rules: ShardingRules):
-        del model_cfg  # the graphdef holds what the merge needs
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        graphdef,
+        mesh: Mesh,
+        rules: ShardingRules,
+        *,
+        lora_cfg: LoRAConfig | None = None,
+        merge_adapters: bool = False,
+    ):
         self._graphdef, self._mesh, self._rules = graphdef, mesh, rules
+        self._merge = None
+        if lora_cfg is not None and merge_adapters:
+            base = nnx.split(abstract_decoder(model_cfg))
+            self._graphdef = base[0]
+            shardings = state_shardings(base[1], mesh, rules)
+
+            def merge(params):
+                model = nnx.merge(graphdef, params)
+                merged = lora.merged_layers(model._layers(), model.lora_scale)
+                state = lora.split_adapters(params)[1]
+                for name, w in merged.items():
+                    state[name] = nnx.Param(w)  # replaced leaf, same path and metadata
+                return state
+
+            self._merge = jax.jit(merge, out_shardings=shardings)
 
     def serve(self, params: nnx.State) -> nnx.State:
-        return params
+        return params if self._merge is None else self._merge(params)
 
     def model(self, served: nnx.State) -> CallPaths:
         if not isinstance(served, nnx.State):
@@ -77,6 +107,8 @@ class StackedServing:
         return nnx.merge(self._graphdef, served)
 
     def abstract(self, params: nnx.State) -> nnx.State:
+        if self._merge is not None:
+            return jax.eval_shape(self._merge, params)
         return with_shardings(params, state_shardings(params, self._mesh, self._rules))
 
 
@@ -85,8 +117,19 @@ class PerLayerServing:
 
     name = "per_layer"
 
-    def __init__(self, model_cfg: ModelConfig, graphdef, mesh: Mesh, rules: ShardingRules):
-        self._convert = serving_converter(model_cfg, graphdef, mesh, rules)
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        graphdef,
+        mesh: Mesh,
+        rules: ShardingRules,
+        *,
+        lora_cfg: LoRAConfig | None = None,
+        merge_adapters: bool = False,
+    ):
+        self._convert = serving_converter(
+            model_cfg, graphdef, mesh, rules, lora_cfg=lora_cfg, merge_adapters=merge_adapters
+        )
 
     def serve(self, params: nnx.State) -> ServingDecoder:
         return self._convert(params)
@@ -107,18 +150,49 @@ SERVING_LAYOUTS: dict[str, Callable[..., ServingLayout]] = {
 }
 
 
+def _on_cpu(mesh: Mesh) -> bool:
+    return all(d.platform == "cpu" for d in mesh.devices.flat)
+
+
+def lora_merged(lora_cfg: LoRAConfig | None, mesh: Mesh) -> bool:
+    """Whether an engine on ``mesh`` serves ``lora_cfg``'s adapters merged.
+
+    'auto' merges on CPU devices, where the per-layer layout rewrites every weight at each
+    swap anyway (merging adds the rank-r products to that copy) and a decode step's time is
+    its op count, which unmerged adapters raise by two small products per projection. On an
+    accelerator the stacked layout serves the params as they are: merging would hold a second
+    copy of every adapted weight beside the base, while the unmerged products read only the
+    adapters' bytes (docs/lora.md has the measurements).
+    """
+    if lora_cfg is None or not lora_cfg.enabled:
+        return False
+    if lora_cfg.serving == "auto":
+        return _on_cpu(mesh)
+    return lora_cfg.serving == "merged"
+
+
 def serving_layout(
-    name: str, model_cfg: ModelConfig, graphdef, mesh: Mesh, rules: ShardingRules
+    name: str,
+    model_cfg: ModelConfig,
+    graphdef,
+    mesh: Mesh,
+    rules: ShardingRules,
+    *,
+    lora_cfg: LoRAConfig | None = None,
 ) -> ServingLayout:
     """The layout ``name`` (a ``sampling.weights_layout``) for an engine on ``mesh``.
 
     'auto' is 'per_layer' when every device of the mesh is a CPU, else 'stacked'. The name is
-    one of ``rljax.config.checks.WEIGHTS_LAYOUTS``, which SamplingConfig checks.
+    one of ``rljax.config.checks.WEIGHTS_LAYOUTS``, which SamplingConfig checks. ``lora_cfg``:
+    the adapters ``graphdef`` holds (None: none), served as :func:`lora_merged` says.
     """
     if name == "auto":
-        on_cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
-        name = PerLayerServing.name if on_cpu else StackedServing.name
-    return SERVING_LAYOUTS[name](model_cfg, graphdef, mesh, rules)
+        name = PerLayerServing.name if _on_cpu(mesh) else StackedServing.name
+    lora_cfg = lora_cfg if lora_cfg is not None and lora_cfg.enabled else None
+    merge = lora_merged(lora_cfg, mesh)
+    return SERVING_LAYOUTS[name](
+        model_cfg, graphdef, mesh, rules, lora_cfg=lora_cfg, merge_adapters=merge
+    )
 
 
 def load_checkpoint(

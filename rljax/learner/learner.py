@@ -45,6 +45,7 @@ from rljax.kernels.fused_logprobs import (
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
 from rljax.learner.losses import Loss, LossInputs, get_loss, train_inference_mismatch
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
+from rljax.models import lora
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -105,13 +106,21 @@ class _LentGrads:
         args = (learner.graphdef, mesh, learner.rules, learner.loss, None, learner.temperature)
         worker._configure(learner.cfg, *args)
         worker.kernel_impl = learner.kernel_impl
+        worker.lora = learner.lora
         self.param_shardings = state_shardings(learner.params, mesh, learner.rules)
+        grad_shardings = learner.trainable(self.param_shardings)
         self.batch_sharding, rep = worker._batch_sharding, worker._replicated
-        self.fn = jax.jit(worker._accumulate, out_shardings=(self.param_shardings, rep, rep))
+        self.fn = jax.jit(worker._accumulate, out_shardings=(grad_shardings, rep, rep))
 
 
 class Learner:
-    """Owns the policy's params and optimiser state on the learner mesh."""
+    """Owns the policy's params and optimiser state on the learner mesh.
+
+    With LoRA adapters in the params (:mod:`rljax.models.lora`), only the adapters are
+    trained: gradients and optimiser state exist for them alone, the base weights pass
+    through every step untouched, and the KL reference is the base (adapters off), so
+    ``ref_params`` is not kept.
+    """
 
     def __init__(
         self,
@@ -132,14 +141,16 @@ class Learner:
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.kernel_impl = kernel_impl
         self.version = version
+        self.lora = lora.has_adapters(params)
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
         self.params = jax.device_put(params, self.param_shardings, may_alias=False)
         self.ref_params = None
-        if ref_params is not None and cfg.beta > 0:
+        if ref_params is not None and cfg.beta > 0 and not self.lora:
             self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
         if opt_state is None:  # a fresh run; a resumed one passes its restored state
-            opt_state = jax.jit(self.tx.init, out_shardings=self._opt_shardings())(self.params)
+            init = jax.jit(self.tx.init, out_shardings=self._opt_shardings())
+            opt_state = init(self.trainable(self.params))
         self.opt_state = jax.device_put(opt_state, self._opt_shardings())
         self._build_step()
 
@@ -156,8 +167,17 @@ class Learner:
         self._replicated = NamedSharding(mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
 
+    def trainable(self, tree):
+        """The part of a params-shaped ``tree`` that trains: the adapters with LoRA, else all."""
+        return lora.split_adapters(tree)[0] if self.lora else tree
+
     def _opt_shardings(self):
-        return optimizer_shardings(self.tx, self.params, self.param_shardings, self._replicated)
+        return optimizer_shardings(
+            self.tx,
+            self.trainable(self.params),
+            self.trainable(self.param_shardings),
+            self._replicated,
+        )
 
     def _build_step(self):
         self._step_fn = jax.jit(
@@ -190,10 +210,11 @@ class Learner:
         self._configure(cfg, graphdef, mesh, rules, loss, None, temperature)
         self.kernel_impl = kernel_impl
         self.version = 0
+        self.lora = lora.has_adapters(params)
         self.param_shardings = state_shardings(params, mesh, rules)
         self.params = with_shardings(params, self.param_shardings)
-        self.ref_params = self.params if cfg.beta > 0 else None
-        opt_state = jax.eval_shape(self.tx.init, self.params)
+        self.ref_params = self.params if cfg.beta > 0 and not self.lora else None
+        opt_state = jax.eval_shape(self.tx.init, self.trainable(self.params))
         self.opt_state = with_shardings(opt_state, self._opt_shardings())
         self._build_step()
         return self
@@ -228,8 +249,9 @@ class Learner:
 
     # -- forward ----------------------------------------------------------------------------
 
-    def _token_stats(self, params, mb: dict[str, jax.Array]):
-        """Log-prob and entropy of each row position's target token, [R, T] each."""
+    def _token_stats(self, params, mb: dict[str, jax.Array], *, adapters: bool = True):
+        """Log-prob and entropy of each row position's target token, [R, T] each
+        (``adapters=False``: the base model's, of LoRA-adapted params)."""
         model = nnx.merge(self.graphdef, params)
         sharding = (self.mesh, self.rules)
         hidden = model(
@@ -240,6 +262,7 @@ class Learner:
             sharding=sharding,
             remat=self.cfg.remat,
             unroll=self.cfg.layer_unroll,
+            adapters=adapters,
         )
         r, t, d = hidden.shape
         unembed = model.unembed_dv
@@ -264,6 +287,8 @@ class Learner:
         ref = None
         if ref_params is not None:
             ref = jax.lax.stop_gradient(self._token_stats(ref_params, mb)[0])
+        elif self.lora and self.cfg.beta > 0:  # the reference is the base: adapters off
+            ref = jax.lax.stop_gradient(self._token_stats(params, mb, adapters=False)[0])
         x = LossInputs(
             logprobs=logp,
             old_logprobs=mb["old_logprobs"],
@@ -289,19 +314,26 @@ class Learner:
         return loss, sums
 
     def _accumulate(self, params, ref_params, batch, version):
-        """Gradients, loss and metric sums over a [micro_batches, ...] batch (a scan)."""
-        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+        """Gradients (of the trainable params), loss and metric sums over a
+        [micro_batches, ...] batch (a scan)."""
+        frozen = lora.split_adapters(params)[1] if self.lora else None
+
+        def micro_loss(train, mb):
+            full = lora.join(frozen, train) if self.lora else train
+            return self._micro_loss(full, ref_params, mb, version)
+
+        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
         def micro(carry, mb):
             grads, loss, sums = carry
-            (mb_loss, mb_sums), mb_grads = grad_fn(params, ref_params, mb, version)
+            (mb_loss, mb_sums), mb_grads = grad_fn(self.trainable(params), mb)
             grads = jax.tree.map(jnp.add, grads, mb_grads)
             return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
 
         first = jax.tree.map(lambda x: x[0], batch)
         sums0 = jax.eval_shape(lambda: self._micro_loss(params, ref_params, first, version)[1])
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0)
-        init = (jax.tree.map(jnp.zeros_like, params), jnp.float32(0.0), zeros)
+        init = (jax.tree.map(jnp.zeros_like, self.trainable(params)), jnp.float32(0.0), zeros)
         (grads, loss, sums), _ = jax.lax.scan(micro, init, batch)
         return grads, loss, sums
 
@@ -316,8 +348,11 @@ class Learner:
 
     def _finish(self, params, opt_state, grads, loss, sums):
         """Clip, update and the step's metrics, from the summed gradients and sums."""
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        train = self.trainable(params)
+        updates, opt_state = self.tx.update(grads, opt_state, train)
+        train = optax.apply_updates(train, updates)
+        # With LoRA the base passes through: donated and returned unchanged, it is not copied.
+        params = lora.join(lora.split_adapters(params)[1], train) if self.lora else train
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         fresh = sums.pop("fresh_tokens", None)
         metrics = {k: v / tokens for k, v in sums.items() if k not in MISMATCH_FRESH}
@@ -398,7 +433,8 @@ class Learner:
         remote = lent.fn(params, ref, share, version)
         mine = {k: v[:own] for k, v in arrays.items()}
         parts = [self._accum_fn(self.params, self.ref_params, mine, version)] if own else []
-        parts.append(jax.device_put(remote, (self.param_shardings, *[self._replicated] * 2)))
+        grad_shardings = self.trainable(self.param_shardings)
+        parts.append(jax.device_put(remote, (grad_shardings, *[self._replicated] * 2)))
         self.params, self.opt_state, metrics = self._apply_fn(
             self.params, self.opt_state, tuple(parts)
         )
@@ -422,7 +458,8 @@ class Learner:
     @functools.cached_property
     def _accum_fn(self):
         rep = self._replicated
-        return jax.jit(self._accumulate, out_shardings=(self.param_shardings, rep, rep))
+        grad_shardings = self.trainable(self.param_shardings)
+        return jax.jit(self._accumulate, out_shardings=(grad_shardings, rep, rep))
 
     @functools.cached_property
     def _apply_fn(self):
@@ -446,6 +483,12 @@ class Learner:
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
         return np.asarray(jax.device_get(self._logprob_fn(self.params, arrays)))
 
+    @property
+    def saved_params(self):
+        """The params a checkpoint writes: the adapters alone with LoRA (the base is the
+        run's ``init``, never written again), else all."""
+        return self.trainable(self.params)
+
     def state_dict(self) -> dict[str, Any]:
         """The pieces a checkpoint saves."""
-        return {"params": self.params, "opt_state": self.opt_state, "version": self.version}
+        return {"params": self.saved_params, "opt_state": self.opt_state, "version": self.version}

@@ -12,6 +12,12 @@ Given the topology's ``slices`` (a multislice job), the copy is the two-stage pl
 :mod:`rljax.mesh.fan_out`: one copy crosses into each sampler slice over DCN, then it is
 replicated over ICI; ``SyncStats.stage_bytes`` counts the first stage's bytes.
 
+With ``adapters_only`` (a LoRA run, :mod:`rljax.models.lora`), the sampler keeps the frozen
+base it received in the first copy, and every later publish moves the adapters alone: the
+newest params are that base joined with the adapters just copied, and ``SyncStats.bytes``
+counts what moved. A :meth:`retarget` drops the base with the copy, so the next publish
+moves everything once more.
+
 :func:`sampler_model` gives the engine the model in the sampler's dtype, so a bfloat16 sampler
 also computes its activations and holds its KV pages in bfloat16 (logits stay float32).
 """
@@ -29,9 +35,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.config import ModelConfig
+from rljax.config import LoRAConfig, ModelConfig
 from rljax.mesh.fan_out import fan_out, stage_bytes
 from rljax.mesh.slices import SliceMap, count
+from rljax.models.lora import join, split_adapters
 from rljax.models.transformer import Decoder
 
 # Publishes kept in WeightSync.history (the newest; the driver and reallocator read the last).
@@ -64,6 +71,7 @@ class WeightSync:
         dtype: str | None = None,
         every: int = 1,
         slices: SliceMap = (),
+        adapters_only: bool = False,
     ):
         if every < 1:
             raise ValueError(f"every={every}: publish at least every step (>= 1)")
@@ -76,6 +84,8 @@ class WeightSync:
         self._stage_bytes = 0
         self._lock = threading.Lock()
         self._latest: tuple[object, int] | None = None
+        self.adapters_only = adapters_only
+        self._base = None  # adapters_only: the frozen base on the sampler shardings
         # The newest publishes only (one a step; a long run must not grow host memory).
         self.history: collections.deque[SyncStats] = collections.deque(maxlen=HISTORY)
 
@@ -90,9 +100,12 @@ class WeightSync:
         )
         src = cast_floating(params, self.dtype) if needs_cast else params
         if not self.slices:
-            return jax.device_put(src, self._target_shardings(src), may_alias=False)
-        out, staged = fan_out(src, self._target_shardings(src), self.slices)
-        self._stage_bytes = stage_bytes(staged)
+            out = jax.device_put(src, self._target_shardings(src), may_alias=False)
+        else:
+            out, staged = fan_out(src, self._target_shardings(src), self.slices)
+            self._stage_bytes = stage_bytes(staged)
+        if self.adapters_only and self._base is None and not _adapters_alone(params):
+            self._base = split_adapters(out)[1]
         return out
 
     def retarget(self, target_shardings: Callable) -> None:
@@ -104,6 +117,7 @@ class WeightSync:
         with self._lock:
             self._target_shardings = target_shardings
             self._latest = None
+            self._base = None
 
     def due(self, version: int) -> bool:
         """Whether ``version`` should be published (every ``every`` learner steps)."""
@@ -112,10 +126,15 @@ class WeightSync:
     def publish(self, params, version: int, *, block: bool = True) -> SyncStats:
         """Copy ``params`` to the sampler shardings and make them the newest version."""
         start = time.perf_counter()
+        base = self._base
+        if base is not None:  # adapters_only, with the base on the sampler already
+            params = split_adapters(params)[0]
         copy = self.copy(params)
         if block:
             jax.block_until_ready(copy)
         nbytes = sum(x.nbytes for x in jax.tree.leaves(copy))
+        if base is not None:
+            copy = join(base, copy)
         stats = SyncStats(version, nbytes, time.perf_counter() - start, self._stage_bytes)
         with self._lock:
             if self._latest is None or version > self._latest[1]:
@@ -134,10 +153,20 @@ class WeightSync:
             return -1 if self._latest is None else self._latest[1]
 
 
+def _adapters_alone(params) -> bool:
+    """Whether a params tree is a LoRA adapters state and nothing else."""
+    leaves = jax.tree.leaves(params)
+    return bool(leaves) and len(jax.tree.leaves(split_adapters(params)[0])) == len(leaves)
+
+
 def sampler_model(
-    model_cfg: ModelConfig, graphdef: nnx.GraphDef, dtype: str
+    model_cfg: ModelConfig,
+    graphdef: nnx.GraphDef,
+    dtype: str,
+    lora: LoRAConfig | None = None,
 ) -> tuple[ModelConfig, nnx.GraphDef]:
-    """The engine's model config and graphdef: the learner's model in the sampler's ``dtype``.
+    """The engine's model config and graphdef: the learner's model in the sampler's ``dtype``
+    (with ``lora``'s adapters, those the learner's graphdef holds).
 
     The graphdef carries the config the decoder computes with (activation dtype, which the
     KV pages follow), so a sampler in another dtype than the learner needs its own.
@@ -145,4 +174,5 @@ def sampler_model(
     if model_cfg.dtype == dtype and model_cfg.param_dtype == dtype:
         return model_cfg, graphdef
     cfg = dataclasses.replace(model_cfg, dtype=dtype, param_dtype=dtype)
-    return cfg, nnx.graphdef(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    decoder = lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=lora)  # noqa: E731
+    return cfg, nnx.graphdef(nnx.eval_shape(decoder))

@@ -12,7 +12,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax import io
-from rljax.config import ConfigError, ModelConfig, RunConfig
+from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -20,7 +20,8 @@ from rljax.models.sharding import (
     with_shardings,
 )
 from rljax.models.tokenizer import Tokenizer
-from rljax.models.transformer import Decoder, init_sharded
+from rljax.models.lora import check_base
+from rljax.models.transformer import Decoder, init_sharded, with_adapters
 
 
 def resolve_init(init: str) -> str:
@@ -89,15 +90,25 @@ def _initial_model_config(cfg: RunConfig) -> ModelConfig:
 
 
 def load_initial_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
-    """(model config, graphdef, params) of ``cfg.init``, sharded on ``mesh``.
+    """(model config, graphdef, params) of ``cfg.init``, sharded on ``mesh``; with
+    ``lora.enabled``, plus fresh adapters (B = 0: still the base model).
 
     A missing or damaged checkpoint raises :class:`ConfigError` naming ``init``.
     """
+    model_cfg, graphdef, params = load_base_params(cfg, mesh, rules)
+    if cfg.lora.enabled:
+        graphdef, params = with_adapters(model_cfg, params, cfg.lora, mesh, rules, cfg.seed)
+    return model_cfg, graphdef, params
+
+
+def load_base_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
+    """(model config, graphdef, params) of ``cfg.init`` alone (no adapters), on ``mesh``."""
     if cfg.init == "random":
         graphdef, params = init_sharded(cfg.model, mesh, rules, cfg.seed)
         return cfg.model, graphdef, params
     with io.input_error("init", cfg.init):
         path = resolve_init(cfg.init)
+        check_base(cfg.lora, path)
         if path.endswith(".gguf"):
             from rljax.models.gguf import load_gguf
 
@@ -107,12 +118,18 @@ def load_initial_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARN
         return load_hf(path, mesh=mesh, rules=rules, dtype=cfg.model.dtype)
 
 
-def abstract_params(model_cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
-    """(graphdef, params) whose leaves are ``ShapeDtypeStruct``s with their shardings.
+def abstract_params(
+    model_cfg: ModelConfig,
+    mesh: Mesh,
+    rules: ShardingRules = LEARNER_RULES,
+    lora: LoRAConfig | None = None,
+):
+    """(graphdef, params) whose leaves are ``ShapeDtypeStruct``s with their shardings (with
+    ``lora``'s adapters when it is enabled).
 
     Nothing is allocated: a restore target, so a resumed run never initialises or loads the
     model only to overwrite it.
     """
-    model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0), lora=lora))
     graphdef, state = nnx.split(model)
     return graphdef, with_shardings(state, state_shardings(state, mesh, rules))

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 from jax.sharding import Mesh
 
-from rljax.config import ModelConfig
+from rljax.config import LoRAConfig, ModelConfig
+from rljax.models import lora
 from rljax.models.layouts import PER_LAYER, Layout, PerLayer
 from rljax.models.sharding import ShardingRules, fitted_sharding
 from rljax.models.transformer import LAYER_PARAMS, PARAM_AXES, CallPaths, Decoder
@@ -56,6 +57,12 @@ def _serving_axes(name: str) -> tuple[str, tuple[str, ...]]:
 
 # The logical axes of each of one layer's arrays, by its key in the serving layout.
 LAYER_AXES: dict[str, tuple[str, ...]] = dict(_serving_axes(name) for name in LAYER_PARAMS)
+# Unmerged LoRA adapters keep their stacked orientation ([in..., r] and [r, out...]).
+LAYER_AXES.update(
+    (key(w), lora.adapter_axes(key(w))[1:])
+    for w in lora.WEIGHT_SPECS
+    for key in (lora.a_key, lora.b_key)
+)
 
 
 @struct.dataclass
@@ -73,6 +80,8 @@ class ServingDecoder(CallPaths):
     final_norm: jax.Array
     head_t: jax.Array | None
     layers: tuple[dict[str, jax.Array], ...]
+    # Unmerged LoRA adapters sit in layers[i] under their own names, scaled by this.
+    lora_scale: float = struct.field(pytree_node=False, default=0.0)
 
     def _layers(self) -> tuple[dict[str, jax.Array], ...]:
         return self.layers
@@ -89,10 +98,13 @@ class ServingDecoder(CallPaths):
         return self.layout.project(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
 
 
-def to_serving(model) -> ServingDecoder:
-    """A Decoder's weights in the serving layout (traceable; new arrays, never views)."""
+def to_serving(model, *, merge_adapters: bool = False) -> ServingDecoder:
+    """A Decoder's weights in the serving layout (traceable; new arrays, never views); its
+    LoRA adapters folded into the weights (``merge_adapters``) or kept beside them."""
     cfg = model.cfg
     stacked = model._layers()
+    if merge_adapters:
+        stacked = lora.merged_layers(stacked, model.lora_scale)
 
     def layer(i):
         out = {}
@@ -105,7 +117,8 @@ def to_serving(model) -> ServingDecoder:
 
     head = None if cfg.tie_embeddings else model.lm_head[...].T
     layers = tuple(layer(i) for i in range(cfg.num_layers))
-    return ServingDecoder(cfg, model.embed[...], model.final_norm[...], head, layers)
+    scale = 0.0 if merge_adapters else model.lora_scale
+    return ServingDecoder(cfg, model.embed[...], model.final_norm[...], head, layers, scale)
 
 
 def serving_shardings(abstract: ServingDecoder, mesh: Mesh, rules: ShardingRules):
@@ -131,10 +144,21 @@ def serving_shardings(abstract: ServingDecoder, mesh: Mesh, rules: ShardingRules
 
 
 def serving_converter(
-    cfg: ModelConfig, graphdef: nnx.GraphDef, mesh: Mesh, rules: ShardingRules
+    cfg: ModelConfig,
+    graphdef: nnx.GraphDef,
+    mesh: Mesh,
+    rules: ShardingRules,
+    *,
+    lora_cfg: LoRAConfig | None = None,
+    merge_adapters: bool = False,
 ) -> Callable[[nnx.State], ServingDecoder]:
     """One compiled conversion from a params state (placed on ``mesh``) to a ServingDecoder
-    on the same mesh; build it once per engine, call it on every weight swap."""
-    abstract = jax.eval_shape(lambda: to_serving(Decoder(cfg, rngs=nnx.Rngs(0))))
-    convert = lambda params: to_serving(nnx.merge(graphdef, params))  # noqa: E731
+    on the same mesh; build it once per engine, call it on every weight swap. ``graphdef``
+    holds ``lora_cfg``'s adapters when it is given; ``merge_adapters`` folds them in."""
+
+    def convert(params):
+        return to_serving(nnx.merge(graphdef, params), merge_adapters=merge_adapters)
+
+    decoder = lambda: Decoder(cfg, rngs=nnx.Rngs(0), lora=lora_cfg)  # noqa: E731
+    abstract = jax.eval_shape(lambda: convert(nnx.state(decoder())))
     return jax.jit(convert, out_shardings=serving_shardings(abstract, mesh, rules))

@@ -270,7 +270,10 @@ class LocalHosting:
         run.engine = run.build_engine(sampler_mesh)
         run.engines.put(sampler_mesh, run.engine)  # builds counts the resizes' cache misses
         run.weight_sync = WeightSync(
-            run.engine.param_shardings, dtype=cfg.sampling.dtype, slices=run.topology.slices
+            run.engine.param_shardings,
+            dtype=cfg.sampling.dtype,
+            slices=run.topology.slices,
+            adapters_only=cfg.lora.enabled,
         )
         run.sampler = Sampler(
             run.engine,
@@ -299,7 +302,7 @@ class LocalHosting:
 
     def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
         assert run.ckpt is not None
-        params, opt_state = run.learner.params, run.learner.opt_state
+        params, opt_state = run.learner.saved_params, run.learner.opt_state
         run.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=force)
 
     def request_stop(self, run: Run) -> None:

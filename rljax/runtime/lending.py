@@ -323,8 +323,13 @@ class RunLending(Lending):
         sampling = dataclasses.replace(
             cfg.sampling, num_pages=kv_pages(model_cfg, cfg.sampling, mesh)
         )
-        engine = Engine(model_cfg, sampling, mesh, graphdef, impl=cfg.kernel_impl)
-        return _Replica(engine, WeightSync(engine.param_shardings, dtype=cfg.sampling.dtype))
+        engine = Engine(
+            model_cfg, sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=self.run.lora
+        )
+        sync = WeightSync(
+            engine.param_shardings, dtype=cfg.sampling.dtype, adapters_only=cfg.lora.enabled
+        )
+        return _Replica(engine, sync)
 
     def _lent_step(self, learner, batch, chips: int, micro_batches: int) -> dict[str, Any]:
         devices = list(self.run.topology.sampler.devices.flat)[:chips]

@@ -23,7 +23,13 @@ from rljax.learner.losses import Loss
 from rljax.mesh import distributed
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.transfer import transfer
-from rljax.models.loading import abstract_params, initial_model_config, load_initial_params
+from rljax.models import lora
+from rljax.models.loading import (
+    abstract_params,
+    initial_model_config,
+    load_base_params,
+    load_initial_params,
+)
 from rljax.policy.staleness import StalenessBuffer
 from rljax.runtime.rollout import decode_group
 
@@ -62,7 +68,7 @@ def new_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
 
 def abstract_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
     """The learner state's shapes, dtypes and shardings on ``mesh``: the restore target."""
-    graphdef, abstract = abstract_params(initial_model_config(cfg), mesh)
+    graphdef, abstract = abstract_params(initial_model_config(cfg), mesh, lora=_lora(cfg))
     return Learner.abstract(
         cfg.learner, graphdef, abstract, mesh, loss=loss, kernel_impl=cfg.kernel_impl
     )
@@ -94,12 +100,13 @@ def restore(
     except CheckpointError as e:  # a damaged newest step: the fallback restore handles it
         log.warning("could not check the config of the newest checkpoint first: %s", e)
     assert abstract is not None
-    state = (abstract.params, abstract.opt_state)
+    state = (abstract.saved_params, abstract.opt_state)  # with LoRA, the adapters alone
     target = state if layout is None else jax.tree.map(_on, state, layout)
     params, opt_state, meta = ckpt.restore(
         abstract_params=target[0], abstract_opt_state=target[1], fallback=True
     )
     check_resume_config(meta, cfg, where=where)  # the step that loaded
+    check_lora_base(meta, cfg, where=where)
     check_meta(meta)
     if layout is not None:
         params, opt_state = transfer((params, opt_state), jax.tree.map(_sharding, state))
@@ -127,16 +134,23 @@ def learner_for(
     if restored is None:
         learner = new_learner(cfg, mesh, loss)
     elif (cached := cache.peek(mesh)) is not None:
-        cached.params, cached.opt_state = restored.params, restored.opt_state
+        params = restored.params
+        if cached.lora:  # the checkpoint holds the adapters; the base is the cached learner's
+            params = lora.join(lora.split_adapters(cached.params)[1], params)
+        cached.params, cached.opt_state = params, restored.opt_state
         cached.version = restored.version
         learner = cached
     else:
-        graphdef = abstract_params(initial_model_config(cfg), mesh)[0]
-        ref = load_initial_params(cfg, mesh)[2] if cfg.learner.beta > 0 else None
+        graphdef = abstract_params(initial_model_config(cfg), mesh, lora=_lora(cfg))[0]
+        params, ref = restored.params, None
+        if cfg.lora.enabled:  # the base is read from init again, never from the checkpoint
+            params = lora.join(load_base_params(cfg, mesh)[2], params)
+        elif cfg.learner.beta > 0:
+            ref = load_initial_params(cfg, mesh)[2]
         learner = make_learner(
             cfg,
             graphdef,
-            restored.params,
+            params,
             mesh,
             loss,
             ref_params=ref,
@@ -145,6 +159,41 @@ def learner_for(
         )
     cache.put(mesh, learner)
     return learner
+
+
+def lora_base(cfg: RunConfig) -> dict[str, Any]:
+    """What a LoRA checkpoint records of its base (it holds the adapters alone): ``init`` and
+    the bytes of its weight files, so a resume onto another base is refused; {} without LoRA."""
+    if not cfg.lora.enabled:
+        return {}
+    from rljax import io
+    from rljax.models.loading import resolve_init
+
+    if cfg.init == "random":
+        return {"lora_base": {"init": "random", "seed": cfg.seed}}
+    path = resolve_init(cfg.init)
+    if io.is_file(path):
+        files = [io.path(path)]
+    else:
+        files = [io.join(path, f) for f in io.listdir(path) if f.endswith(".safetensors")]
+    return {"lora_base": {"init": cfg.init, "bytes": sum(f.stat().length for f in files)}}
+
+
+def check_lora_base(meta: dict[str, Any], cfg: RunConfig, *, where: str = "") -> None:
+    """Refuses, in one line, to put a LoRA checkpoint's adapters on another base."""
+    saved = meta.get("lora_base")
+    if saved is None or not cfg.lora.enabled:
+        return
+    now = lora_base(cfg)["lora_base"]
+    if saved != now:
+        raise ConfigError(
+            f"the LoRA checkpoint in {where or 'the workdir'} adapts the base {saved}, but init "
+            f"is now {now}; restore the base it was trained on, or use a new workdir"
+        )
+
+
+def _lora(cfg: RunConfig):
+    return cfg.lora if cfg.lora.enabled else None
 
 
 def _on(x, sharding):

@@ -157,7 +157,10 @@ class Run:
         cfg = self.cfg
         self.resumed_meta = resumed_meta
         self.learner = learner
-        self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype)
+        self.lora = cfg.lora if cfg.lora.enabled else None
+        self.sampler_model = sampler_model(
+            self.model_cfg, graphdef, cfg.sampling.dtype, self.lora
+        )
         if learner is not None:
             check_divisible(
                 "learner.batch_groups * learner.group_size", cfg.learner.batch_size, learner.dp
@@ -175,7 +178,9 @@ class Run:
         """The engine of this run's sampler on ``mesh``."""
         cfg = self.cfg
         model_cfg, graphdef = self.sampler_model
-        return Engine(model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl)
+        return Engine(
+            model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=self.lora
+        )
 
     # -- pieces -----------------------------------------------------------------------------
 
@@ -286,7 +291,11 @@ class Run:
                 data_state=data,
                 initial_accuracy=self.initial_accuracy,
                 metrics_offset=self.metrics.offset(),
-                extra={**self.hosting.checkpoint_extra(), **({"driver": driver} if driver else {})},
+                extra={
+                    **self.hosting.checkpoint_extra(),
+                    **resume.lora_base(self.cfg),
+                    **({"driver": driver} if driver else {}),
+                },
                 config=self.cfg,
                 gather=self.hosting.gather_data,
             )

@@ -1,0 +1,96 @@
+"""LoRA on the learner: the base is the model at step 0, only the adapters train, and the KL
+reference is the base with the adapters off."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.config import LearnerConfig, LoRAConfig, ModelConfig
+from rljax.learner.batch import TrainSequence, pack_batch
+from rljax.learner.learner import Learner
+from rljax.models import lora
+from rljax.models.sharding import LEARNER_RULES, make_mesh
+from rljax.models.transformer import init_sharded, with_adapters
+
+CFG = ModelConfig(vocab_size=32, hidden_size=64, intermediate_size=96, num_heads=4,
+                  num_kv_heads=2, head_dim=16, num_layers=2)
+LORA = LoRAConfig(enabled=True, rank=4, alpha=8.0)
+
+
+def _model(mesh, lora_cfg=LORA, seed=0):
+    graphdef, base = init_sharded(CFG, mesh, LEARNER_RULES, seed)
+    lgraphdef, params = with_adapters(CFG, base, lora_cfg, mesh, LEARNER_RULES, seed)
+    return graphdef, base, lgraphdef, params
+
+
+def _batch(dp=1):
+    rng = np.random.default_rng(0)
+    seqs = [
+        TrainSequence(rng.integers(1, 32, 12).tolist(), 4, [-1.0] * 8, adv)
+        for adv in (1.0, -1.0, 0.5, -0.5)
+    ]
+    return pack_batch(seqs, row_len=16, row_multiple=dp)
+
+
+def _logits(graphdef, params, tokens):
+    model = nnx.merge(graphdef, params)
+    t = tokens.shape[1]
+    hidden = model(tokens, jnp.arange(t)[None], jnp.ones((1, t), jnp.int32))
+    return model.logits(hidden)
+
+
+def test_step_zero_logits_equal_the_base():
+    mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
+    graphdef, base, lgraphdef, params = _model(mesh)
+    tokens = jnp.array([[3, 7, 1, 9, 4, 2]])
+    np.testing.assert_array_equal(
+        _logits(graphdef, base, tokens), _logits(lgraphdef, params, tokens)
+    )
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_a_step_trains_the_adapters_only(beta):
+    mesh = make_mesh(jax.devices()[:2], {"fsdp": 2, "tensor": 1})
+    _, base, lgraphdef, params = _model(mesh)
+    before = {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    learner = Learner(
+        LearnerConfig(group_size=2, batch_groups=2, learning_rate=1e-2, beta=beta),
+        lgraphdef, params, mesh, ref_params=params,
+    )
+    assert learner.lora and learner.ref_params is None
+    # The optimiser holds state for the adapters alone.
+    adapters, _ = lora.split_adapters(learner.params)
+    n_adapter = sum(x.size for x in jax.tree.leaves(adapters))
+    moments = [x for x in jax.tree.leaves(learner.opt_state) if x.ndim]
+    assert sum(x.size for x in moments) == 2 * n_adapter
+    metrics = learner.step(_batch(learner.dp))
+    assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+    after = {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(learner.params)}
+    changed = {jax.tree_util.keystr(k) for k in before if not np.array_equal(before[k], after[k])}
+    # Base bytes unchanged, every adapter A and B moved (B from zero).
+    assert changed and all("_lora_" in k for k in changed), sorted(changed)
+    assert {k for k in changed if "_lora_b" in k} == {
+        jax.tree_util.keystr(k) for k in before if "_lora_b" in jax.tree_util.keystr(k)
+    }
+    if beta:
+        assert "kl" in metrics or any("kl" in k for k in metrics)
+
+
+def test_kl_reference_is_the_base():
+    # With the adapters perturbed, the reference log-probs are the base model's.
+    mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
+    graphdef, base, lgraphdef, params = _model(mesh)
+    model = nnx.merge(lgraphdef, params)
+    model.wq_lora_b[...] = 0.5 * jnp.ones_like(model.wq_lora_b[...])
+    params = nnx.state(model)
+    cfg = LearnerConfig(group_size=2, batch_groups=2, beta=0.1)
+    learner = Learner(cfg, lgraphdef, params, mesh)
+    plain = Learner(cfg, graphdef, base, mesh)
+    batch = _batch()
+    mb = jax.tree.map(lambda x: jnp.asarray(x[0]), batch.arrays)
+    ref = learner._token_stats(learner.params, mb, adapters=False)[0]
+    np.testing.assert_allclose(ref, plain._token_stats(plain.params, mb)[0], atol=1e-6)
+    adapted = learner._token_stats(learner.params, mb)[0]
+    assert not np.allclose(adapted, ref, atol=1e-4)
