@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 
 from rljax import io
 from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig
+from rljax.models.lora import check_base
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -20,7 +21,6 @@ from rljax.models.sharding import (
     with_shardings,
 )
 from rljax.models.tokenizer import Tokenizer
-from rljax.models.lora import check_base
 from rljax.models.transformer import Decoder, init_sharded, with_adapters
 
 
