@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from rljax.config import ConfigError, MeshConfig
-from rljax.learner.learner import Learner, data_parallel_size, optimizer_shardings
+from rljax.learner.learner import Learner, data_parallel_size
 from rljax.mesh.topology import Topology, build_topology
 from rljax.models.sharding import LEARNER_RULES, ShardingRules
 from rljax.policy.meter import PhaseMeter
@@ -169,9 +169,9 @@ def move_learner(
                 current.ref_params, target.param_shardings, may_alias=False
             )
     # The same shardings the learner's step was compiled for, so its jit cache still hits.
-    replicated = NamedSharding(mesh, PartitionSpec())
-    opt_sh = optimizer_shardings(target.tx, target.params, target.param_shardings, replicated)
-    target.opt_state = jax.device_put(current.opt_state, opt_sh, may_alias=False)
+    target.opt_state = jax.device_put(
+        current.opt_state, target._opt_shardings(), may_alias=False
+    )
     target.version = current.version
     jax.block_until_ready((target.params, target.opt_state, target.ref_params))
     current.params = current.opt_state = current.ref_params = None

@@ -148,9 +148,14 @@ def merged_layers(layers: Mapping[str, jax.Array], scale: float) -> dict[str, ja
     return out
 
 
+def _is_adapter(path, _) -> bool:
+    return "_lora_" in str(path[-1])
+
+
 def split_adapters(state: nnx.State) -> tuple[nnx.State, nnx.State]:
-    """(adapters, base) of a params state."""
-    adapters, base = nnx.split_state(state, LoRAParam, ...)
+    """(adapters, base) of a params state, or of any state shaped like one (its shardings,
+    gradients): adapters are found by name, so bare leaves split as their Variables do."""
+    adapters, base = nnx.split_state(state, _is_adapter, ...)
     return adapters, base
 
 

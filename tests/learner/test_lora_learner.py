@@ -65,6 +65,10 @@ def test_a_step_trains_the_adapters_only(beta):
     n_adapter = sum(x.size for x in jax.tree.leaves(adapters))
     moments = [x for x in jax.tree.leaves(learner.opt_state) if x.ndim]
     assert sum(x.size for x in moments) == 2 * n_adapter
+    # Each moment lives where its adapter does (FSDP-sharded, not replicated).
+    by_shape = {x.shape: x.sharding for x in jax.tree.leaves(adapters)}
+    assert all(m.sharding.is_equivalent_to(by_shape[m.shape], m.ndim) for m in moments)
+    assert any(not m.sharding.is_fully_replicated for m in moments)
     metrics = learner.step(_batch(learner.dp))
     assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
     after = {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(learner.params)}

@@ -38,8 +38,10 @@ def _cfg(**changes):
     )
 
 
-def _train(cfg, workdir, stop_after=None):
+def _train(cfg, workdir, stop_after=None, lend=None):
     run = Run(cfg, str(workdir), reward_fn=_length_reward)
+    if lend is not None:
+        run.lending.force = lend
     if stop_after is not None:
         run.step_hooks.append(lambda r, step: r.request_stop() if step == stop_after else None)
     try:
@@ -84,3 +86,28 @@ def test_lora_run_moves_adapters_and_resumes_bitwise(tmp_path):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(_host(resumed.learner.opt_state), _host(whole.learner.opt_state), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_lora_lends_gradients_like_the_unlent_run(tmp_path):
+    # Trainer-on-RollPool with adapters: the lent micro-batch's adapter gradients come back
+    # and sum into the update as the learner's own would.
+    from rljax.policy.lending import LendDirection, LendingDecision
+
+    split = {
+        "mesh.mode": "split",
+        "mesh.sampler_devices": 6,
+        "mesh.learner_devices": 2,
+        "learner.micro_batches": 2,
+        "num_steps": 2,
+        "checkpoint.enabled": False,
+    }
+    plain, _ = _train(_cfg(**split), tmp_path / "plain")
+    lend = LendingDecision(LendDirection.TRAIN_ON_ROLL, 6, 0.5, 0.0, "test")
+    run, _ = _train(_cfg(**split, **{"lending.enabled": True}), tmp_path / "lent", lend=lend)
+    want, got = _train_rows(tmp_path / "plain"), _train_rows(tmp_path / "lent")
+    assert [r["lending/lent_micro_batches"] for r in got] == [1, 1]
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose([r[key] for r in got], [r[key] for r in want], rtol=1e-5)
+    assert all(r["grad_norm"] > 0 for r in got)
+    for a, b in zip(_host(run.learner.params), _host(plain.learner.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
