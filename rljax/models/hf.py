@@ -401,12 +401,12 @@ def save_hf(
         size += array.nbytes
     metadata = {"format": "pt"}  # transformers refuses safetensors without a format tag
     if len(shards) == 1:
-        _save_safetensors(shards[0], io.join(path, WEIGHTS_FILE), metadata)
+        save_safetensors(shards[0], io.join(path, WEIGHTS_FILE), metadata)
     else:
         weight_map, total = {}, 0
         for k, shard in enumerate(shards):
             file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-            _save_safetensors(shard, io.join(path, file), metadata)
+            save_safetensors(shard, io.join(path, file), metadata)
             weight_map.update({name: file for name in shard})
             total += sum(a.nbytes for a in shard.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -422,8 +422,9 @@ def save_hf(
     io.write_text(io.join(path, CONFIG_FILE), json.dumps(config, indent=2))
 
 
-def _save_safetensors(tensors: dict[str, np.ndarray], file, metadata: dict[str, str]) -> None:
-    """Streams to a local file; a remote one is uploaded from bytes (one shard in memory)."""
+def save_safetensors(tensors: dict[str, np.ndarray], file, metadata: dict[str, str]) -> None:
+    """Writes one safetensors file: streamed to a local path; a remote one is uploaded from
+    bytes (one shard in memory)."""
     from safetensors.numpy import save, save_file
 
     if io.is_local(file):
