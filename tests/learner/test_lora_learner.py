@@ -14,8 +14,15 @@ from rljax.models import lora
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import init_sharded, with_adapters
 
-CFG = ModelConfig(vocab_size=32, hidden_size=64, intermediate_size=96, num_heads=4,
-                  num_kv_heads=2, head_dim=16, num_layers=2)
+CFG = ModelConfig(
+    vocab_size=32,
+    hidden_size=64,
+    intermediate_size=96,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    num_layers=2,
+)
 LORA = LoRAConfig(enabled=True, rank=4, alpha=8.0)
 
 
@@ -57,7 +64,10 @@ def test_a_step_trains_the_adapters_only(beta):
     before = {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
     learner = Learner(
         LearnerConfig(group_size=2, batch_groups=2, learning_rate=1e-2, beta=beta),
-        lgraphdef, params, mesh, ref_params=params,
+        lgraphdef,
+        params,
+        mesh,
+        ref_params=params,
     )
     assert learner.lora and learner.ref_params is None
     # The optimiser holds state for the adapters alone.
