@@ -99,7 +99,9 @@ class StackedServing:
             self._merge = jax.jit(merge, out_shardings=shardings)
 
     def serve(self, params: nnx.State) -> nnx.State:
-        return params if self._merge is None else self._merge(params)
+        if self._merge is None or not lora.has_adapters(params):
+            return params  # served already (merged states hold no adapters)
+        return self._merge(params)
 
     def model(self, served: nnx.State) -> CallPaths:
         if not isinstance(served, nnx.State):
