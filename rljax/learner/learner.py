@@ -106,7 +106,7 @@ class _LentGrads:
         args = (learner.graphdef, mesh, learner.rules, learner.loss, None, learner.temperature)
         worker._configure(learner.cfg, *args)
         worker.kernel_impl = learner.kernel_impl
-        worker.lora = learner.lora
+        worker.lora, worker.seed = learner.lora, learner.seed
         self.param_shardings = state_shardings(learner.params, mesh, learner.rules)
         grad_shardings = learner.trainable(self.param_shardings)
         self.batch_sharding, rep = worker._batch_sharding, worker._replicated
@@ -137,8 +137,10 @@ class Learner:
         kernel_impl: str = "auto",
         version: int = 0,
         opt_state: Any = None,
+        seed: int = 0,
     ):
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
+        self.seed = seed  # LoRA dropout's masks: from (seed, version, micro-batch)
         self.kernel_impl = kernel_impl
         self.version = version
         self.lora = lora.has_adapters(params)
@@ -157,6 +159,7 @@ class Learner:
     def _configure(self, cfg, graphdef, mesh, rules, loss, learning_rate, temperature):
         """Everything but the arrays: shared by the constructor and :meth:`abstract`."""
         self.cfg = cfg
+        self.seed = 0
         self.loss = get_loss(loss or cfg.loss, cfg)
         self.mesh = mesh
         self.rules = rules
@@ -249,9 +252,12 @@ class Learner:
 
     # -- forward ----------------------------------------------------------------------------
 
-    def _token_stats(self, params, mb: dict[str, jax.Array], *, adapters: bool = True):
+    def _token_stats(
+        self, params, mb: dict[str, jax.Array], *, adapters: bool = True, dropout_key=None
+    ):
         """Log-prob and entropy of each row position's target token, [R, T] each
-        (``adapters=False``: the base model's, of LoRA-adapted params)."""
+        (``adapters=False``: the base model's, of LoRA-adapted params; ``dropout_key``: with
+        LoRA dropout, as the training loss takes them)."""
         model = nnx.merge(self.graphdef, params)
         sharding = (self.mesh, self.rules)
         hidden = model(
@@ -263,6 +269,7 @@ class Learner:
             remat=self.cfg.remat,
             unroll=self.cfg.layer_unroll,
             adapters=adapters,
+            dropout_key=dropout_key,
         )
         r, t, d = hidden.shape
         unembed = model.unembed_dv
@@ -282,8 +289,10 @@ class Learner:
             )
         return logp.reshape(r, t), ent.reshape(r, t)
 
-    def _micro_loss(self, params, ref_params, mb, version):
-        logp, entropy = self._token_stats(params, mb)
+    def _micro_loss(self, params, ref_params, mb, version, index=0):
+        """The loss of micro-batch ``index`` of the step at ``version``."""
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), version), index)
+        logp, entropy = self._token_stats(params, mb, dropout_key=key)
         ref = None
         if ref_params is not None:
             ref = jax.lax.stop_gradient(self._token_stats(ref_params, mb)[0])
@@ -313,20 +322,22 @@ class Learner:
             sums["fresh_tokens"] = jnp.sum(fresh)
         return loss, sums
 
-    def _accumulate(self, params, ref_params, batch, version):
+    def _accumulate(self, params, ref_params, batch, version, offset=0):
         """Gradients (of the trainable params), loss and metric sums over a
-        [micro_batches, ...] batch (a scan)."""
+        [micro_batches, ...] batch (a scan); ``offset``: the step's index of its first
+        micro-batch (a lent share's is not 0)."""
         frozen = lora.split_adapters(params)[1] if self.lora else None
 
-        def micro_loss(train, mb):
+        def micro_loss(train, mb, index):
             full = lora.join(frozen, train) if self.lora else train
-            return self._micro_loss(full, ref_params, mb, version)
+            return self._micro_loss(full, ref_params, mb, version, index)
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-        def micro(carry, mb):
+        def micro(carry, xs):
             grads, loss, sums = carry
-            (mb_loss, mb_sums), mb_grads = grad_fn(self.trainable(params), mb)
+            mb, index = xs
+            (mb_loss, mb_sums), mb_grads = grad_fn(self.trainable(params), mb, index)
             grads = jax.tree.map(jnp.add, grads, mb_grads)
             return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
 
@@ -334,7 +345,8 @@ class Learner:
         sums0 = jax.eval_shape(lambda: self._micro_loss(params, ref_params, first, version)[1])
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0)
         init = (jax.tree.map(jnp.zeros_like, self.trainable(params)), jnp.float32(0.0), zeros)
-        (grads, loss, sums), _ = jax.lax.scan(micro, init, batch)
+        m = jax.tree.leaves(batch)[0].shape[0]
+        (grads, loss, sums), _ = jax.lax.scan(micro, init, (batch, offset + jnp.arange(m)))
         return grads, loss, sums
 
     def _train_step(self, params, opt_state, ref_params, batch, version):
@@ -430,7 +442,7 @@ class Learner:
             for p in (self.params, self.ref_params)
         )
         share = jax.device_put({k: v[own:] for k, v in arrays.items()}, lent.batch_sharding)
-        remote = lent.fn(params, ref, share, version)
+        remote = lent.fn(params, ref, share, version, jnp.int32(own))
         mine = {k: v[:own] for k, v in arrays.items()}
         parts = [self._accum_fn(self.params, self.ref_params, mine, version)] if own else []
         grad_shardings = self.trainable(self.param_shardings)

@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 
 from rljax import io
 from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig
-from rljax.models.lora import check_base
+from rljax.models.lora import unadaptable
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -108,7 +108,14 @@ def load_base_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_
         return cfg.model, graphdef, params
     with io.input_error("init", cfg.init):
         path = resolve_init(cfg.init)
-        check_base(cfg.lora, path)
+        problem = unadaptable(cfg.lora, path)
+    if problem:
+        raise ConfigError(
+            f"config key 'lora.enabled' = True cannot adapt the GGUF base {path}: {problem}; "
+            "convert it to a Hugging Face directory or a GGUF of tensors the gguf package "
+            "dequantises (F32, F16, Q8_0, Q4_0, Q4_1, the K-quants)"
+        )
+    with io.input_error("init", cfg.init):
         if path.endswith(".gguf"):
             from rljax.models.gguf import load_gguf
 

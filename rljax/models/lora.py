@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.config import ConfigError, LoRAConfig, ModelConfig
+from rljax.config import LoRAConfig, ModelConfig
 
 # lora.targets -> the stacked decoder weight each adapts.
 TARGET_WEIGHTS = {
@@ -56,6 +56,21 @@ _AXES = {
     "F": "mlp",
     "R": None,  # the rank is small: replicated
 }
+
+
+# Where a training call puts each layer's dropout key among the layer weights it scans.
+DROPOUT_KEY = "_lora_dropout_key"
+
+
+def weight_index(weight: str) -> int:
+    """A stable small int per adaptable weight (to fold into a dropout key)."""
+    return list(WEIGHT_SPECS).index(weight)
+
+
+def dropout(x: jax.Array, key: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout: each element kept with probability 1 - rate, scaled by 1 / (1 - rate)."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
 class LoRAParam(nnx.Param):
@@ -169,19 +184,14 @@ def join(base: nnx.State, adapters: nnx.State) -> nnx.State:
     return nnx.merge_state(base, adapters)
 
 
-def check_base(lora: LoRAConfig, source: str) -> None:
-    """Refuses a base whose weights LoRA cannot adapt (a quantised GGUF layout kept as is).
+def unadaptable(lora: LoRAConfig, source: str) -> str:
+    """'' when LoRA can adapt the base at ``source``, else why not (one phrase).
 
-    rljax dequantises a GGUF's tensors when it loads them, so every supported GGUF base is
-    adaptable; a quantised layout this loader cannot dequantise is refused by the loader.
+    rljax dequantises a GGUF's tensors when it loads them and adapts the dequantised weights,
+    so a GGUF base is adaptable unless it uses a layout the gguf package cannot dequantise.
     """
-    if lora.enabled and source.endswith(".gguf"):
-        from rljax.models.gguf import check_dequantisable
+    if not (lora.enabled and source.endswith(".gguf")):
+        return ""
+    from rljax.models.gguf import check_dequantisable
 
-        problem = check_dequantisable(source)
-        if problem:
-            raise ConfigError(
-                f"config key 'lora.enabled' = True cannot adapt the GGUF base {source}: "
-                f"{problem}; convert it to a Hugging Face directory or a GGUF of F32/F16/BF16/"
-                "Q8_0/Q4_0/Q4_1 tensors"
-            )
+    return check_dequantisable(source)

@@ -134,6 +134,8 @@ class CallPaths:
     layout: ClassVar[Layout]
     # alpha / rank of the LoRA adapters the weights carry (rljax.models.lora); unused without.
     lora_scale: float = 0.0
+    # Dropout on the adapters' input, applied when a call passes a dropout key (training).
+    lora_dropout: float = 0.0
 
     def _layers(self) -> Any:
         raise NotImplementedError  # a subclass's weights
@@ -150,6 +152,11 @@ class CallPaths:
         if lora_lib.a_key(name) not in p:
             return y
         a, b = p[lora_lib.a_key(name)], p[lora_lib.b_key(name)]
+        key = p.get(lora_lib.DROPOUT_KEY)
+        if key is not None and self.lora_dropout > 0:
+            x = lora_lib.dropout(
+                x, jax.random.fold_in(key, lora_lib.weight_index(name)), self.lora_dropout
+            )
         return y + lora_lib.delta(x, a, b, name, self.lora_scale)
 
     def _mlp(self, h_btd, p) -> jax.Array:
@@ -197,6 +204,7 @@ class CallPaths:
         remat: str = "none",
         unroll: int = 1,
         adapters: bool = True,
+        dropout_key: jax.Array | None = None,
     ):
         """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
 
@@ -218,6 +226,8 @@ class CallPaths:
 
         ``adapters=False`` runs the base model of a LoRA-adapted one (its adapters left out):
         the reference policy of a KL penalty, with no second copy of the weights.
+        ``dropout_key`` (training) draws the LoRA dropout masks (``lora.dropout``), one stream
+        per layer and adapted weight; without it there is no dropout.
         """
         if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 0:
             raise ValueError(f"unroll={unroll!r}; expected an integer >= 0 (0: all layers)")
@@ -248,6 +258,8 @@ class CallPaths:
             # nothing there; unrolled blocks are straight-line code, where it keeps the remat.
             block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=unroll > 1)
         layers = self._layers() if adapters else _without_adapters(self._layers())
+        if adapters and dropout_key is not None and self.lora_dropout > 0:
+            layers = {**layers, lora_lib.DROPOUT_KEY: jax.random.split(dropout_key, depth)}
         x_btd, kv = self.layout.run_layers(block, self._embed(tokens_bt), layers, unroll=unroll)
         hidden = rms_norm(x_btd, self._final_norm(), self.cfg.norm_eps)
         return (hidden, kv) if return_kv else hidden
@@ -440,6 +452,7 @@ class Decoder(CallPaths, nnx.Module):
         self.w_down = param("w_down", (l_, f, d), fan_in([1]))
         if lora is not None and lora.enabled:
             self.lora_scale = lora.scale
+            self.lora_dropout = lora.dropout
             for name, shape in lora_lib.adapter_shapes(cfg, lora).items():
                 value = lora_lib.init_adapter(name, rngs.params(), shape, dtype)
                 axes = lora_lib.adapter_axes(name)

@@ -216,6 +216,7 @@ def make_learner(cfg: RunConfig, graphdef, params, mesh, loss, **kwargs) -> Lear
         temperature=cfg.sampling.temperature,
         ref_params=ref if cfg.learner.beta > 0 else None,
         kernel_impl=cfg.kernel_impl,
+        seed=cfg.seed,
         **kwargs,
     )
 

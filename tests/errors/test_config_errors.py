@@ -31,6 +31,9 @@ CASES = [
     ("C17", ["--config.tokenizer=init"], "set tokenizer='char' or a tokenizer directory"),
     ("C18", ["--config.sft.teacher=oracle"], "expected one of reference, drops_carries"),
     ("C19", ["--config.learner.micro_batches=1000"], "at most the batch size"),
+    ("C22", ["--config.lora.rank=0"], "expected an integer > 0"),
+    ("C23", ['--config.lora.targets=("q","qkv")'], "expected one of q, k, v, o, gate, up, down"),
+    ("C24", ["--config.lora.dropout=1.5"], "expected a probability in [0, 1)"),
 ]
 
 

@@ -164,8 +164,9 @@ def test_tokenizer_larger_than_the_model(refused, check_row, workdir):
 # ---- GGUF ------------------------------------------------------------------------------------
 
 
-def _write_gguf(path, *, arch="llama", metadata=True):
-    """A GGUF header with the model metadata of the tiny model and one tensor."""
+def _write_gguf(path, *, arch="llama", metadata=True, q8_1=False):
+    """A GGUF header with the model metadata of the tiny model and one tensor (and with
+    ``q8_1``, a tensor in Q8_1, a layout the gguf package cannot dequantise)."""
     gguf = pytest.importorskip("gguf", reason="the gguf package is not installed")
     writer = gguf.GGUFWriter(str(path), arch=arch)
     if metadata:
@@ -178,6 +179,10 @@ def _write_gguf(path, *, arch="llama", metadata=True):
         writer.add_embedding_length(TINY_MODEL.hidden_size)
     embed = np.zeros((TINY_MODEL.vocab_size, TINY_MODEL.hidden_size), np.float32)
     writer.add_tensor("token_embd.weight", embed)
+    if q8_1:  # blocks of 32 values in 40 bytes
+        blocks = np.zeros((TINY_MODEL.hidden_size, TINY_MODEL.hidden_size // 32 * 40), np.uint8)
+        q8 = gguf.GGMLQuantizationType.Q8_1
+        writer.add_tensor("blk.0.attn_q.weight", blocks, raw_dtype=q8)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -222,6 +227,12 @@ GGUF_CASES = [
 def test_bad_gguf(refused, check_row, workdir, tmp_path, row_id, make, fix):
     message = refused(_run(make(tmp_path), workdir), ConfigError, workdir)
     check_row(row_id, message, fix)
+
+
+def test_lora_on_a_gguf_it_cannot_dequantise(refused, check_row, workdir, tmp_path):
+    path = _write_gguf(tmp_path / "model.gguf", q8_1=True)
+    message = refused(_run(path, workdir, **{"lora.enabled": True}), ConfigError, workdir)
+    check_row("G07", message, "convert it to a Hugging Face directory")
 
 
 def test_bad_gguf_tokenizer(check_row, tmp_path):
