@@ -107,9 +107,14 @@ class PodHosting:
         cfg, roles = run.cfg, self.roles
         assert roles is not None
         abstract = resume.abstract_learner(cfg, run.topology.learner, run.loss)
-        self.abstract_state = (abstract.params, abstract.opt_state)
+        # What a checkpoint holds: with LoRA, the adapters and their optimiser state alone.
+        self.abstract_state = (abstract.saved_params, abstract.opt_state)
         self.weights = pod.PodWeights(
-            abstract.params, run.topology.sampler, cfg.sampling.dtype, run.topology.slices
+            abstract.params,
+            run.topology.sampler,
+            cfg.sampling.dtype,
+            run.topology.slices,
+            adapters_only=cfg.lora.enabled,
         )
         self.save_layout = save_shardings(self.abstract_state, run.devices)
         start = time.perf_counter()
@@ -215,7 +220,7 @@ class PodHosting:
     def save_state(self, run: Run, version: int, meta: dict[str, Any], *, wait: bool) -> None:
         """Every process: the learner state onto the save layout, then one orbax save."""
         assert run.ckpt is not None
-        state = (run.learner.params, run.learner.opt_state) if self.learner_role else None
+        state = (run.learner.saved_params, run.learner.opt_state) if self.learner_role else None
         params, opt_state = transfer(state or self.abstract_state, self.save_layout)
         run.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=True)
         if wait:

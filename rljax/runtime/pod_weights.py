@@ -5,6 +5,11 @@ the move is :func:`rljax.mesh.transfer.transfer`, one computation over the union
 meshes that every process owning one of their devices enters at the same tick. With several
 slices it runs in two stages (:mod:`rljax.mesh.fan_out`): one copy into each sampler slice,
 then a fan-out inside the slice among the sampler's processes.
+
+A LoRA run (``adapters_only``) moves the whole params once, after which the sampler processes
+keep the frozen base; every later move carries the adapters alone. Every process builds the
+same :class:`PodWeights` at the same time (at start and at each resize) and moves in the same
+order, so all agree on which plan the next move runs without a word exchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from rljax.mesh.fan_out import stage_bytes, stage_shardings
 from rljax.mesh.slices import SliceMap, count
 from rljax.mesh.transfer import sharding_leaves, transfer
 from rljax.mesh.weight_sync import cast_floating
+from rljax.models.lora import join, split_adapters
 from rljax.models.sharding import SAMPLER_RULES, state_shardings
 
 
@@ -24,8 +30,50 @@ class PodWeights:
 
     ``abstract`` is the learner's params state as ``ShapeDtypeStruct``s with the learner's
     shardings. Learner processes pass their params (cast to the sampler's dtype on the learner
-    mesh first); sampler processes pass nothing and get the sampler's copy.
+    mesh first); sampler processes pass nothing and get the sampler's copy. ``bytes`` and
+    ``stage_bytes`` are those of the last move.
     """
+
+    def __init__(
+        self,
+        abstract,
+        sampler_mesh,
+        dtype: str,
+        slices: SliceMap = (),
+        *,
+        adapters_only: bool = False,
+    ):
+        self._full = _Plan(abstract, sampler_mesh, dtype, slices)
+        self._adapters = None
+        if adapters_only:
+            self._adapters = _Plan(split_adapters(abstract)[0], sampler_mesh, dtype, slices)
+        self._base = None  # adapters_only: the base the first move left (None leaves off it)
+        self._last = self._full
+
+    @property
+    def bytes(self) -> int:
+        return self._last.bytes
+
+    @property
+    def stage_bytes(self) -> int:
+        return self._last.stage_bytes
+
+    def move(self, params=None):
+        """The sampler's copy (None leaves on learner processes); see :meth:`_Plan.move`."""
+        if self._adapters is None or self._base is None:
+            self._last = self._full
+            out = self._full.move(params)
+            if self._adapters is not None:
+                self._base = split_adapters(out)[1]
+            return out
+        self._last = self._adapters
+        return join(
+            self._base, self._adapters.move(None if params is None else split_adapters(params)[0])
+        )
+
+
+class _Plan:
+    """One transfer plan of a params tree from the learner's shardings to the sampler's."""
 
     def __init__(self, abstract, sampler_mesh, dtype: str, slices: SliceMap = ()):
         self.dtype = jnp.dtype(dtype)
