@@ -38,17 +38,19 @@ from rljax.config import (
     BufferConfig,
     DataConfig,
     LearnerConfig,
+    LoRAConfig,
     MeshConfig,
     MetricsConfig,
     RewardConfig,
     RunConfig,
     SamplingConfig,
+    replace,
     to_config_dict,
 )
 from rljax.models.families import model_config
 
 # Variant -> (chip in rljax.sim.chips, chips); scripts/plan_memory.py plans against these.
-TARGETS = {"v5p32": ("tpu-v5p", 16)}
+TARGETS = {"v5p32": ("tpu-v5p", 16), "v5e8_lora": ("tpu-v5e", 8)}
 VARIANTS = tuple(TARGETS)  # the first is the default
 PRESET = "qwen3-8b"
 
@@ -61,7 +63,7 @@ def recipe(variant: str = "") -> RunConfig:
             f"use one of {VARIANTS} or none"
         )
     variant = variant or VARIANTS[0]
-    return RunConfig(
+    cfg = RunConfig(
         model=model_config(PRESET, dtype="float32", param_dtype="float32"),
         init="gs://YOUR_BUCKET/models/Qwen3-8B",  # override with --config.init
         tokenizer="init",
@@ -108,6 +110,22 @@ def recipe(variant: str = "") -> RunConfig:
         eval_every=50,
         eval_examples=256,
     )
+    if variant == "v5e8_lora":
+        cfg = replace(
+            cfg,
+            lora=LoRAConfig(enabled=True, rank=16, alpha=32.0),
+            **{
+                "learner.learning_rate": 1e-5,
+                "learner.micro_batches": 32,
+                "mesh.sampler_devices": 4,
+                "mesh.learner_devices": 4,
+                "mesh.sampler_data": 1,
+                "mesh.sampler_tensor": 4,
+                "mesh.learner_fsdp": 4,
+                "reward.num_workers": 8,
+            },
+        )
+    return cfg
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

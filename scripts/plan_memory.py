@@ -3,6 +3,12 @@
     python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v5e8
     python scripts/plan_memory.py --config=configs/qwen2_5_1_5b_gsm8k.py:v6e8
     python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5p32
+    python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5e8_lora
+    python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5e8_lora \
+      --config.lora.enabled=False   # the same run with full fine-tuning
+
+``--config.KEY=VALUE`` overrides one field of the config (the value is a Python literal, else
+a string), as the launcher's flags do.
 
 The config file's ``TARGETS[arg]`` names the chip (rljax.sim.chips) and chip count. The script
 fakes that many CPU devices, builds the learner and the engine with abstract arrays
@@ -15,6 +21,14 @@ reads XLA's ``memory_analysis()`` per device:
 - sampler: weights, KV page pool (exact), temp, peak, plus a second copy of the weights that
   lives while an in-flight weight update is staged (async mode), which the fit must include.
 
+With ``lora.enabled`` both roles hold the frozen base plus the adapters (rljax.models.lora):
+the learner's optimiser state, gradients and accumulator cover the adapters alone and it keeps
+no reference copy (the KL reference is the base); the sampler serves the adapters as the
+target accelerator does ('auto' is unmerged there, rljax.engine.weights.lora_merged), and an
+update stages only the adapters (WeightSync(adapters_only=True)), so the staged second copy is
+the adapters' bytes. The table and the JSON name the LoRA settings and the trainable
+parameter count against the total.
+
 CPU compilation is a proxy for the TPU one: the same shardings and buffers, a different fusion
 and scheduler, and the XLA attention (which materialises [T, T] scores per layer) where the
 TPU runs the Pallas kernel, so read it as a plan, not a measurement. It prints a table, then
@@ -25,6 +39,8 @@ not fit the chip's HBM (or ``--hbm_gib``).
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import importlib.util
 import json
 import math
@@ -54,6 +70,21 @@ def load_config_module(spec: str):
     return module, arg
 
 
+def parse_overrides(args: list[str], parser: argparse.ArgumentParser) -> dict:
+    """``--config.KEY=VALUE`` arguments as {KEY: VALUE}: a Python literal, else the string."""
+    out = {}
+    for a in args:
+        key, eq, text = a.removeprefix("--config.").partition("=")
+        if not a.startswith("--config.") or not eq or not key:
+            parser.error(f"unrecognised argument {a!r}; overrides are --config.KEY=VALUE")
+        text = {"true": "True", "false": "False"}.get(text, text)
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
+
+
 def _per_device_bytes(tree) -> int:
     """Bytes one device holds of ``tree``'s ShapeDtypeStructs, from their shardings."""
     import jax
@@ -65,6 +96,27 @@ def _per_device_bytes(tree) -> int:
         shard = x.sharding.shard_shape(x.shape)
         total += math.prod(shard) * x.dtype.itemsize
     return total
+
+
+def _count(tree) -> int:
+    """Parameters (elements) in ``tree``'s leaves."""
+    import jax
+
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(tree) if x is not None)
+
+
+def _served_lora(lora):
+    """The run's LoRAConfig as the target chip serves it; None without LoRA.
+
+    The plan lays its meshes on fake CPU devices, where 'auto' would merge the adapters; every
+    chip of rljax.sim.chips is an accelerator, where 'auto' serves them unmerged
+    (rljax.engine.weights.lora_merged), so that is what is planned.
+    """
+    if not lora.enabled:
+        return None
+    if lora.serving == "auto":
+        return dataclasses.replace(lora, serving="unmerged")
+    return lora
 
 
 def _analysis(compiled) -> dict[str, int]:
@@ -96,18 +148,21 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
     from rljax.learner.learner import Learner
     from rljax.mesh.topology import build_topology
     from rljax.mesh.weight_sync import sampler_model
+    from rljax.models.loading import abstract_params
+    from rljax.models.lora import split_adapters
     from rljax.models.sharding import with_shardings
     from rljax.models.transformer import abstract_decoder
     from rljax.sim.chips import get_chip
 
     hbm = int(get_chip(chip_name).hbm_bytes if hbm_bytes is None else hbm_bytes)
     topo = build_topology(cfg.mesh, devices)
-    graphdef, abstract_params = nnx.split(abstract_decoder(cfg.model))
+    lora = _served_lora(cfg.lora)
+    graphdef, abstract = abstract_params(cfg.model, topo.learner, lora=lora)
 
     learner = Learner.abstract(
         cfg.learner,
         graphdef,
-        abstract_params,
+        abstract,
         topo.learner,
         temperature=cfg.sampling.temperature,
         kernel_impl="xla",  # the CPU cannot compile Pallas TPU kernels
@@ -122,6 +177,7 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
     optimizer = _per_device_bytes(learner.opt_state)
     learn.update(
         params=params + refs,
+        adapters=_per_device_bytes(split_adapters(learner.params)[0]),
         optimizer=optimizer,
         batch=learn["argument"] - params - refs - optimizer,
         batch_shape=list(batch_shape),
@@ -130,27 +186,42 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
     learn["total"] = learn["peak"]
 
     # The sampler holds its own copy in sampling.dtype (cast at every publish), as the runtime.
-    sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype)
-    sampler_params = nnx.split(abstract_decoder(sampler_cfg))[1]
-    engine = Engine(sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl="xla")
-    gen = _analysis(engine.lower_generate(sampler_params).compile())
-    weights = _per_device_bytes(
-        with_shardings(sampler_params, engine.param_shardings(sampler_params))
+    sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype, lora)
+    sampler_params = nnx.split(abstract_decoder(sampler_cfg, lora))[1]
+    engine = Engine(
+        sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl="xla", lora=lora
     )
+    gen = _analysis(engine.lower_generate(sampler_params).compile())
+    placed = with_shardings(sampler_params, engine.param_shardings(sampler_params))
+    weights = _per_device_bytes(placed)
     state = with_shardings(
         jax.eval_shape(engine.init_decode_state), engine.decode_state_shardings()
     )
     pool = _per_device_bytes((state.k_pages, state.v_pages))
+    # An update in flight is staged beside the served weights: with LoRA, the adapters alone.
+    staged = _per_device_bytes(split_adapters(placed)[0]) if lora else weights
     gen.update(
         weights=weights,
         kv_pool=pool,
         kv_shards=engine.kv_shards,
-        weights_in_flight=weights,
+        weights_in_flight=staged,
         devices=topo.sampler_devices,
     )
-    gen["total"] = gen["peak"] + weights
+    gen["total"] = gen["peak"] + staged
 
-    out = {"chip": chip_name, "hbm": hbm}
+    out = {
+        "chip": chip_name,
+        "hbm": hbm,
+        "lora": {
+            "enabled": lora is not None,
+            "rank": lora.rank if lora else None,
+            "alpha": lora.alpha if lora else None,
+            "targets": list(lora.targets) if lora else None,
+            "serving": lora.serving if lora else None,
+            "trainable_params": _count(learner.trainable(learner.params)),
+            "total_params": _count(learner.params),
+        },
+    }
     for role, r in (("learner", learn), ("sampler", gen)):
         r["fits"] = r["total"] <= hbm
         r["headroom"] = hbm - r["total"]
@@ -166,16 +237,28 @@ def report(result: dict, title: str) -> str:
         return f"{x / GIB:7.2f}"
 
     hbm = result["hbm"]
-    lrn, smp = result["learner"], result["sampler"]
+    lrn, smp, lora = result["learner"], result["sampler"], result["lora"]
+    share = f"{lora['trainable_params']:,} of {lora['total_params']:,} params trainable"
+    if lora["enabled"]:
+        tuning = (
+            f"LoRA r={lora['rank']} alpha={lora['alpha']:g} on {','.join(lora['targets'])}"
+            f" (served {lora['serving']}): {share}"
+            f" ({100 * lora['trainable_params'] / lora['total_params']:.2f}%)"
+        )
+    else:
+        tuning = f"full fine-tuning (LoRA off): {share}"
     lines = [
         f"{title}: {result['chip']} ({hbm / GIB:.1f} GiB HBM per chip); GiB per chip",
+        tuning,
         f"learner ({lrn['devices']} chips, batch {lrn['batch_shape']} = [micro, rows, len]):",
-        f"  params {g(lrn['params'])}  optimizer {g(lrn['optimizer'])}  batch {g(lrn['batch'])}"
+        f"  params {g(lrn['params'])} (adapters {g(lrn['adapters'])})"
+        f"  optimizer {g(lrn['optimizer'])}  batch {g(lrn['batch'])}"
         f"  temp {g(lrn['temp'])}  total {g(lrn['total'])} of {hbm / GIB:.1f}"
         f"  {'fits' if lrn['fits'] else 'DOES NOT FIT'} (headroom {g(lrn['headroom'])})",
         f"sampler ({smp['devices']} chips, {smp['kv_shards']} kv shard(s)):",
         f"  weights {g(smp['weights'])}  kv pool {g(smp['kv_pool'])}  temp {g(smp['temp'])}"
-        f"  peak {g(smp['peak'])}  + staged weights {g(smp['weights_in_flight'])}"
+        f"  peak {g(smp['peak'])}  + staged {'adapters' if lora['enabled'] else 'weights'}"
+        f" {g(smp['weights_in_flight'])}"
         f"  = total {g(smp['total'])} of {hbm / GIB:.1f}"
         f"  {'fits' if smp['fits'] else 'DOES NOT FIT'} (headroom {g(smp['headroom'])})",
     ]
@@ -188,7 +271,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--hbm_gib", type=float, default=None, help="budget per chip in GiB (default: the chip's)"
     )
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    overrides = parse_overrides(rest, parser)
     module, arg = load_config_module(args.config)
     chip, chips = module.TARGETS[arg]
     # The fake devices must exist before JAX starts its CPU backend (importing jax does not
@@ -198,7 +282,7 @@ def main(argv=None) -> int:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={chips}"
     import jax
 
-    from rljax.config import from_config_dict
+    from rljax.config import from_config_dict, replace
 
     if len(jax.devices()) < chips:
         raise SystemExit(
@@ -206,6 +290,10 @@ def main(argv=None) -> int:
             f"run it in a fresh process (it sets JAX_NUM_CPU_DEVICES={chips})"
         )
     cfg = from_config_dict(module.get_config(arg))
+    try:
+        cfg = replace(cfg, **overrides)
+    except (TypeError, AttributeError, ValueError) as e:  # an unknown key, a bad value
+        raise SystemExit(f"plan_memory: --config overrides {overrides}: {e}") from None
     hbm = None if args.hbm_gib is None else args.hbm_gib * GIB
     result = plan(cfg, chip, devices=jax.devices()[:chips], hbm_bytes=hbm)
     print(report(result, f"{args.config} on {chips} chips"), flush=True)

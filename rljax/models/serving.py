@@ -56,7 +56,7 @@ def _serving_axes(name: str) -> tuple[str, tuple[str, ...]]:
 
 
 # The logical axes of each of one layer's arrays, by its key in the serving layout.
-LAYER_AXES: dict[str, tuple[str, ...]] = dict(_serving_axes(name) for name in LAYER_PARAMS)
+LAYER_AXES: dict[str, tuple[str | None, ...]] = dict(_serving_axes(name) for name in LAYER_PARAMS)
 # Unmerged LoRA adapters keep their stacked orientation ([in..., r] and [r, out...]).
 LAYER_AXES.update(
     (key(w), lora.adapter_axes(key(w))[1:])
