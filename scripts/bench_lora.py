@@ -49,7 +49,6 @@ from rljax.models.transformer import with_adapters  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_learner  # noqa: E402
 
-
 LAYERS = [0]  # --layers: SmolLM2 cut to this many layers (0: all 30), for smoke tests
 
 
