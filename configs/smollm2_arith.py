@@ -45,7 +45,7 @@ from rljax.config import (
 
 # small: 2 steps of 2 groups, a smoke run of the real-model path.
 # learn: sized for about 30 minutes on the 2-core CPU, with a held-out curve (see the docstring).
-VARIANTS = ("small", "learn")
+VARIANTS = ("small", "learn", "learn_lora")
 
 
 def recipe(variant: str = "") -> RunConfig:
@@ -86,7 +86,7 @@ def recipe(variant: str = "") -> RunConfig:
     )
     if variant == "small":
         cfg = replace(cfg, **{"num_steps": 2, "eval_examples": 4, "learner.batch_groups": 2})
-    elif variant == "learn":
+    elif variant in ("learn", "learn_lora"):
         cfg = replace(
             cfg,
             **{
@@ -104,6 +104,19 @@ def recipe(variant: str = "") -> RunConfig:
                 "eval_every": 5,
                 "eval_examples": 96,
                 "metrics.progress_bar": False,
+            },
+        )
+    if variant == "learn_lora":
+        # LoRA on every projection, rank 16, alpha 32. The rate is the full fine-tune's times
+        # 10, the usual rule for LoRA (its updates are scaled down by the low rank); it was
+        # not tuned here. docs/benchmarks.md has both runs on the same seeds.
+        cfg = replace(
+            cfg,
+            **{
+                "lora.enabled": True,
+                "lora.rank": 16,
+                "lora.alpha": 32.0,
+                "learner.learning_rate": 1e-4,
             },
         )
     return cfg

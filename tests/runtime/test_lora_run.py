@@ -111,3 +111,27 @@ def test_lora_lends_gradients_like_the_unlent_run(tmp_path):
     assert all(r["grad_norm"] > 0 for r in got)
     for a, b in zip(_host(run.learner.params), _host(plain.learner.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_lora_trains_an_agent(tmp_path):
+    # Conversations with a tool: env tokens carry no loss, the adapters alone train and move.
+    from rljax.configs import arith_tools
+
+    cfg = replace(
+        arith_tools.recipe("small"),
+        **{"lora.enabled": True, "lora.rank": 8, "metrics.progress_bar": False},
+    )
+    run = Run(cfg, str(tmp_path))
+    try:
+        run.train()
+    finally:
+        run.close()
+    rows = _train_rows(tmp_path)
+    adapters = lora.split_adapters(run.learner.params)[0]
+    moved = sum(x.nbytes for x in jax.tree.leaves(adapters))
+    assert [r["sync_bytes"] for r in rows] == [moved] * cfg.num_steps
+    assert (
+        sum(r["tool_calls"] for r in rows) > 0
+        and max(r["turns_per_conversation"] for r in rows) > 1
+    )
+    assert any(r["grad_norm"] > 0 for r in rows)
