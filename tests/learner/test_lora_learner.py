@@ -130,3 +130,21 @@ def test_dropout_draws_masks_per_step_and_none_at_evaluation():
     np.testing.assert_array_equal(plain, learner._token_stats(learner.params, mb)[0])
     metrics = learner.step(_batch())
     assert np.isfinite(metrics["loss"])
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo", "gspo", "decoupled_ppo", "sft"])
+def test_every_loss_trains_the_adapters(loss):
+    mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
+    _, _, lgraphdef, params = _model(mesh)
+    cfg = LearnerConfig(group_size=2, batch_groups=2, learning_rate=1e-2, ppo_epochs=2)
+    learner = Learner(cfg, lgraphdef, params, mesh, loss=loss)
+    before = lora.split_adapters(learner.params)
+    before = (
+        [np.asarray(x) for x in jax.tree.leaves(before[0])],
+        [np.asarray(x) for x in jax.tree.leaves(before[1])],
+    )
+    metrics = learner.step(_batch())
+    assert np.isfinite(metrics["loss"])
+    adapters, base = lora.split_adapters(learner.params)
+    assert any(not np.array_equal(a, b) for a, b in zip(before[0], jax.tree.leaves(adapters)))
+    assert all(np.array_equal(a, b) for a, b in zip(before[1], jax.tree.leaves(base)))
