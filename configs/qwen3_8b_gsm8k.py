@@ -1,4 +1,5 @@
-"""GRPO on GSM8K from Qwen3-8B on a v5p-32 pod slice (16 chips on 4 hosts): ``:v5p32``.
+"""GRPO on GSM8K from Qwen3-8B on a v5p-32 pod slice (16 chips on 4 hosts): ``:v5p32``; with
+LoRA on one v5e-8 host: ``:v5e8_lora``.
 
     scripts/gcp/launch.sh ... -- rljax --config=configs/qwen3_8b_gsm8k.py:v5p32 \
       --workdir=gs://BUCKET/runs/q3_8b_gsm8k \
@@ -30,6 +31,32 @@ tokens / 8) + temp 18.50 + a staged weight update 3.81 = 31.76. The sampler's te
 a CPU artefact (XLA's CPU backend plans f32 copies of the bf16 weights and pool, 7.63 + 11.25;
 a TPU computes bf16 natively). Both leave over half the HBM free, room for longer answers or
 more slots.
+
+``:v5e8_lora``: the same task, batch and lengths with LoRA adapters (r=16, alpha=32, on all 7
+projections; docs/lora.md) on a frozen base, on one v5e-8 host (8 chips of 16 GiB):
+
+    rljax --config=configs/qwen3_8b_gsm8k.py:v5e8_lora --workdir=gs://BUCKET/runs/q3_8b_lora \
+      --config.init=gs://BUCKET/models/Qwen3-8B \
+      --config.data.path=gs://BUCKET/data/gsm8k/train.jsonl
+    python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5e8_lora   # fits
+    python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5e8_lora \
+      --config.lora.enabled=False   # full fine-tuning: does not fit (exit 1)
+
+  * sampler: chips 0-3, tensor=4: the bf16 base split 4 ways plus the unmerged adapters; a
+    weight update stages the adapters alone (44 MiB a chip), not a second base;
+  * learner: chips 4-7, fsdp=4: the f32 base (frozen; the adapters and their Adam moments are
+    f32 as well, which a bf16 base would make bf16) and 43.6M trainable parameters of 8.23B;
+    64 micro-batches of 4 rows x 1280 tokens (one row a chip), ``remat='full'``.
+What changed from ``:v5p32`` and why: ``learning_rate`` 1e-5 (adapters want about 10x the full
+fine-tuning rate); ``micro_batches`` 64 (32 planned 16.29 GiB on the learner);
+``max_concurrent_decodes`` 32 instead of 256 (the CPU plan's f32 upcast copies of the bf16
+weights and pool, 7.7 GiB plus twice the pool, leave room for 32 slots of 1280 tokens; a TPU
+makes no such copies: 128 slots would be 3.86 + 5.63 GiB of weights and pool, an estimate to
+measure before raising it). Planned GiB per chip of 16: learner 7.74 (base + adapters) + Adam
+0.23 + temp 4.34 = 12.32 (3.68 free); sampler 3.86 + KV pool 1.41 + temp 9.97 + staged
+adapters 0.04 = 15.28 (0.72 free). Full fine-tuning plans 39.78 (learner: 7.63 + Adam 15.26 +
+temp 16.90) and 18.92 (sampler, with a staged 3.81 GiB base): f32 weights, Adam moments,
+gradients and their accumulator come to 19.1 GiB a chip even spread over all 8 chips.
 """
 
 import ml_collections

@@ -26,8 +26,9 @@ the learner's optimiser state, gradients and accumulator cover the adapters alon
 no reference copy (the KL reference is the base); the sampler serves the adapters as the
 target accelerator does ('auto' is unmerged there, rljax.engine.weights.lora_merged), and an
 update stages only the adapters (WeightSync(adapters_only=True)), so the staged second copy is
-the adapters' bytes. The table and the JSON name the LoRA settings and the trainable
-parameter count against the total.
+the adapters' bytes. ``lora.serving='merged'`` decodes from a merged copy while the unmerged
+base and adapters stay held beside it; the sampler's total counts both. The table and the
+JSON name the LoRA settings and the trainable parameter count against the total.
 
 CPU compilation is a proxy for the TPU one: the same shardings and buffers, a different fusion
 and scheduler, and the XLA attention (which materialises [T, T] scores per layer) where the
@@ -141,24 +142,15 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
       devices: the devices to lay the meshes on (default: all visible).
       hbm_bytes: budget per chip in bytes, overriding the chip's HBM.
     """
-    import jax
-    from flax import nnx
-
-    from rljax.engine.engine import Engine
     from rljax.learner.learner import Learner
     from rljax.mesh.topology import build_topology
-    from rljax.mesh.weight_sync import sampler_model
     from rljax.models.loading import abstract_params
-    from rljax.models.lora import split_adapters
-    from rljax.models.sharding import with_shardings
-    from rljax.models.transformer import abstract_decoder
     from rljax.sim.chips import get_chip
 
     hbm = int(get_chip(chip_name).hbm_bytes if hbm_bytes is None else hbm_bytes)
     topo = build_topology(cfg.mesh, devices)
     lora = _served_lora(cfg.lora)
     graphdef, abstract = abstract_params(cfg.model, topo.learner, lora=lora)
-
     learner = Learner.abstract(
         cfg.learner,
         graphdef,
@@ -167,6 +159,34 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
         temperature=cfg.sampling.temperature,
         kernel_impl="xla",  # the CPU cannot compile Pallas TPU kernels
     )
+    out = {
+        "chip": chip_name,
+        "hbm": hbm,
+        "lora": {
+            "enabled": lora is not None,
+            "rank": lora.rank if lora else None,
+            "alpha": lora.alpha if lora else None,
+            "targets": list(lora.targets) if lora else None,
+            "serving": lora.serving if lora else None,
+            "trainable_params": _count(learner.trainable(learner.params)),
+            "total_params": _count(learner.params),
+        },
+    }
+    for role, r in (
+        ("learner", _plan_learner(cfg, learner, topo.learner_devices)),
+        ("sampler", _plan_sampler(cfg, graphdef, topo, lora)),
+    ):
+        r["fits"] = r["total"] <= hbm
+        r["headroom"] = hbm - r["total"]
+        out[role] = r
+    out["fits"] = out["learner"]["fits"] and out["sampler"]["fits"]
+    return out
+
+
+def _plan_learner(cfg, learner, devices: int) -> dict:
+    """The learner step's per-device bytes, for the largest batch ``cfg`` can pack."""
+    from rljax.models.lora import split_adapters
+
     row_len = cfg.learner.pack_length or (
         cfg.sampling.max_prefill_length + cfg.sampling.max_new_tokens
     )
@@ -181,9 +201,22 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
         optimizer=optimizer,
         batch=learn["argument"] - params - refs - optimizer,
         batch_shape=list(batch_shape),
-        devices=topo.learner_devices,
+        devices=devices,
     )
     learn["total"] = learn["peak"]
+    return learn
+
+
+def _plan_sampler(cfg, graphdef, topo, lora) -> dict:
+    """The engine's generate per device, plus what a weight update holds beside it."""
+    import jax
+    from flax import nnx
+
+    from rljax.engine.engine import Engine
+    from rljax.mesh.weight_sync import sampler_model
+    from rljax.models.lora import split_adapters
+    from rljax.models.sharding import with_shardings
+    from rljax.models.transformer import abstract_decoder
 
     # The sampler holds its own copy in sampling.dtype (cast at every publish), as the runtime.
     sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype, lora)
@@ -200,34 +233,19 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
     pool = _per_device_bytes((state.k_pages, state.v_pages))
     # An update in flight is staged beside the served weights: with LoRA, the adapters alone.
     staged = _per_device_bytes(split_adapters(placed)[0]) if lora else weights
+    # Merged adapters are served from a merged copy (generate's argument), while the sampler
+    # keeps the base and adapters it was sent beside it (rljax.engine.weights.lora_merged).
+    kept = weights if lora and lora.serving == "merged" else 0
     gen.update(
         weights=weights,
         kv_pool=pool,
         kv_shards=engine.kv_shards,
         weights_in_flight=staged,
+        weights_kept=kept,
         devices=topo.sampler_devices,
     )
-    gen["total"] = gen["peak"] + staged
-
-    out = {
-        "chip": chip_name,
-        "hbm": hbm,
-        "lora": {
-            "enabled": lora is not None,
-            "rank": lora.rank if lora else None,
-            "alpha": lora.alpha if lora else None,
-            "targets": list(lora.targets) if lora else None,
-            "serving": lora.serving if lora else None,
-            "trainable_params": _count(learner.trainable(learner.params)),
-            "total_params": _count(learner.params),
-        },
-    }
-    for role, r in (("learner", learn), ("sampler", gen)):
-        r["fits"] = r["total"] <= hbm
-        r["headroom"] = hbm - r["total"]
-        out[role] = r
-    out["fits"] = out["learner"]["fits"] and out["sampler"]["fits"]
-    return out
+    gen["total"] = gen["peak"] + staged + kept
+    return gen
 
 
 def report(result: dict, title: str) -> str:
@@ -259,7 +277,8 @@ def report(result: dict, title: str) -> str:
         f"  weights {g(smp['weights'])}  kv pool {g(smp['kv_pool'])}  temp {g(smp['temp'])}"
         f"  peak {g(smp['peak'])}  + staged {'adapters' if lora['enabled'] else 'weights'}"
         f" {g(smp['weights_in_flight'])}"
-        f"  = total {g(smp['total'])} of {hbm / GIB:.1f}"
+        + (f"  + held unmerged {g(smp['weights_kept'])}" if smp["weights_kept"] else "")
+        + f"  = total {g(smp['total'])} of {hbm / GIB:.1f}"
         f"  {'fits' if smp['fits'] else 'DOES NOT FIT'} (headroom {g(smp['headroom'])})",
     ]
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 
 Checks the report's figures against what they must be from the shapes (params and optimiser
 bytes, the KV pool sharded over the sampler's data axis), that the fit verdict follows from the
-numbers, and that the last line is the JSON of the figures.
+numbers, and that the last line is the JSON of the figures. The same config with LoRA on
+(``--config.lora.enabled=True``) must plan Adam moments for the adapters alone and stage only
+the adapters on the sampler.
 """
 
 import contextlib
@@ -101,6 +103,69 @@ def test_figures_are_positive_and_match_the_shapes(fitting):
     assert smp["weights"] == smp["weights_in_flight"] > 0
     assert smp["total"] == smp["peak"] + smp["weights"]
     assert smp["peak"] >= smp["weights"] + smp["kv_pool"]
+
+
+# The tiny model's adapters at rank 4 on all 7 projections, per layer: q 64*4 + 4*64, k and v
+# 64*4 + 4*32, o 64*4 + 4*64, gate and up 64*4 + 4*128, down 128*4 + 4*64; 2 layers.
+N_ADAPTERS = 2 * (2 * 512 + 2 * 384 + 3 * 768)
+
+
+@pytest.fixture(scope="module")
+def with_lora(planner, config_file):
+    return _run(
+        planner,
+        [f"--config={config_file}:cpu8", "--config.lora.enabled=True", "--config.lora.rank=4"],
+    )
+
+
+def test_lora_trains_the_adapters_alone(fitting, with_lora):
+    code, lines, err = with_lora
+    assert code == 0 and err == ""
+    assert "LoRA r=4" in lines[1] and "staged adapters" in "\n".join(lines)
+    full, lora = json.loads(fitting[1][-1]), json.loads(lines[-1])
+    assert full["lora"]["enabled"] is False
+    assert full["lora"]["trainable_params"] == full["lora"]["total_params"]
+    assert lora["lora"]["enabled"] is True and lora["lora"]["rank"] == 4
+    assert lora["lora"]["serving"] == "unmerged"  # as the target accelerator serves them
+    assert lora["lora"]["trainable_params"] == N_ADAPTERS
+    assert lora["lora"]["total_params"] == full["lora"]["total_params"] + N_ADAPTERS
+    lrn, full_lrn = lora["learner"], full["learner"]
+    # f32 adapters, each device holding at least its 1/4 share and at most all of them.
+    assert N_ADAPTERS * 4 // 4 <= lrn["adapters"] <= N_ADAPTERS * 4
+    assert lrn["params"] == full_lrn["params"] + lrn["adapters"]  # base + adapters, no ref
+    # Adam's two moments of the adapters, plus the optimiser's few scalars (step counts, rate).
+    assert 0 <= lrn["optimizer"] - 2 * lrn["adapters"] < 256
+    assert lrn["params"] + lrn["optimizer"] < full_lrn["params"] + full_lrn["optimizer"]
+
+
+def test_lora_stages_only_the_adapters(fitting, with_lora):
+    full, lora = json.loads(fitting[1][-1])["sampler"], json.loads(with_lora[1][-1])["sampler"]
+    assert lora["weights"] > full["weights"]  # the base and the unmerged adapters
+    assert lora["weights_in_flight"] == lora["weights"] - full["weights"]
+    assert N_ADAPTERS * 4 // 4 <= lora["weights_in_flight"] <= N_ADAPTERS * 4
+    assert lora["total"] == lora["peak"] + lora["weights_in_flight"]
+    assert lora["kv_pool"] == full["kv_pool"]
+
+
+def test_merged_adapters_count_the_unmerged_state_held_beside_them(planner, config_file):
+    code, lines, _ = _run(
+        planner,
+        [
+            f"--config={config_file}:cpu8",
+            "--config.lora.enabled=True",
+            "--config.lora.serving=merged",
+        ],
+    )
+    result = json.loads(lines[-1])
+    smp = result["sampler"]
+    assert code == 0 and result["lora"]["serving"] == "merged"
+    assert smp["weights_kept"] == smp["weights"] > 0
+    assert smp["total"] == smp["peak"] + smp["weights_in_flight"] + smp["weights"]
+
+
+def test_an_unknown_override_is_a_clear_error(planner, config_file):
+    with pytest.raises(SystemExit, match="lora.bogus"):
+        planner.main([f"--config={config_file}:cpu8", "--config.lora.bogus=1"])
 
 
 def test_a_budget_too_small_exits_1_naming_the_role(planner, config_file):
