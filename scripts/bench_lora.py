@@ -7,9 +7,9 @@
         --slots 2 --new-tokens 2                 # a smoke test (tests/scripts)
 
 (a) **sync**: what a publish moves from the learner's device to the sampler's (two CPU devices
-    of this process), full weights against adapters only (``WeightSync(adapters_only=True)``,
-    after the sampler's first copy of the base): bytes, and seconds, median [min, max] of
-    ``--repeats`` publishes each, interleaved.
+    of this process): a full fine-tune's whole model against LoRA's adapters only
+    (``WeightSync(adapters_only=True)``, after the sampler's first copy of the base): bytes,
+    and seconds, median [min, max] of ``--repeats`` publishes each, interleaved.
 (b) **learner**: one train step of 8 rows x 256 tokens (scripts/bench_learner.py's packed GRPO
     batch), full fine-tuning against LoRA, each in a fresh process of its own so its peak
     resident memory is its own: step seconds (median [min, max] of ``--steps`` after a
@@ -116,15 +116,17 @@ def bench_sync(args, figures) -> None:
     target = lambda tree: state_shardings(tree, sampler, SAMPLER_RULES)  # noqa: E731
     full, adapters = WeightSync(target), WeightSync(target, adapters_only=True)
     adapters.copy(params)  # the sampler's first copy: the base stays there
+    # What each publishes: a full fine-tune its whole model (the base's shapes), LoRA its params.
+    base = lora.split_adapters(params)[1]
     times: dict[str, list[float]] = {"full": [], "adapters": []}
     sizes = {}
     for version in range(args.repeats + 1):  # the first of each is a warm-up
-        for name, sync in (("full", full), ("adapters", adapters)):
-            stats = sync.publish(params, version)
+        for name, sync, tree in (("full", full, base), ("adapters", adapters, params)):
+            stats = sync.publish(tree, version)
             sizes[name] = stats.bytes
             if version:
                 times[name].append(stats.seconds)
-    total = sum(x.nbytes for x in jax.tree.leaves(params))
+    total = sum(x.nbytes for x in jax.tree.leaves(base))
     row = {
         "bytes_full": sizes["full"],
         "bytes_adapters": sizes["adapters"],

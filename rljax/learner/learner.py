@@ -25,7 +25,6 @@ differ; see docs/runtime.md).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +42,7 @@ from rljax.kernels.fused_logprobs import (
     token_logprobs_and_entropy,
 )
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
+from rljax.learner.loan import GradLoan, LentGrads
 from rljax.learner.losses import Loss, LossInputs, get_loss, train_inference_mismatch
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
 from rljax.models import lora
@@ -51,7 +51,6 @@ from rljax.models.sharding import (
     ShardingRules,
     axis_size,
     kernel_mesh_axes,
-    make_mesh,
     state_shardings,
     with_shardings,
 )
@@ -74,43 +73,6 @@ def check_divisible(key: str, batch: int, dp: int) -> None:
             f"{dp} data-parallel learner devices; use a multiple of {dp} or shrink the learner "
             "mesh"
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class GradLoan:
-    """Lend a step's last ``micro_batches`` micro-batches to ``devices`` (Trainer-on-RollPool).
-
-    ``devices`` are chips outside the learner mesh (the sampler's); the lent gradients are
-    computed there on a mesh of as many of them as divide a micro-batch's rows.
-    """
-
-    devices: tuple[jax.Device, ...]
-    micro_batches: int
-
-    def __post_init__(self):
-        if not self.devices:
-            raise ValueError("GradLoan.devices is empty; lend at least one device")
-        if not (isinstance(self.micro_batches, int) and self.micro_batches >= 1):
-            raise ValueError(
-                f"GradLoan.micro_batches={self.micro_batches!r}; lend an integer >= 1 of the "
-                "step's micro-batches"
-            )
-
-
-class _LentGrads:
-    """The gradient half of the train step compiled for a mesh of lent devices."""
-
-    def __init__(self, learner: Learner, devices: Sequence[jax.Device]):
-        mesh = make_mesh(devices, {"fsdp": len(devices), "tensor": 1})
-        worker = Learner.__new__(Learner)
-        args = (learner.graphdef, mesh, learner.rules, learner.loss, None, learner.temperature)
-        worker._configure(learner.cfg, *args)
-        worker.kernel_impl = learner.kernel_impl
-        worker.lora, worker.seed = learner.lora, learner.seed
-        self.param_shardings = state_shardings(learner.params, mesh, learner.rules)
-        grad_shardings = learner.trainable(self.param_shardings)
-        self.batch_sharding, rep = worker._batch_sharding, worker._replicated
-        self.fn = jax.jit(worker._accumulate, out_shardings=(grad_shardings, rep, rep))
 
 
 class Learner:
@@ -452,7 +414,7 @@ class Learner:
         )
         return metrics
 
-    def _lent_grads(self, devices: Sequence[jax.Device], rows: int) -> _LentGrads:
+    def _lent_grads(self, devices: Sequence[jax.Device], rows: int) -> LentGrads:
         """The gradient function on the most of ``devices`` that divide ``rows``, cached."""
         overlap = set(devices) & set(self.mesh.devices.flat)
         if overlap:
@@ -462,9 +424,9 @@ class Learner:
             )
         n = max(d for d in range(1, len(devices) + 1) if rows % d == 0)
         key = tuple(d.id for d in devices[:n])
-        cache = self.__dict__.setdefault("lent_grads", {})  # device ids -> _LentGrads
+        cache = self.__dict__.setdefault("lent_grads", {})  # device ids -> LentGrads
         if key not in cache:
-            cache[key] = _LentGrads(self, list(devices[:n]))
+            cache[key] = LentGrads(self, list(devices[:n]))
         return cache[key]
 
     @functools.cached_property

@@ -16,6 +16,7 @@ when it swaps them).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -137,6 +138,62 @@ def delta(x: jax.Array, a: jax.Array, b: jax.Array, weight: str, scale: float) -
     xa = jnp.einsum(f"{lead}{ins},{a_spec}->{lead}R", x, a.astype(x.dtype))
     out = jnp.einsum(f"{lead}R,{b_spec}->{lead}{b_spec[1:]}", xa, b.astype(x.dtype))
     return out * jnp.asarray(scale, x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def swiglu_adapted(scale, x_btd, w_gate, w_up, w_down, adapters):
+    """The SwiGLU MLP with every one of its weights adapted, with a hand-written backward
+    that computes no gradient for the frozen weights.
+
+    ``adapters`` is (A_gate, B_gate, A_up, B_up, A_down, B_down), one layer's. Like
+    :func:`rljax.models.layouts.swiglu`, every product is a 2-D matmul over the flattened
+    tokens and only the pre-activations (and the adapters' rank-r inputs) are saved; the
+    weight gradients are the adapters' alone (``x^T dy`` of rank r), so the full weights'
+    [in, out] gradient GEMMs are never run. Values and gradients equal autodiff's.
+    """
+    return _swiglu_adapted_fwd(scale, x_btd, w_gate, w_up, w_down, adapters)[0]
+
+
+def _swiglu_adapted_fwd(scale, x_btd, w_gate, w_up, w_down, adapters):
+    a_g, b_g, a_u, b_u, a_d, b_d = adapters
+    x = x_btd.reshape(-1, x_btd.shape[-1])
+    xa_g, xa_u = x @ a_g, x @ a_u
+    gate = x @ w_gate + scale * (xa_g @ b_g)
+    up = x @ w_up + scale * (xa_u @ b_u)
+    h = jax.nn.silu(gate) * up
+    ha_d = h @ a_d
+    out = h @ w_down + scale * (ha_d @ b_d)
+    saved = (x, w_gate, w_up, w_down, adapters, gate, up, xa_g, xa_u, ha_d)
+    return out.reshape(x_btd.shape), saved
+
+
+def _swiglu_adapted_bwd(scale, saved, dy_btd):
+    x, w_gate, w_up, w_down, adapters, gate, up, xa_g, xa_u, ha_d = saved
+    a_g, b_g, a_u, b_u, a_d, b_d = adapters
+    dy = dy_btd.reshape(-1, dy_btd.shape[-1])
+    sig = jax.nn.sigmoid(gate)
+    silu = gate * sig
+    h = silu * up
+    dy_b = scale * (dy @ b_d.T)  # [tokens, r]
+    dh = dy @ w_down.T + dy_b @ a_d.T
+    d_up = dh * silu
+    d_gate = dh * up * (sig * (1 + gate * (1 - sig)))
+    dg_b, du_b = scale * (d_gate @ b_g.T), scale * (d_up @ b_u.T)
+    dx = d_gate @ w_gate.T + d_up @ w_up.T + dg_b @ a_g.T + du_b @ a_u.T
+    x_t = x.T
+    d_adapters = (
+        x_t @ dg_b,
+        scale * (xa_g.T @ d_gate),
+        x_t @ du_b,
+        scale * (xa_u.T @ d_up),
+        h.T @ dy_b,
+        scale * (ha_d.T @ dy),
+    )
+    zeros = tuple(jnp.zeros_like(w) for w in (w_gate, w_up, w_down))  # frozen: pruned by XLA
+    return (dx.reshape(dy_btd.shape), *zeros, d_adapters)
+
+
+swiglu_adapted.defvjp(_swiglu_adapted_fwd, _swiglu_adapted_bwd)
 
 
 def merged_weight(w: jax.Array, a: jax.Array, b: jax.Array, weight: str, scale: float):

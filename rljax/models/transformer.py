@@ -27,21 +27,20 @@ L layers, P pages in the pool, Z page size.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh
 
 from rljax.config import LoRAConfig, ModelConfig
 from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
-from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
-from rljax.kernels.sharding import axis_size, run_sharded
+from rljax.kernels.sharding import axis_size
 from rljax.models import lora as lora_lib
 from rljax.models.layouts import STACKED, Layout
+from rljax.models.paged_kv import PagedKV
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardings
 
 # A role's mesh and its logical-axis rules; what the call paths need to shard_map the kernels.
@@ -160,10 +159,20 @@ class CallPaths:
         return y + lora_lib.delta(x, a, b, name, self.lora_scale)
 
     def _mlp(self, h_btd, p) -> jax.Array:
-        if not any(lora_lib.a_key(w) in p for w in ("w_gate", "w_up", "w_down")):
+        mlp = ("w_gate", "w_up", "w_down")
+        adapted = [lora_lib.a_key(w) in p for w in mlp]
+        if not any(adapted):
             return self.layout.mlp(h_btd, p)
-        # Adapted: plain autodiff, which computes no gradient for the frozen base weights (the
-        # stacked layout's hand-written SwiGLU backward would compute all three).
+        dropout = lora_lib.DROPOUT_KEY in p and self.lora_dropout > 0
+        if all(adapted) and self.layout is STACKED and not dropout:
+            # The training layout: a hand-written backward without the frozen weights' GEMMs.
+            dt = h_btd.dtype
+            w = [p[name].astype(dt) for name in mlp]
+            ab = [
+                p[key(name)].astype(dt) for name in mlp for key in (lora_lib.a_key, lora_lib.b_key)
+            ]
+            return lora_lib.swiglu_adapted(self.lora_scale, h_btd, *w, tuple(ab))
+        # Otherwise plain autodiff, which also computes no gradient for the frozen weights.
         gate = self._project(h_btd, p, "w_gate", "BTD,DF->BTF")
         up = self._project(h_btd, p, "w_up", "BTD,DF->BTF")
         return self._project(jax.nn.silu(gate) * up, p, "w_down", "BTF,FD->BTD")
@@ -305,7 +314,7 @@ class CallPaths:
                     f"shards of the 'batch' mesh axes {batch_axes!r}; they must match"
                 )
 
-        cache = _PagedKV(page_table_bm, positions_b, k_pages.shape[3], kv_shards, split, impl)
+        cache = PagedKV(page_table_bm, positions_b, k_pages.shape[3], kv_shards, split, impl)
 
         def block(carry, layer):
             x_btd, kp, vp = carry
@@ -325,75 +334,6 @@ def _without_adapters(layers):
     """Layer weights (a dict, or a tuple of per-layer dicts) with the LoRA adapters left out."""
     strip = lambda p: {k: v for k, v in p.items() if "_lora_" not in k}  # noqa: E731
     return strip(layers) if isinstance(layers, dict) else tuple(strip(p) for p in layers)
-
-
-class _PagedKV:
-    """One decode step's paged KV cache, split into ``kv_shards`` (see :meth:`CallPaths.decode`):
-    where each slot's new key and value go, and attention over each slot's pages."""
-
-    def __init__(self, page_table_bm, positions_b, page_size, kv_shards, split, impl):
-        self.page_table_bm = page_table_bm
-        self.kv_shards = kv_shards
-        self.split = split  # the kernel's (mesh, (batch axes, head axis)), or None
-        self.impl = impl
-        page_m1 = (positions_b // page_size)[:, None]
-        self.page_b = jnp.take_along_axis(page_table_bm, page_m1, axis=1)[:, 0]
-        self.offset_b = positions_b % page_size
-        self.lengths_b = positions_b + 1
-
-    def per_shard(self, x):  # [B, ...] -> [kv_shards, B / kv_shards, ...]
-        return x.reshape(self.kv_shards, x.shape[0] // self.kv_shards, *x.shape[1:])
-
-    def by_shard(self, pages):  # [..., P, Z, H] -> [..., kv_shards, P / kv_shards, Z, H]
-        *lead, p, z_, h = pages.shape
-        return pages.reshape(*lead, self.kv_shards, p // self.kv_shards, z_, h)
-
-    def write(self, pool, layer, new_bkh):
-        """Each slot's new key (or value) into layer ``layer`` of the [L, K, P, Z, H] pool.
-
-        The whole pool is the layer loop's carry and is updated in place: a pool passed as the
-        scan's xs and ys would need a second pool-sized buffer.
-        """
-
-        def one(pool_lkpzh, page, offset, new_bkh):
-            # Scalar layer + two index arrays around a slice: indexed dims lead, [B, K, H].
-            return pool_lkpzh.at[layer, :, page, offset].set(new_bkh)
-
-        new_bkh = new_bkh.astype(pool.dtype)
-        if self.kv_shards == 1:
-            return one(pool, self.page_b, self.offset_b, new_bkh)
-        shard = self.per_shard
-        out = jax.vmap(one, in_axes=(2, 0, 0, 0), out_axes=2)(
-            self.by_shard(pool), shard(self.page_b), shard(self.offset_b), shard(new_bkh)
-        )
-        return out.reshape(pool.shape)
-
-    def attend(self, q, kp, vp):
-        """Each slot's query [B, N, H] against its pages of one layer's [K, P, Z, H] pools."""
-        args = (q, kp, vp, self.lengths_b, self.page_table_bm)
-        fn = functools.partial(paged_decode_attention, impl=self.impl)
-        if self.split is not None:
-            mesh, (batch_axes, head_axis) = self.split
-            if self.kv_shards == 1:
-                return sharded_paged_decode_attention(
-                    mesh, batch_axes, head_axis, *args, impl=self.impl
-                )
-            # Each device holds its shard's pages: the pool is split over P by batch_axes.
-            pages = PartitionSpec(head_axis, batch_axes, None, None)
-            slots = PartitionSpec(batch_axes)
-            specs = (PartitionSpec(batch_axes, head_axis, None), pages, pages, slots, slots)
-            out = PartitionSpec(batch_axes, head_axis, None)
-            return run_sharded(fn, mesh, specs, out, args)
-        if self.kv_shards == 1:
-            return fn(*args)
-        out = jax.vmap(fn, in_axes=(0, 1, 1, 0, 0))(
-            self.per_shard(q),
-            self.by_shard(kp),
-            self.by_shard(vp),
-            self.per_shard(self.lengths_b),
-            self.per_shard(self.page_table_bm),
-        )
-        return out.reshape(q.shape)
 
 
 class Decoder(CallPaths, nnx.Module):

@@ -235,13 +235,14 @@ def checkpoint_meta(
 
     ``data_state`` is this process's prompt-iterator state, read at the same instant as
     anything in ``extra`` that depends on it (the driver's pending prompts). ``config``, the
-    run's, is stored flat so a resume can name the keys that changed (:func:`check_resume_config`).
+    run's, is stored flat so a resume can name the keys that changed (:func:`check_resume_config`),
+    with a LoRA run's record of its base (:func:`lora_base`).
     ``gather=False``: ``data_state`` is the only prompt stream's (a pod's leader: the position
     it reached in the stream its sampler hosts read).
     """
     states = distributed.allgather_objects(data_state) if gather else [data_state]
     return {
-        **({"config": flat_config(config)} if config is not None else {}),
+        **({"config": flat_config(config), **lora_base(config)} if config is not None else {}),
         "version": version,
         # Every process's iterator state, in process order.
         **distributed.data_meta(states),

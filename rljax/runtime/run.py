@@ -287,11 +287,7 @@ class Run:
                 data_state=data,
                 initial_accuracy=self.initial_accuracy,
                 metrics_offset=self.metrics.offset(),
-                extra={
-                    **self.hosting.checkpoint_extra(),
-                    **resume.lora_base(self.cfg),
-                    **({"driver": driver} if driver else {}),
-                },
+                extra={**self.hosting.checkpoint_extra(), **({"driver": driver} if driver else {})},
                 config=self.cfg,
                 gather=self.hosting.gather_data,
             )

@@ -85,3 +85,18 @@ def test_restore_refuses_before_touching_the_model(tmp_path):
         # the config check, before anything is read, can stop it.
         with pytest.raises(ConfigError, match=r"learner.group_size \(8 -> 4\)"):
             resume.restore(ckpt, changed, None)
+
+
+def test_a_lora_checkpoint_records_its_base_and_refuses_another(tmp_path):
+    base = tmp_path / "base.gguf"
+    base.write_bytes(b"\0" * 100)
+    cfg = replace(CFG, **{"lora.enabled": True, "init": str(base), "tokenizer": "char"})
+    meta = _meta(cfg)
+    assert meta["lora_base"] == {"init": str(base), "bytes": 100}
+    assert "lora_base" not in _meta(CFG)  # full fine-tuning checkpoints the base itself
+    resume.check_lora_base(meta, cfg, where="/w")
+    base.write_bytes(b"\0" * 90)  # another file at the same path
+    with pytest.raises(ConfigError) as err:
+        resume.check_lora_base(meta, cfg, where="/w")
+    msg = str(err.value)
+    assert "\n" not in msg and "restore the base it was trained on, or use a new workdir" in msg

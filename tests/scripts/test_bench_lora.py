@@ -31,6 +31,7 @@ def test_figures_and_exact_sizes():
     sync = figures["sync"]
     assert sync["bytes_adapters"] == 4 * adapters  # f32
     assert sync["bytes_full"] == sync["params_total_bytes"] > 100 * sync["bytes_adapters"]
+    assert sync["bytes_ratio"] == sync["bytes_adapters"] / sync["bytes_full"]
     learner = figures["learner"]
     assert learner["lora"]["trainable_params"] == adapters
     assert learner["lora"]["opt_state_bytes"] < 3 * 4 * adapters  # two Adam moments + counts

@@ -1,0 +1,82 @@
+"""One decode step's paged KV cache: where each slot's new key and value go, and attention
+over each slot's pages (:meth:`rljax.models.transformer.CallPaths.decode`)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
+from rljax.kernels.sharding import run_sharded
+
+
+class PagedKV:
+    """One decode step's paged KV cache, split into ``kv_shards`` (see :meth:`CallPaths.decode`):
+    where each slot's new key and value go, and attention over each slot's pages."""
+
+    def __init__(self, page_table_bm, positions_b, page_size, kv_shards, split, impl):
+        self.page_table_bm = page_table_bm
+        self.kv_shards = kv_shards
+        self.split = split  # the kernel's (mesh, (batch axes, head axis)), or None
+        self.impl = impl
+        page_m1 = (positions_b // page_size)[:, None]
+        self.page_b = jnp.take_along_axis(page_table_bm, page_m1, axis=1)[:, 0]
+        self.offset_b = positions_b % page_size
+        self.lengths_b = positions_b + 1
+
+    def per_shard(self, x):  # [B, ...] -> [kv_shards, B / kv_shards, ...]
+        return x.reshape(self.kv_shards, x.shape[0] // self.kv_shards, *x.shape[1:])
+
+    def by_shard(self, pages):  # [..., P, Z, H] -> [..., kv_shards, P / kv_shards, Z, H]
+        *lead, p, z_, h = pages.shape
+        return pages.reshape(*lead, self.kv_shards, p // self.kv_shards, z_, h)
+
+    def write(self, pool, layer, new_bkh):
+        """Each slot's new key (or value) into layer ``layer`` of the [L, K, P, Z, H] pool.
+
+        The whole pool is the layer loop's carry and is updated in place: a pool passed as the
+        scan's xs and ys would need a second pool-sized buffer.
+        """
+
+        def one(pool_lkpzh, page, offset, new_bkh):
+            # Scalar layer + two index arrays around a slice: indexed dims lead, [B, K, H].
+            return pool_lkpzh.at[layer, :, page, offset].set(new_bkh)
+
+        new_bkh = new_bkh.astype(pool.dtype)
+        if self.kv_shards == 1:
+            return one(pool, self.page_b, self.offset_b, new_bkh)
+        shard = self.per_shard
+        out = jax.vmap(one, in_axes=(2, 0, 0, 0), out_axes=2)(
+            self.by_shard(pool), shard(self.page_b), shard(self.offset_b), shard(new_bkh)
+        )
+        return out.reshape(pool.shape)
+
+    def attend(self, q, kp, vp):
+        """Each slot's query [B, N, H] against its pages of one layer's [K, P, Z, H] pools."""
+        args = (q, kp, vp, self.lengths_b, self.page_table_bm)
+        fn = functools.partial(paged_decode_attention, impl=self.impl)
+        if self.split is not None:
+            mesh, (batch_axes, head_axis) = self.split
+            if self.kv_shards == 1:
+                return sharded_paged_decode_attention(
+                    mesh, batch_axes, head_axis, *args, impl=self.impl
+                )
+            # Each device holds its shard's pages: the pool is split over P by batch_axes.
+            pages = PartitionSpec(head_axis, batch_axes, None, None)
+            slots = PartitionSpec(batch_axes)
+            specs = (PartitionSpec(batch_axes, head_axis, None), pages, pages, slots, slots)
+            out = PartitionSpec(batch_axes, head_axis, None)
+            return run_sharded(fn, mesh, specs, out, args)
+        if self.kv_shards == 1:
+            return fn(*args)
+        out = jax.vmap(fn, in_axes=(0, 1, 1, 0, 0))(
+            self.per_shard(q),
+            self.by_shard(kp),
+            self.by_shard(vp),
+            self.per_shard(self.lengths_b),
+            self.per_shard(self.page_table_bm),
+        )
+        return out.reshape(q.shape)
