@@ -13,7 +13,6 @@ from jax.sharding import Mesh
 
 from rljax import io
 from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig
-from rljax.models.lora import unadaptable
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -101,6 +100,19 @@ def load_initial_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARN
     return model_cfg, graphdef, params
 
 
+def unadaptable(cfg: RunConfig, path: str) -> str:
+    """'' when LoRA (if enabled) can adapt the base at ``path``, else why not (one phrase).
+
+    rljax dequantises a GGUF's tensors when it loads them and adapts the dequantised weights,
+    so a GGUF base is adaptable unless it uses a layout the gguf package cannot dequantise.
+    """
+    if not (cfg.lora.enabled and path.endswith(".gguf")):
+        return ""
+    from rljax.models.gguf import check_dequantisable
+
+    return check_dequantisable(path)
+
+
 def load_base_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_RULES):
     """(model config, graphdef, params) of ``cfg.init`` alone (no adapters), on ``mesh``."""
     if cfg.init == "random":
@@ -108,7 +120,7 @@ def load_base_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_
         return cfg.model, graphdef, params
     with io.input_error("init", cfg.init):
         path = resolve_init(cfg.init)
-        problem = unadaptable(cfg.lora, path)
+        problem = unadaptable(cfg, path)
     if problem:
         raise ConfigError(
             f"config key 'lora.enabled' = True cannot adapt the GGUF base {path}: {problem}; "

@@ -239,16 +239,3 @@ def has_adapters(state: nnx.State) -> bool:
 def join(base: nnx.State, adapters: nnx.State) -> nnx.State:
     """The params state of base plus adapters (no array is copied)."""
     return nnx.merge_state(base, adapters)
-
-
-def unadaptable(lora: LoRAConfig, source: str) -> str:
-    """'' when LoRA can adapt the base at ``source``, else why not (one phrase).
-
-    rljax dequantises a GGUF's tensors when it loads them and adapts the dequantised weights,
-    so a GGUF base is adaptable unless it uses a layout the gguf package cannot dequantise.
-    """
-    if not (lora.enabled and source.endswith(".gguf")):
-        return ""
-    from rljax.models.gguf import check_dequantisable
-
-    return check_dequantisable(source)

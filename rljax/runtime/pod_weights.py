@@ -50,6 +50,19 @@ class PodWeights:
         self._base = None  # adapters_only: the base the first move left (None leaves off it)
         self._last = self._full
 
+    # The whole params' plan, as before LoRA: what scripts and tests read of it.
+    @property
+    def source(self):
+        return self._full.source
+
+    @property
+    def targets(self):
+        return self._full.targets
+
+    @property
+    def stages(self):
+        return self._full.stages
+
     @property
     def bytes(self) -> int:
         return self._last.bytes

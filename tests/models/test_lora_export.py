@@ -168,8 +168,9 @@ def test_smollm2_adapter_matches_rljax(mesh, tmp_path):
     graphdef, params = _adapted(cfg, base, lora, mesh)
     ours = _ours(graphdef, params)
     assert np.abs(ours - _ours(graphdef, params, adapters=False)).max() > 0.1
-    # f32 summation order over 576-wide dot products: the measured gap is about 7e-5.
-    np.testing.assert_allclose(_peft_logits(tmp_path, cfg, params, lora), ours, atol=2e-4, rtol=0)
+    # The bound. f32 summation order over 576-wide dot products: the measured gap is
+    # about 7e-5 on an AMD EPYC without AVX-512.
+    np.testing.assert_allclose(_peft_logits(tmp_path, cfg, params, lora), ours, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("lora", [ALL, SUBSET], ids=["all", "subset"])

@@ -79,7 +79,9 @@ def _leader_run(hosting, tmp_path, version: int) -> Run:
     state = {"w": jnp.arange(4.0)}
     run.cfg, run.hosting, run.driver = cfg, hosting, None
     run.ckpt = Preempted(tmp_path / "ckpt", cfg.checkpoint)
-    run.learner = types.SimpleNamespace(version=version, params=state, opt_state=state)
+    run.learner = types.SimpleNamespace(
+        version=version, params=state, saved_params=state, opt_state=state
+    )
     run.prompts = types.SimpleNamespace(get_state=lambda: {"position": 7})
     run.metrics = types.SimpleNamespace(offset=lambda: None)
     run.timeline, run.initial_accuracy = Timeline(), 0.5
