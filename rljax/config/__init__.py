@@ -11,13 +11,13 @@ Each module receives only its own section (``ModelConfig`` for the model, ``Samp
 the engine, ...), never the whole run config.
 
 The package splits along its seams: ``checks`` (ConfigError and the checks), ``sections`` (one
-dataclass per part of the stack), ``algorithm`` (the learner, warm-start and buffer sections),
-``run_config`` (RunConfig and its cross-section rules), ``convert`` (ConfigDict conversion) and
-``keys`` (the table of every key, from the sections' ``Attributes:`` docstrings, that
-docs/runtime.md holds); everything public is importable from ``rljax.config``.
+dataclass per part of the stack), ``algorithm`` (the learner, warm-start, buffer and LoRA
+sections), ``run_config`` (RunConfig and its cross-section rules), ``convert`` (ConfigDict
+conversion) and ``keys`` (the table of every key, from the sections' ``Attributes:``
+docstrings, that docs/runtime.md holds); everything public is importable from ``rljax.config``.
 """
 
-from rljax.config.algorithm import BufferConfig, LearnerConfig, SFTConfig
+from rljax.config.algorithm import BufferConfig, LearnerConfig, LoRAConfig, SFTConfig
 from rljax.config.checks import (
     DTYPES,
     FAMILIES,
@@ -36,7 +36,6 @@ from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
-    LoRAConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,

@@ -1,4 +1,5 @@
-"""The algorithm's sections: the RL loss and optimiser, the supervised warm start, the buffer.
+"""The algorithm's sections: the RL loss and optimiser, the supervised warm start, the buffer,
+and LoRA (which parameters train).
 
 Each field is documented with the paper's symbol where one exists (G, B, eta, epsilon, c, beta,
 C, pi_prox), and each section validates itself in ``__post_init__``.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from rljax.config.checks import (
+    LORA_SERVING,
+    LORA_TARGETS,
     LOSSES,
     REMAT,
     SFT_TEACHERS,
@@ -224,3 +227,47 @@ class BufferConfig:
         if not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
             _fail("buffer.max_staleness", self.max_staleness, "an integer eta >= 0")
         _positive("buffer.overprovision", self.overprovision, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters trained in place of the full weights (rljax.models.lora; docs/lora.md).
+
+    Attributes:
+      enabled: train adapters on a frozen base instead of every weight.
+      rank: r, the adapters' rank (>= 1).
+      alpha: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha).
+      targets: the projections adapted, any of q, k, v, o, gate, up, down.
+      dropout: dropout on an adapter's input while training (PEFT's lora_dropout); 0 = off.
+      serving: how the sampler applies the adapters: 'merged' (folded into the weights at each
+        swap), 'unmerged' (the base plus the low-rank product at every step) or 'auto'
+        (merged on CPU devices, unmerged on accelerators).
+    """
+
+    enabled: bool = False
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = LORA_TARGETS
+    dropout: float = 0.0
+    serving: str = "auto"
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            _fail("lora.enabled", self.enabled, "True or False")
+        _positive("lora.rank", self.rank)
+        _positive_float("lora.alpha", self.alpha)
+        if isinstance(self.targets, str) or not self.targets:
+            _fail("lora.targets", self.targets, f"a non-empty tuple of {', '.join(LORA_TARGETS)}")
+        for t in self.targets:
+            _one_of("lora.targets", t, LORA_TARGETS)
+        if len(set(self.targets)) != len(self.targets):
+            _fail("lora.targets", self.targets, "each projection named once")
+        _positive_float("lora.dropout", self.dropout, allow_zero=True)
+        if self.dropout >= 1:
+            _fail("lora.dropout", self.dropout, "a probability in [0, 1)")
+        _one_of("lora.serving", self.serving, LORA_SERVING)
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: what the adapters' product is multiplied by."""
+        return self.alpha / self.rank

@@ -18,6 +18,9 @@ SLICE_LAYOUTS = ("by_role", "spread")  # multislice: whole slices per role, or b
 REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RUN_MODES = ("sync", "async")
 SFT_TEACHERS = ("reference", "drops_carries", "looks_up_sometimes", "calls_calculator_sometimes")
+# lora.targets -> the decoder weight each adapts (rljax.models.lora).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+LORA_SERVING = ("auto", "merged", "unmerged")
 
 
 class ConfigError(ValueError):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from rljax.config.algorithm import BufferConfig, LearnerConfig, SFTConfig
+from rljax.config.algorithm import BufferConfig, LearnerConfig, LoRAConfig, SFTConfig
 from rljax.config.checks import RUN_MODES, ConfigError, _fail, _one_of, _positive
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
-    LoRAConfig,
     MeshConfig,
     MetricsConfig,
     ModelConfig,

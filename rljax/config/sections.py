@@ -1,9 +1,9 @@
 """The sections of a run config: one frozen, self-validating dataclass per part of the stack.
 
 Each module receives only its own section (``ModelConfig`` for the model, ``SamplingConfig`` for
-the engine, ...), never the whole run config. The algorithm's sections (learner, sft, buffer) are
-in ``rljax.config.algorithm``. Each section documents its keys under ``Attributes:``, the text
-docs/runtime.md's key table is generated from (``rljax.config.keys``).
+the engine, ...), never the whole run config. The algorithm's sections (learner, sft, buffer,
+lora) are in ``rljax.config.algorithm``. Each section documents its keys under
+``Attributes:``, the text docs/runtime.md's key table is generated from (``rljax.config.keys``).
 """
 
 from __future__ import annotations
@@ -432,55 +432,6 @@ class EnvConfig:
         _positive("env.num_workers", self.num_workers)
         _one_of("env.on_failure", self.on_failure, ("end", "drop"))
         _one_of("env.tool_format", self.tool_format, ("hermes", "smollm2"))
-
-
-# lora.targets -> the decoder weight each adapts (rljax.models.lora).
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-LORA_SERVING = ("auto", "merged", "unmerged")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoRAConfig:
-    """Low-rank adapters trained in place of the full weights (rljax.models.lora; docs/lora.md).
-
-    Attributes:
-      enabled: train adapters on a frozen base instead of every weight.
-      rank: r, the adapters' rank (>= 1).
-      alpha: the adapters' output is scaled by alpha / rank (PEFT's lora_alpha).
-      targets: the projections adapted, any of q, k, v, o, gate, up, down.
-      dropout: dropout on an adapter's input while training (PEFT's lora_dropout); 0 = off.
-      serving: how the sampler applies the adapters: 'merged' (folded into the weights at each
-        swap), 'unmerged' (the base plus the low-rank product at every step) or 'auto'
-        (merged on CPU devices, unmerged on accelerators).
-    """
-
-    enabled: bool = False
-    rank: int = 16
-    alpha: float = 32.0
-    targets: tuple[str, ...] = LORA_TARGETS
-    dropout: float = 0.0
-    serving: str = "auto"
-
-    def __post_init__(self):
-        if not isinstance(self.enabled, bool):
-            _fail("lora.enabled", self.enabled, "True or False")
-        _positive("lora.rank", self.rank)
-        _positive_float("lora.alpha", self.alpha)
-        if isinstance(self.targets, str) or not self.targets:
-            _fail("lora.targets", self.targets, f"a non-empty tuple of {', '.join(LORA_TARGETS)}")
-        for t in self.targets:
-            _one_of("lora.targets", t, LORA_TARGETS)
-        if len(set(self.targets)) != len(self.targets):
-            _fail("lora.targets", self.targets, "each projection named once")
-        _positive_float("lora.dropout", self.dropout, allow_zero=True)
-        if self.dropout >= 1:
-            _fail("lora.dropout", self.dropout, "a probability in [0, 1)")
-        _one_of("lora.serving", self.serving, LORA_SERVING)
-
-    @property
-    def scale(self) -> float:
-        """alpha / rank: what the adapters' product is multiplied by."""
-        return self.alpha / self.rank
 
 
 @dataclasses.dataclass(frozen=True)

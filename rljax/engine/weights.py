@@ -81,9 +81,10 @@ class StackedServing:
         lora_cfg: LoRAConfig | None = None,
         merge_adapters: bool = False,
     ):
+        del lora_cfg  # the graphdef holds the adapters
         self._graphdef, self._mesh, self._rules = graphdef, mesh, rules
         self._merge = None
-        if lora_cfg is not None and merge_adapters:
+        if merge_adapters:
             base = nnx.split(abstract_decoder(model_cfg))
             self._graphdef = base[0]
             shardings = state_shardings(base[1], mesh, rules)
@@ -186,11 +187,11 @@ def serving_layout(
 
     'auto' is 'per_layer' when every device of the mesh is a CPU, else 'stacked'. The name is
     one of ``rljax.config.checks.WEIGHTS_LAYOUTS``, which SamplingConfig checks. ``lora_cfg``:
-    the adapters ``graphdef`` holds (None: none), served as :func:`lora_merged` says.
+    the adapters ``graphdef`` holds (None or disabled: none), served as :func:`lora_merged`
+    says.
     """
     if name == "auto":
         name = PerLayerServing.name if _on_cpu(mesh) else StackedServing.name
-    lora_cfg = lora_cfg if lora_cfg is not None and lora_cfg.enabled else None
     merge = lora_merged(lora_cfg, mesh)
     return SERVING_LAYOUTS[name](
         model_cfg, graphdef, mesh, rules, lora_cfg=lora_cfg, merge_adapters=merge

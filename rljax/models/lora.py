@@ -78,6 +78,11 @@ class LoRAParam(nnx.Param):
     """An adapter weight: the only parameters a LoRA run differentiates and updates."""
 
 
+def is_adapter(name: str) -> bool:
+    """Whether a params key names a LoRA adapter (or a training call's dropout keys)."""
+    return "_lora_" in name
+
+
 def a_key(weight: str) -> str:
     return weight + "_lora_a"
 
@@ -199,7 +204,7 @@ swiglu_adapted.defvjp(_swiglu_adapted_fwd, _swiglu_adapted_bwd)
 def merged_weight(w: jax.Array, a: jax.Array, b: jax.Array, weight: str, scale: float):
     """``W + scale * A B`` (stacked [L, ...] or one layer's), computed in float32."""
     a_spec, b_spec = WEIGHT_SPECS[weight]
-    lead = "L" if w.ndim == len(a_spec) - 1 + len(b_spec) - 1 + 1 else ""
+    lead = "L" if a.ndim > len(a_spec) else ""
     ab = jnp.einsum(
         f"{lead}{a_spec},{lead}{b_spec}->{lead}{a_spec[:-1]}{b_spec[1:]}",
         a.astype(jnp.float32),
@@ -211,7 +216,7 @@ def merged_weight(w: jax.Array, a: jax.Array, b: jax.Array, weight: str, scale: 
 def merged_layers(layers: Mapping[str, jax.Array], scale: float) -> dict[str, jax.Array]:
     """Stacked layer weights with every adapter folded into the weight it adapts (and the
     adapters dropped): what a merged sampler serves."""
-    out = {k: v for k, v in layers.items() if "_lora_" not in k}
+    out = {k: v for k, v in layers.items() if not is_adapter(k)}
     for name in list(out):
         if a_key(name) in layers:
             out[name] = merged_weight(
@@ -221,7 +226,7 @@ def merged_layers(layers: Mapping[str, jax.Array], scale: float) -> dict[str, ja
 
 
 def _is_adapter(path, _) -> bool:
-    return "_lora_" in str(path[-1])
+    return is_adapter(str(path[-1]))
 
 
 def split_adapters(state: nnx.State) -> tuple[nnx.State, nnx.State]:

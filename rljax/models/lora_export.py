@@ -128,10 +128,10 @@ class _Merged(Mapping):
     def __init__(self, pure: Mapping[str, Any], scale: float):
         self._pure = pure
         self._scale = scale
-        self._names = [k for k in pure if "_lora_" not in k]
+        self._names = [k for k in pure if not lora_lib.is_adapter(k)]
 
     def __getitem__(self, name: str):
-        if "_lora_" in name or name not in self._pure:
+        if lora_lib.is_adapter(name) or name not in self._pure:
             raise KeyError(name)
         w = self._pure[name]
         a_key, b_key = lora_lib.a_key(name), lora_lib.b_key(name)
@@ -175,7 +175,7 @@ def _checked_adapters(params: nnx.State | Mapping[str, Any], lora: LoRAConfig) -
     """``params`` as a pure dict, once its adapters are known to be those ``lora`` describes."""
     # nnx.State is itself a Mapping (of Variables), so test for it first.
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else dict(params)
-    held = sorted({k.rsplit("_lora_", 1)[0] for k in pure if "_lora_" in k})
+    held = sorted({k.rsplit("_lora_", 1)[0] for k in pure if lora_lib.is_adapter(k)})
     if not held:
         raise ValueError(
             "params hold no LoRA adapters; pass a LoRA-adapted Decoder's state (e.g. "

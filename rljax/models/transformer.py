@@ -332,7 +332,7 @@ class CallPaths:
 
 def _without_adapters(layers):
     """Layer weights (a dict, or a tuple of per-layer dicts) with the LoRA adapters left out."""
-    strip = lambda p: {k: v for k, v in p.items() if "_lora_" not in k}  # noqa: E731
+    strip = lambda p: {k: v for k, v in p.items() if not lora_lib.is_adapter(k)}  # noqa: E731
     return strip(layers) if isinstance(layers, dict) else tuple(strip(p) for p in layers)
 
 

@@ -323,9 +323,7 @@ class RunLending(Lending):
         sampling = dataclasses.replace(
             cfg.sampling, num_pages=kv_pages(model_cfg, cfg.sampling, mesh)
         )
-        engine = Engine(
-            model_cfg, sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=self.run.lora
-        )
+        engine = Engine(model_cfg, sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=cfg.lora)
         sync = WeightSync(
             engine.param_shardings, dtype=cfg.sampling.dtype, adapters_only=cfg.lora.enabled
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 
+from rljax import io
 from rljax.checkpoint import Checkpointer, CheckpointError
 from rljax.config import ConfigError, RunConfig, to_config_dict
 from rljax.learner.learner import Learner
@@ -29,6 +30,7 @@ from rljax.models.loading import (
     initial_model_config,
     load_base_params,
     load_initial_params,
+    resolve_init,
 )
 from rljax.policy.staleness import StalenessBuffer
 from rljax.runtime.rollout import decode_group
@@ -68,7 +70,7 @@ def new_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
 
 def abstract_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
     """The learner state's shapes, dtypes and shardings on ``mesh``: the restore target."""
-    graphdef, abstract = abstract_params(initial_model_config(cfg), mesh, lora=_lora(cfg))
+    graphdef, abstract = abstract_params(initial_model_config(cfg), mesh, lora=cfg.lora)
     return Learner.abstract(
         cfg.learner, graphdef, abstract, mesh, loss=loss, kernel_impl=cfg.kernel_impl
     )
@@ -141,7 +143,7 @@ def learner_for(
         cached.version = restored.version
         learner = cached
     else:
-        graphdef = abstract_params(initial_model_config(cfg), mesh, lora=_lora(cfg))[0]
+        graphdef = abstract_params(initial_model_config(cfg), mesh, lora=cfg.lora)[0]
         params, ref = restored.params, None
         if cfg.lora.enabled:  # the base is read from init again, never from the checkpoint
             params = lora.join(load_base_params(cfg, mesh)[2], params)
@@ -166,9 +168,6 @@ def lora_base(cfg: RunConfig) -> dict[str, Any]:
     the bytes of its weight files, so a resume onto another base is refused; {} without LoRA."""
     if not cfg.lora.enabled:
         return {}
-    from rljax import io
-    from rljax.models.loading import resolve_init
-
     if cfg.init == "random":
         return {"lora_base": {"init": "random", "seed": cfg.seed}}
     path = resolve_init(cfg.init)
@@ -190,10 +189,6 @@ def check_lora_base(meta: dict[str, Any], cfg: RunConfig, *, where: str = "") ->
             f"the LoRA checkpoint in {where or 'the workdir'} adapts the base {saved}, but init "
             f"is now {now}; restore the base it was trained on, or use a new workdir"
         )
-
-
-def _lora(cfg: RunConfig):
-    return cfg.lora if cfg.lora.enabled else None
 
 
 def _on(x, sharding):

@@ -157,8 +157,7 @@ class Run:
         cfg = self.cfg
         self.resumed_meta = resumed_meta
         self.learner = learner
-        self.lora = cfg.lora if cfg.lora.enabled else None
-        self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype, self.lora)
+        self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype, cfg.lora)
         if learner is not None:
             check_divisible(
                 "learner.batch_groups * learner.group_size", cfg.learner.batch_size, learner.dp
@@ -176,7 +175,7 @@ class Run:
         """The engine of this run's sampler on ``mesh``."""
         cfg = self.cfg
         model_cfg, graphdef = self.sampler_model
-        return Engine(model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=self.lora)
+        return Engine(model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=cfg.lora)
 
     # -- pieces -----------------------------------------------------------------------------
 
