@@ -19,6 +19,8 @@ REMAT = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 RUN_MODES = ("sync", "async")
 SFT_TEACHERS = ("reference", "drops_carries", "looks_up_sometimes", "calls_calculator_sometimes")
 # lora.targets -> the decoder weight each adapts (rljax.models.lora).
+# The tools the 'tools' env builds in (rljax.envs.tool_env.BUILTIN_TOOLS).
+BUILTIN_TOOL_NAMES = ("calculator", "python")
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 LORA_SERVING = ("auto", "merged", "unmerged")
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rljax.config.checks import (
+    BUILTIN_TOOL_NAMES,
     DTYPES,
     FAMILIES,
     MESH_MODES,
@@ -413,6 +414,9 @@ class EnvConfig:
       on_failure: a conversation whose env raised, hung or answered badly ends with what it
         has ('end', its reward the steps' so far) or its group is dropped ('drop').
       tool_format: the tool-call syntax the 'tools' env parses: 'hermes' (Qwen) or 'smollm2'.
+      tools: the built-in tools the 'tools' env offers: 'calculator', 'python' or both.
+      tool_prompt: how the 'tools' env's system message lists them: 'card' (the model
+        family's own wording) or 'brief' (a line per tool and one example call).
     """
 
     name: str = ""
@@ -422,6 +426,8 @@ class EnvConfig:
     num_workers: int = 4
     on_failure: str = "end"
     tool_format: str = "hermes"
+    tools: tuple[str, ...] = BUILTIN_TOOL_NAMES
+    tool_prompt: str = "card"
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -432,6 +438,15 @@ class EnvConfig:
         _positive("env.num_workers", self.num_workers)
         _one_of("env.on_failure", self.on_failure, ("end", "drop"))
         _one_of("env.tool_format", self.tool_format, ("hermes", "smollm2"))
+        _one_of("env.tool_prompt", self.tool_prompt, ("card", "brief"))
+        tools = self.tools
+        if isinstance(tools, str) or not tools or any(t not in BUILTIN_TOOL_NAMES for t in tools):
+            _fail(
+                "env.tools",
+                tools,
+                f"a non-empty tuple of built-in tools from {BUILTIN_TOOL_NAMES} (register an env "
+                "for others: rljax.envs.register_env)",
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,10 @@ EnvBuilder = Callable[[Any, Callable[[str, dict], float]], EnvFactory]
 
 
 def _tools(cfg, reward) -> EnvFactory:
-    """The tool-calling env with the built-in tools; the user's message is the task's prompt
-    through ``data.prompt_template``, as a single-turn run would phrase it."""
-    from rljax.envs.tool_env import ToolEnv  # the tools' module is only needed by this env
+    """The tool-calling env with the built-in tools ``env.tools``, listed as
+    ``env.tool_prompt`` says; the user's message is the task's prompt through
+    ``data.prompt_template``, as a single-turn run would phrase it."""
+    from rljax.envs.tool_env import BUILTIN_TOOLS, ToolEnv  # needed by this env alone
 
     template = cfg.data.prompt_template
 
@@ -34,7 +35,13 @@ def _tools(cfg, reward) -> EnvFactory:
             )
             return super().reset({**example, "prompt": text})
 
-    return functools.partial(TaskToolEnv, fmt=cfg.env.tool_format, answer_reward=reward)
+    return functools.partial(
+        TaskToolEnv,
+        {name: BUILTIN_TOOLS[name] for name in cfg.env.tools},
+        fmt=cfg.env.tool_format,
+        prompt_style=cfg.env.tool_prompt,
+        answer_reward=reward,
+    )
 
 
 ENVS: dict[str, EnvBuilder] = {

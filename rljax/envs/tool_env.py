@@ -26,6 +26,7 @@ from rljax.envs.calculator import calculator
 from rljax.envs.sandbox import python_tool
 from rljax.envs.tool_calls import (
     FORMATS,
+    PROMPT_STYLES,
     ToolCall,
     ToolCallError,
     ToolError,
@@ -110,6 +111,8 @@ class ToolEnv:
       tools: name -> :class:`Tool`; each key must be its tool's name.
       fmt: the tool-call syntax, one of :data:`rljax.envs.tool_calls.FORMATS`.
       system_prompt: text put before the tool list in the system message.
+      prompt_style: how the system message lists the tools: 'card' (the model family's own
+        wording) or 'brief' (:func:`rljax.envs.tool_calls.tools_prompt`).
       answer_reward: ``reward(answer, example) -> float`` for the final turn; 0.0 if None.
       max_tool_calls_per_turn: calls run per turn; the rest are answered with an error
         (``too_many_tool_calls``).
@@ -121,6 +124,7 @@ class ToolEnv:
         *,
         fmt: str = "hermes",
         system_prompt: str | None = None,
+        prompt_style: str = "card",
         answer_reward: Callable[[str, dict], float] | None = None,
         max_tool_calls_per_turn: int = 4,
     ):
@@ -133,6 +137,8 @@ class ToolEnv:
                     f"ToolEnv(tools=...): the entry {key!r} must be a rljax.envs.Tool named "
                     f"{key!r}, got {tool!r}"
                 )
+        if prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"ToolEnv(prompt_style={prompt_style!r}): use one of {PROMPT_STYLES}")
         if max_tool_calls_per_turn < 1:
             raise ValueError(
                 f"ToolEnv(max_tool_calls_per_turn={max_tool_calls_per_turn}): expected >= 1"
@@ -140,6 +146,7 @@ class ToolEnv:
         self.tools = dict(tools)
         self.fmt = fmt
         self.system_prompt = system_prompt
+        self.prompt_style = prompt_style
         self.answer_reward = answer_reward
         self.max_tool_calls_per_turn = max_tool_calls_per_turn
         self._example: dict | None = None
@@ -148,7 +155,8 @@ class ToolEnv:
         """The system message (``system_prompt`` and the tool list) and the example's
         ``"prompt"`` as the user's message."""
         self._example = example
-        listing = tools_prompt([t.schema() for t in self.tools.values()], self.fmt)
+        schemas = [t.schema() for t in self.tools.values()]
+        listing = tools_prompt(schemas, self.fmt, self.prompt_style)
         system = listing if self.system_prompt is None else f"{self.system_prompt}\n\n{listing}"
         return [
             {"role": "system", "content": system},

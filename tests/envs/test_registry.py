@@ -24,6 +24,19 @@ def test_tools_env_phrases_the_task_as_the_prompt_template_says():
     assert env.step("408").reward == 1.0
 
 
+def test_tools_env_offers_the_configured_tools_in_the_configured_prompt():
+    keys = {"env.name": "tools", "env.tool_format": "smollm2", "env.tools": ("calculator",)}
+    for style in ("card", "brief"):
+        cfg = replace(RunConfig(), **keys, **{"env.tool_prompt": style})
+        env = env_factory(cfg, lambda answer, ex: 0.0)()
+        system, _ = env.reset({"prompt": "12*34=", "answer": "408"})
+        assert "calculator" in system["content"] and "python" not in system["content"]
+        assert ("- calculator(expression):" in system["content"]) == (style == "brief")
+        step = env.step('<tool_call>[{"name": "python", "arguments": {"code": "1"}}]</tool_call>')
+        assert step.info == {"tool_calls": 1, "tool_errors/unknown_tool": 1}
+        assert "the tools are calculator" in step.observation[0]["content"]
+
+
 def test_lookup_and_its_blind_control():
     example = {"prompt": "37+*=", "hidden": "45", "answer": "82"}
     for name, seen in (("lookup", "45="), ("lookup_blind", "")):

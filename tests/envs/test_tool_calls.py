@@ -120,3 +120,18 @@ def test_smollm2_prompt_lists_tools_as_a_json_list():
     listed = prompt.split("<tools>")[1].split("</tools>")[0]
     assert json.loads(listed) == [SCHEMA]
     assert "<tool_call>[" in prompt and "'[]'" in prompt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_brief_prompt_lists_each_tool_and_shows_a_call_that_parses(fmt):
+    other = {**SCHEMA, "name": "other", "parameters": {"properties": {"a": {}, "b": {}}}}
+    prompt = tools_prompt([SCHEMA, other], fmt, "brief")
+    assert "- calculator(expression): Evaluate arithmetic." in prompt
+    assert "- other(a, b): Evaluate arithmetic." in prompt
+    assert parse_tool_calls(prompt, fmt) == [ToolCall("calculator", {"expression": "..."})]
+    assert len(prompt) < len(tools_prompt([SCHEMA, other], fmt)) / 2
+
+
+def test_unknown_prompt_style_is_refused():
+    with pytest.raises(ValueError, match="unknown tool-prompt style 'long'"):
+        tools_prompt([SCHEMA], "hermes", "long")

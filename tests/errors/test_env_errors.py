@@ -1,5 +1,5 @@
 """Envs that cannot work: refused by the launcher or rljax.Run before any step (docs/errors.md
-rows E01-E04); what an env does wrong at run time is counted instead (tests/envs)."""
+rows E01-E05); what an env does wrong at run time is counted instead (tests/envs)."""
 
 from rljax.configs import arith_tools
 
@@ -36,3 +36,8 @@ def test_factory_that_makes_no_env(refused, check_row, workdir):
 def test_env_budget_above_the_engine_s(check_row, launch_error):
     message = launch_error(f"--config={TOOLS}", "--config.env.max_tokens=64")
     check_row("E04", message, "raise it too")
+
+
+def test_unknown_built_in_tool(check_row, launch_error):
+    message = launch_error(f"--config={TOOLS}", "--config.env.tools=calc")
+    check_row("E05", message, "register an env for others")
