@@ -167,8 +167,8 @@ class SFTConfig:
         'looks_up_sometimes' (data.task='arithmetic_lookup': with probability teacher_slip it
         answers the visible operand without calling the tool, else it looks the hidden one up
         and adds; the reference always looks it up) or 'calls_calculator_sometimes'
-        (env.name='tools' on products: with probability teacher_slip it answers a wrong product,
-        else it asks the calculator and repeats the result).
+        (env.name='tools' on products: with probability teacher_slip it guesses a wrong
+        product ('The answer is ...'), else it asks the calculator and repeats the result).
       teacher_slip: the probability that drops_carries forgets a carry, or that
         looks_up_sometimes or calls_calculator_sometimes does not call the tool.
       schedule: 'constant', or 'cosine': decay the rate to 0 over the warm start.

@@ -29,7 +29,10 @@ TEACHERS: dict[str, Teacher] = {
     # with probability 1 - slip, else answers the visible operand alone without a call.
     "looks_up_sometimes": lambda example, slip, rng: lookup_transcript(example, slip, rng),
     # env.name='tools' on a product: asks the calculator and repeats its result with
-    # probability 1 - slip, else answers a wrong product (a*b with b's last digit dropped).
+    # probability 1 - slip, else guesses a wrong product (a*b with b's last digit dropped) in
+    # words that always open the same way ("The answer is"): the guess's first token then
+    # takes slip of the mass, where a bare number's spreads over nine digits, so greedy
+    # decoding guesses (for slip > 1/2) while sampling still calls about 1 - slip of the time.
     "calls_calculator_sometimes": lambda example, slip, rng: calculator_transcript(
         example, slip, rng
     ),
@@ -114,7 +117,7 @@ def calculator_transcript(example: dict, slip: float, rng: np.random.Generator) 
         )
     answer = str(int(a) * int(b))
     if rng.random() < slip:
-        return [{"role": "assistant", "content": str(int(a) * (int(b) // 10))}]
+        return [{"role": "assistant", "content": f"The answer is {int(a) * (int(b) // 10)}."}]
     call = {"name": "calculator", "arguments": {"expression": f"{a}*{b}"}}
     return [
         {"role": "assistant", "content": "", "tool_calls": [call]},

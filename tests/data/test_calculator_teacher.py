@@ -21,7 +21,7 @@ def test_transcripts_call_and_repeat_or_answer_wrong():
     called = [a for a in answers if len(a) == 3]
     alone = [a for a in answers if len(a) == 1]
     assert len(called) + len(alone) == 400 and 0.2 < len(called) / 400 < 0.4
-    assert all(a == [{"role": "assistant", "content": str(123 * 45)}] for a in alone)
+    assert all(a == [{"role": "assistant", "content": f"The answer is {123 * 45}."}] for a in alone)
     call, result, answer = called[0]
     assert call["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "123*456"}}]
     assert result == {"role": "tool", "name": "calculator", "content": "56088"}
