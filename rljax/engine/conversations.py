@@ -9,6 +9,13 @@ version -1, loss mask 0) and only the tokens the slot has not cached (the turn's
 the env's ids) are prefilled onto its pages (``Engine.extend``); the last position's logits
 draw the next model token, and decoding goes on. None ends the conversation.
 
+**The poll is an input.** :meth:`Conversations.ready_turns` is a snapshot of the answers a
+step would apply now (request id, sample index, ids or None), and ``step(answers=...)``
+applies exactly those instead of polling. One process polls (``step()`` applies its own
+snapshot); a pod's sampler followers apply the snapshot the leader took and posted with the
+step (:mod:`rljax.runtime.pod_envs`), so every replica continues the same conversations at the
+same step whenever each host's env futures happen to resolve.
+
 **What a waiting conversation holds: its slot and its pages.** The slot is paused
 (``Engine.pause``): ``generate`` skips it and it takes no new page, but its KV stays, so the
 next turn prefills the new tokens only. The number of conversations waiting at once is then
@@ -28,12 +35,17 @@ and ``conversations_waiting`` (how many wait now, a gauge).
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import concurrent.futures
+from collections.abc import Callable, Sequence
 
 from rljax.engine.engine import Engine
 from rljax.engine.pages import OutOfPages
 from rljax.engine.samples import FINISH_LENGTH, FINISH_STOP, Sample, Trajectory
 from rljax.engine.state import DecodeState, ResultTokens
+
+# One env answer as a step applies it: (request id, sample index, the env's token ids, or None
+# when the conversation is over). JSON gives it back as a list, which unpacks alike.
+TurnAnswer = tuple[int, int, list[int] | None]
 
 
 class Conversations:
@@ -49,8 +61,11 @@ class Conversations:
     _staged: object
     _slots: list[Sample | None]
     _queue: collections.deque[Sample]
+    _pending: collections.deque
+    _requests: collections.deque
     _waiting: list[Sample]  # conversations waiting for their env without a slot
     _record: Callable[..., list[int]]
+    _apply_staged: Callable[[], None]
 
     @property
     def waiting_conversations(self) -> int:
@@ -88,26 +103,89 @@ class Conversations:
         else:
             (self._queue.appendleft if front else self._queue.append)(s)
 
-    def _poll_turns(self, finished: list[Trajectory]) -> None:
-        """Continue or end every conversation whose env has answered (never blocks)."""
-        if self._staged is not None and self.swap_mode == "drain":
-            return  # resolved turns wait for the swap: they continue under the new params
-        for slot, s in enumerate(self._slots):
-            if s is not None and s.future is not None and s.future.done():
-                self._answer(s, slot, finished)
-        for s in [s for s in self._waiting if s.future is not None and s.future.done()]:
-            self._waiting.remove(s)
-            self._answer(s, None, finished)
-        self.stats["conversations_waiting"] = self.waiting_conversations
+    def _waiting_samples(self) -> list[Sample]:
+        """Every conversation waiting for its env: those holding a slot in slot order, then
+        those without one (the order their answers are applied in)."""
+        held = [s for s in self._slots if s is not None and s.future is not None]
+        return held + [s for s in self._waiting if s.future is not None]
 
-    def _answer(self, s: Sample, slot: int | None, finished: list[Trajectory]) -> None:
-        future, s.future = s.future, None
-        assert future is not None
+    def _turns_held(self) -> bool:
+        """Whether answered turns wait for a drain swap (they continue under the new params)."""
+        return self._staged is not None and self.swap_mode == "drain"
+
+    def ready_turns(self) -> list[TurnAnswer]:
+        """The env answers the next step applies: every waiting conversation whose future is
+        done, in the order the step continues them (none while a drain swap holds them). Staged
+        params are applied first if due, as the step would: which turns may continue depends
+        on it. Never blocks; a future that raised (the Turns contract says never) gives None,
+        counted as ``turn_errors``."""
+        self._apply_staged()
+        if self._turns_held():
+            return []
+        out: list[TurnAnswer] = []
+        for s in self._waiting_samples():
+            assert s.future is not None
+            if s.future.done():
+                out.append((s.request.request_id, s.index, self._result(s.future)))
+        return out
+
+    def _result(self, future: concurrent.futures.Future) -> list[int] | None:
         try:
             ids = future.result()
-        except Exception:  # the Turns contract says never; a broken env still ends only itself
+        except Exception:  # a broken env still ends only its own conversation
             self.stats["turn_errors"] += 1
-            ids = None
+            return None
+        return None if ids is None else [int(t) for t in ids]
+
+    def wait_for_turns(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for an env to answer when a step could do nothing else
+        (every sample here waits for its env, none has answered); else return at once."""
+        if self._decoding() or self._queue or self._pending or self._requests:
+            return
+        futures = [s.future for s in self._waiting_samples() if s.future is not None]
+        if futures:
+            concurrent.futures.wait(
+                futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+
+    def _poll_turns(
+        self, finished: list[Trajectory], answers: Sequence[TurnAnswer] | None = None
+    ) -> None:
+        """Continue or end every conversation ``answers`` answers (None: this sampler's own
+        :meth:`ready_turns`), in their order; never blocks."""
+        if answers is None:
+            answers = self.ready_turns()
+        if answers and self._turns_held():
+            raise RuntimeError(
+                f"{len(answers)} env answers given while a drain swap holds every turn: this "
+                "sampler's state is not the one that took them (a pod's samplers diverged)"
+            )
+        for request_id, index, ids in answers:
+            slot, s = self._waiting_for(request_id, index)
+            s.future = None
+            if slot is None:
+                self._waiting.remove(s)
+            self._answer(s, slot, ids, finished)
+        self.stats["conversations_waiting"] = self.waiting_conversations
+
+    def _waiting_for(self, request_id: int, index: int) -> tuple[int | None, Sample]:
+        """The waiting conversation (request id, sample index) and its slot (None: none)."""
+        key = (request_id, index)
+        for slot, s in enumerate(self._slots):
+            if s is not None and s.future is not None and (s.request.request_id, s.index) == key:
+                return slot, s
+        for s in self._waiting:
+            if s.future is not None and (s.request.request_id, s.index) == key:
+                return None, s
+        raise RuntimeError(
+            f"an env answer for request {request_id} sample {index}, which is not waiting for "
+            "its env here: this sampler's state is not the one that took the answers (a pod's "
+            "samplers diverged)"
+        )
+
+    def _answer(
+        self, s: Sample, slot: int | None, ids: list[int] | None, finished: list[Trajectory]
+    ) -> None:
         reason = None
         if ids is None:
             reason = FINISH_STOP

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.engine.conversations import Conversations
+from rljax.engine.conversations import Conversations, TurnAnswer
 from rljax.engine.engine import Engine
 from rljax.engine.homes import SlotHomes
 from rljax.engine.pages import OutOfPages
@@ -431,11 +431,13 @@ class Sampler(Conversations):
         self._evict(slot, front=True)
         self.stats["preempted"] += 1
 
-    def step(self) -> list[Trajectory]:
-        """Fill free slots, run one generate, and return the sequences that finished."""
+    def step(self, answers: Sequence[TurnAnswer] | None = None) -> list[Trajectory]:
+        """Continue the conversations whose env answered, fill free slots, run one generate,
+        and return the sequences that finished. ``answers``: the env answers to apply (the
+        :meth:`ready_turns` of the sampler whose steps this one replays); None: its own."""
         self._apply_staged()
         finished: list[Trajectory] = []
-        self._poll_turns(finished)
+        self._poll_turns(finished, answers)
         self._fill_slots(finished)
         if not self._decoding():
             return finished

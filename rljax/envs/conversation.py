@@ -32,6 +32,8 @@ from rljax.envs.pool import EnvPool
 from rljax.envs.render import ChatRenderer, ObservationError
 
 ENV_ERROR_KINDS = ("raised", "timeout", "bad_step", "bad_observation", "bad_reset")
+# A conversation's counters before its env answered a turn (``Conversation.info``).
+NO_TURNS = {"turns": 0, "tool_calls": 0, "env_s": 0.0}
 
 
 class Conversation:
@@ -146,7 +148,7 @@ class Conversation:
     @property
     def info(self) -> dict:
         with self._lock:
-            return {"turns": 0, "tool_calls": 0, **self._counts, "env_s": self._env_s}
+            return {**NO_TURNS, **self._counts, "env_s": self._env_s}
 
 
 class Conversations:

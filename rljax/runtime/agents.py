@@ -26,11 +26,12 @@ def build(
     """The run's conversations: ``env`` (a factory) or ``env.name``'s; None without either."""
     if env is None and not cfg.env.name:
         return None
-    if jax.process_count() > 1:
+    if jax.process_count() > 1 and cfg.mesh.mode != "split":
         raise ConfigError(
-            "an env (config key 'env.name' or rljax.run(..., env=)) runs on one process for now "
-            f"(this run has {jax.process_count()}: a conversation's env would have to run "
-            "where its sampler slot is); run agents on one host"
+            "an env (config key 'env.name' or rljax.run(..., env=)) on several processes runs "
+            f"on a pod (this run has {jax.process_count()} processes sharing both meshes, and "
+            "each would step its own envs); set mesh.mode='split' with the sampler and the "
+            "learner on whole hosts, or run agents on one host"
         )
     factory = env if env is not None else env_factory(cfg, reward)
     return Conversations(

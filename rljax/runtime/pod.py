@@ -12,7 +12,9 @@ hosts), each process owns devices of one mesh only, so each plays one role:
 - **Sampler followers** replay the leader's sampler operations in the same order (submit,
   swap, generate, interrupt, ...), so their engine state stays identical; each generate is one
   program over the whole sampler mesh. Each reads its stride of the prompt stream
-  (:mod:`rljax.runtime.pod_prompts`), whose groups take its slots, and scores them.
+  (:mod:`rljax.runtime.pod_prompts`), whose groups take its slots, and scores them. With an
+  env, it steps those groups' conversations, and each step applies the env answers the
+  leader posted with it (:mod:`rljax.runtime.pod_envs`).
 - **Learner processes** replay the learner operations: train on the groups the leader chose,
   send weights, save checkpoints (orbax on the learner processes only).
 
@@ -36,20 +38,30 @@ import enum
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from rljax.config import ConfigError
 from rljax.engine.engine import Engine, SlotSampling
 from rljax.engine.sampler import Request, Sampler
+from rljax.engine.samples import Turns
 from rljax.mesh.control import Channel
 from rljax.mesh.topology import Topology
 from rljax.mesh.weight_sync import HISTORY, SyncStats
 from rljax.runtime.pod_weights import PodWeights
 from rljax.runtime.rollout import encode_group
 
+if TYPE_CHECKING:
+    from rljax.runtime.pod_envs import PodTurns
+
 log = logging.getLogger(__name__)
+
+# How long the leader's sampler waits for an env answer when nothing else can run, before it
+# steps (and posts a tick) anyway: a pod whose every sample waits for its env would otherwise
+# post empty steps as fast as it can.
+WAIT_FOR_ENV_S = 0.05
 
 
 class Op(enum.Enum):
@@ -57,7 +69,7 @@ class Op(enum.Enum):
 
     SUBMIT = "submit"  # requests enter the sampler (arg: the encoded requests)
     SWAP = "swap"  # weights move to the sampler (arg: the version)
-    STEP = "step"  # one generate call
+    STEP = "step"  # one generate call (arg: the env answers it applies, or null)
     INTERRUPT = "interrupt"  # a request leaves its slots, resumable (arg: its id)
     RESUME = "resume"
     ABORT = "abort"
@@ -148,7 +160,7 @@ def roles(
 
 
 def encode_request(r: Request) -> dict[str, Any]:
-    return {
+    out = {
         "prompt_tokens": list(r.prompt_tokens),
         "num_samples": r.num_samples,
         "seed": r.seed,
@@ -157,11 +169,18 @@ def encode_request(r: Request) -> dict[str, Any]:
         "max_new_tokens": r.max_new_tokens,
         "home": r.home,
     }
+    if r.turns is not None:  # a conversation: each host makes its turns from the example
+        out["conversation"] = r.payload
+    return out
 
 
-def decode_request(d: dict[str, Any]) -> Request:
+def decode_request(
+    d: dict[str, Any], turns: Callable[[Request], Callable[[int], Turns]] | None = None
+) -> Request:
+    """The request ``d`` encodes; a conversation's turns are ``turns(request)`` (this host's
+    :meth:`~rljax.runtime.pod_envs.PodTurns.turns`)."""
     sampling = None if d["sampling"] is None else SlotSampling(**d["sampling"])
-    return Request(
+    r = Request(
         d["prompt_tokens"],
         d["num_samples"],
         seed=d["seed"],
@@ -170,6 +189,16 @@ def decode_request(d: dict[str, Any]) -> Request:
         max_new_tokens=d["max_new_tokens"],
         home=d["home"],
     )
+    if "conversation" in d:
+        if turns is None:
+            raise PodProtocolError(
+                f"the leader submitted request {r.request_id} as a conversation, and this "
+                "process has no env to make its turns; every process of a pod must run the "
+                "same config (env.name)"
+            )
+        r.payload = d["conversation"]
+        r.turns = turns(r)
+    return r
 
 
 # Every process reports how far it read every PROGRESS_EVERY ticks; the leader then deletes
@@ -231,11 +260,19 @@ class PodSampler:
     enter the same collectives in the same order.
     """
 
-    def __init__(self, sampler: Sampler, ticks: Ticks, weights: PodWeights, sync: PodWeightSync):
+    def __init__(
+        self,
+        sampler: Sampler,
+        ticks: Ticks,
+        weights: PodWeights,
+        sync: PodWeightSync,
+        envs: PodTurns | None = None,
+    ):
         self.real = sampler
         self.ticks = ticks
         self.weights = weights
         self.sync = sync
+        self.envs = envs  # a run with an env: this host's conversations (rljax.runtime.pod_envs)
         self.swapped = -1
         self.on_tick = lambda: None  # the leader polls for stop requests here
 
@@ -277,6 +314,8 @@ class PodSampler:
         return self.real.has_work()
 
     def submit(self, requests) -> list[int]:
+        if self.envs is not None:
+            requests = [self.envs.bind(r) for r in requests]
         with self.ticks.lock:
             ids = self.real.submit(requests)
             self.ticks.queue(Op.SUBMIT, [encode_request(r) for r in requests])
@@ -308,10 +347,16 @@ class PodSampler:
             self.set_params(None, latest)
 
     def step(self):
+        """One step everywhere, with the env answers ready now: posted with the step, so the
+        followers continue the same conversations (:mod:`rljax.runtime.pod_envs`)."""
         self.on_tick()  # outside the tick lock: it may take the driver's
+        if self.envs is not None:
+            self.envs.check()
+            self.real.wait_for_turns(WAIT_FOR_ENV_S)
         with self.ticks.lock:
-            self.ticks.flush(Op.STEP)
-            return self.real.step()
+            answers = self.real.ready_turns()
+            self.ticks.flush(Op.STEP, answers or None)
+            return self.real.step(answers)
 
     def run(self, requests=()):
         self.submit(requests)

@@ -30,7 +30,7 @@ from rljax.mesh import distributed
 from rljax.mesh.control import Channel
 from rljax.mesh.transfer import transfer
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import pod, pod_prompts, pod_replay, pod_resize, resume
+from rljax.runtime import pod, pod_envs, pod_prompts, pod_replay, pod_resize, resume
 from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.pod import Op
 from rljax.runtime.pod_scoring import PodScorer, ScoreServer
@@ -71,11 +71,13 @@ class PodHosting:
         self.ticks: pod.Ticks | None = None  # the leader's, one count across resizes
         self.scored_by_host: dict[int, int] = {}  # trajectories each sampler host scored
         self.read_by_host: dict[int, int] = {}  # prompts each sampler host read
+        self.env_turns_by_host: dict[int, int] = {}  # env answers each sampler host gave
         self.slot_homes: list[int] | None = None
         # a sampler follower's parts (the leader's are the run's)
         self.real_sampler: Sampler | None = None
         self.score_server: ScoreServer | None = None
         self.feeder: pod_prompts.PromptFeeder | None = None
+        self.envs: pod_envs.PodTurns | None = None  # a sampler host's conversations
         self.resizer: pod_resize.PodResizer | None = None  # the leader's
         self.resize_to: tuple | None = None  # (split, cause, when decided): the leader's
 
@@ -162,6 +164,10 @@ class PodHosting:
         )
         if run.rewards is None:  # every sampler host scores a share of the groups
             run.rewards = RewardPool.from_config(run.reward, cfg.reward)
+        # each conversation's env runs on the sampler host that read its prompt
+        self.envs = pod_envs.open_envs(
+            roles, self.channel, self.resizes, run.conversations, self.env_turns_by_host
+        )
         if not roles.is_leader:
             assert isinstance(stream, pod_prompts.PromptFeeder)
             self.real_sampler, self.feeder = sampler, stream
@@ -181,7 +187,7 @@ class PodHosting:
         )
         run.weight_sync = sync = pod.PodWeightSync()
         self.ticks = self.ticks or pod.Ticks(self.channel)
-        run.sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync)
+        run.sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync, self.envs)
         run.learner = pod.RemoteLearner(run.sampler, self.channel, self.learner_version)
         run.resizer = self.resizer = pod_resize.PodResizer(run, self)
         run.batches = pod.make_pod_batch
@@ -191,7 +197,7 @@ class PodHosting:
         if self.learner_role:
             run.learner.params = run.learner.opt_state = None
         run.learner = run.sampler = run.engine = run.driver = None
-        self.real_sampler = self.score_server = self.feeder = None
+        self.real_sampler = self.score_server = self.feeder = self.envs = None
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -271,7 +277,12 @@ class PodHosting:
         roles = self.roles
         assert roles is not None
         out: dict[str, Any] = {**self.shape(), "resizes": self.resizes, "wall_s": wall_s}
-        for what, counts in (("scored", self.scored_by_host), ("read", self.read_by_host)):
+        counts_by_host = (
+            ("scored", self.scored_by_host),
+            ("read", self.read_by_host),
+            ("env_turns", self.env_turns_by_host),
+        )
+        for what, counts in counts_by_host:
             out[f"{what}_by_host"] = {str(h): n for h, n in counts.items()}
         slots = collections.Counter(self.slot_homes or [])
         out["slots_by_host"] = {str(h): n for h, n in sorted(slots.items())}
@@ -294,6 +305,7 @@ class PodHosting:
         elif not roles.is_leader:
             assert self.real_sampler and self.score_server and self.feeder
             self.tick, op, arg = pod_replay.follow_sampler(run, self, self.real_sampler, self.tick)
+            self._stop_envs()
             self.score_server.join()  # the leader stopped both before this tick
             self.feeder.join()
             summary = {"role": "sampler"}
@@ -317,9 +329,17 @@ class PodHosting:
             split, cause, decided = resize
             arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}
             self.ticks.flush(Op.RESIZE, arg)
+            self._stop_envs()
             run.stop_requested = False
             return summary, Op.RESIZE, {**arg, "decided": decided}
         # Only on success: after an error the others learn of it from Channel.fail and exit
         # non-zero instead of ending cleanly.
         self.ticks.flush(Op.END)
+        self._stop_envs()
         return summary, Op.END, None
+
+    def _stop_envs(self) -> None:
+        """After END or RESIZE: a follower posts the null after its last env answer; the leader
+        waits for every follower's (its readers end there)."""
+        if self.envs is not None:
+            self.envs.stop()

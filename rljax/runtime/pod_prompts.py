@@ -43,6 +43,13 @@ def home(example: Any, hosts: int) -> int | None:
     return None
 
 
+def owner(example: Any, group_id: int, hosts: int) -> int:
+    """The sampler host (index) that scores a group and runs its conversations' envs: the
+    host that read its prompt, or ``group_id % hosts`` for a prompt without a position."""
+    h = home(example, hosts)
+    return group_id % hosts if h is None else h
+
+
 def task_example(example: Any) -> Any:
     """``example`` as the task wrote it (without its stream position), for a reward function."""
     if isinstance(example, dict) and POSITION in example:

@@ -42,15 +42,18 @@ def replay(
 
 
 def follow_sampler(run, hosting, sampler: Sampler, k: int = 0) -> tuple[int, Op, Any]:
-    """A sampler follower: replays the leader's sampler operations from tick ``k``."""
+    """A sampler follower: replays the leader's sampler operations from tick ``k``. A step
+    applies the env answers the leader took (never this host's own futures), and a
+    conversation's turns are made here (:mod:`rljax.runtime.pod_envs`)."""
     weights = hosting.weights
+    turns = None if hosting.envs is None else hosting.envs.turns
     return replay(
         hosting.channel,
         k,
         {
-            Op.SUBMIT: lambda arg: sampler.submit([decode_request(r) for r in arg]),
+            Op.SUBMIT: lambda arg: sampler.submit([decode_request(r, turns) for r in arg]),
             Op.SWAP: lambda version: sampler.set_params(weights.move(), version),
-            Op.STEP: lambda _: sampler.step(),
+            Op.STEP: lambda answers: sampler.step(answers or []),
             Op.INTERRUPT: sampler.interrupt,
             Op.RESUME: sampler.resume,
             Op.ABORT: sampler.abort,

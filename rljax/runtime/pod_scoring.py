@@ -9,7 +9,9 @@ followers' rewards through the coordination service. A share
 travels as response tokens and the example, a few hundred bytes a group; the follower decodes
 and scores it in its own :class:`~rljax.rewards.pool.RewardPool`, on a thread beside the steps
 it replays, so a verifier that raises, hangs or returns NaN is isolated and counted on the host
-that ran it. Each result carries that host's failure counts, which the leader sums.
+that ran it. Each result carries that host's failure counts, which the leader sums. A
+conversation's reward is its env's, which the same host gave (:mod:`rljax.runtime.pod_envs`):
+it is not shared.
 
 Keys: ``score/<epoch>/<host>/<n>`` (a share; null tells the follower to stop) and
 ``scored/<epoch>/<host>/<n>``; the epoch is the pod's resize count, so a rebuilt pod never
@@ -25,14 +27,13 @@ import numpy as np
 from rljax.engine.sampler import Trajectory
 from rljax.mesh.control import Channel, ChannelThread, host_key
 from rljax.rewards.pool import FAILURE_KINDS, RewardPool
-from rljax.runtime.pod_prompts import home, task_example
+from rljax.runtime.pod_prompts import owner, task_example
 from rljax.runtime.scoring import completion_text, response_text
 
 
 def owners(trajs: list[Trajectory], hosts: int) -> list[int]:
     """The sampler host (an index into the sampler's processes) that scores each trajectory."""
-    homes = [home(t.payload, hosts) for t in trajs]
-    return [t.group_id % hosts if h is None else h for t, h in zip(trajs, homes, strict=True)]
+    return [owner(t.payload, t.group_id, hosts) for t in trajs]
 
 
 def _share(trajs: list[Trajectory]) -> dict[str, list]:
@@ -67,9 +68,15 @@ class PodScorer:
         self.scored = {} if scored is None else scored
 
     def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
-        """(rewards of ``trajs`` in order, failures by kind summed over the sampler hosts)."""
-        owner = owners(trajs, len(self.hosts))
-        shares = [[j for j, o in enumerate(owner) if o == i] for i in range(len(self.hosts))]
+        """(rewards of ``trajs`` in order, failures by kind summed over the sampler hosts).
+
+        A conversation's reward is its env steps' sum, which its home host's env already gave
+        (:mod:`rljax.runtime.pod_envs`); the verifier scores the rest."""
+        scored, env = owners(trajs, len(self.hosts)), [t.env_reward for t in trajs]
+        shares = [
+            [j for j, o in enumerate(scored) if o == i and env[j] is None]
+            for i in range(len(self.hosts))
+        ]
         posted = []
         for host, share in zip(self.hosts[1:], shares[1:], strict=True):
             if share:
@@ -78,7 +85,7 @@ class PodScorer:
                 self.channel.post(key, _share([trajs[j] for j in share]))
                 posted.append((host, share, n))
                 self._sent[host] += 1
-        rewards = np.zeros(len(trajs), np.float32)
+        rewards = np.array([0.0 if r is None else r for r in env], np.float32)
         if shares[0]:
             texts = [completion_text(self.tokenizer, trajs[j]) for j in shares[0]]
             examples = [task_example(trajs[j].payload) for j in shares[0]]

@@ -3,6 +3,8 @@ whole history gives, env tokens are the env's ids untouched, a waiting conversat
 hold up other slots, swaps between turns follow the swap mode, and interrupt / resume and page
 preemption continue a conversation as if nothing happened."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -221,3 +223,50 @@ def test_pool_exhaustion_preempts_waiting_conversations_first(greedy):
     assert len(out) == 4
     for t in out:
         assert t.response_tokens == reference.response_tokens
+
+
+def test_a_replica_stepping_with_another_s_answers_gives_its_trajectories(seeded):
+    """The poll as an input (a pod's followers): a sampler that applies, at each step, the
+    answers another one polled (``ready_turns``, through JSON as a tick carries them) makes
+    the same trajectories, though its own envs never answer; a wrong answer is refused."""
+    stop = STOP
+    sampler, conv, made = _conversation(seeded, stop, samples=4, seed=7, manual=True)
+    sampler.submit([conv])
+    log, polled, steps = [], [], 0
+    while sampler.has_work():
+        log.append(json.loads(json.dumps(sampler.ready_turns())))
+        polled += sampler.step()  # the polling path: it takes the same snapshot itself
+        steps += 1
+        for k, turns in made.items():  # sample k's env answers after k + 1 steps
+            if turns.pending and steps % (k + 1) == 0:
+                turns.answer()
+    answers = [a for step in log for a in step]
+    assert any(ids is None for *_, ids in answers) and any(ids for *_, ids in answers)
+    assert sum(1 for step in log if step) > 1, "answers came at several steps"
+
+    replica, conv, never = _conversation(seeded, stop, samples=4, seed=7, manual=True)
+    replica.submit([conv])
+    replayed = []
+    for step in log:
+        replayed += replica.step(step)
+    assert not replica.has_work()
+    for k, turns in never.items():  # its envs were asked the same turns and never answered
+        assert turns.turns_seen == made[k].turns_seen and len(turns.pending) == len(
+            turns.turns_seen
+        )
+    key = lambda t: t.sample_index  # noqa: E731
+    for a, b in zip(sorted(polled, key=key), sorted(replayed, key=key), strict=True):
+        assert (a.response_tokens, a.loss_mask, a.versions) == (
+            b.response_tokens,
+            b.loss_mask,
+            b.versions,
+        )
+        assert a.logprobs == b.logprobs and a.finish_reason == b.finish_reason
+        assert 0 in a.loss_mask, "an env turn must be in the conversation"
+
+    other, conv, _ = _conversation(seeded, stop, samples=1, manual=True)
+    other.submit([conv])
+    while not other.waiting_conversations:
+        other.step()
+    with pytest.raises(RuntimeError, match="request 0 sample 3, which is not waiting for its env"):
+        other.step([[0, 3, [7]]])

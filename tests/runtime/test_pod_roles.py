@@ -15,6 +15,7 @@ from rljax.engine.sampler import Request
 from rljax.mesh import topology
 from rljax.policy.reallocation import Split
 from rljax.runtime import pod, pod_replay, pod_resize, resizing
+from rljax.testing.turns import scripted
 
 
 def _topology(sampler_hosts, learner_hosts, per_host=2):
@@ -57,6 +58,24 @@ def test_requests_cross_the_wire_unchanged():
     assert back.sampling == r.sampling and back.max_new_tokens == 12 and back.home == 1
     plain = pod.decode_request(pod.encode_request(Request([1], 2, seed=3)))
     assert plain.sampling is None and plain.home is None
+
+
+def test_a_conversation_crosses_the_wire_as_its_example_and_each_host_makes_its_turns():
+    example = {"prompt": "37+*=", "stream_position": 3}
+    r = Request([5, 6], 2, request_id=4, payload=example, turns=scripted([[7]])[0])
+    made = []
+
+    def turns(request):
+        made.append((request.request_id, request.payload))
+        return lambda index: index
+
+    wire = pod.encode_request(r)
+    assert wire["conversation"] == example
+    back = pod.decode_request(wire, turns)
+    assert made == [(4, example)] and back.payload == example and back.turns(1) == 1
+    assert "conversation" not in pod.encode_request(Request([1], 2, payload=example))
+    with pytest.raises(pod.PodProtocolError, match="submitted request 4 as a conversation"):
+        pod.decode_request(wire)
 
 
 def test_a_side_that_is_not_whole_hosts_is_refused():

@@ -1,16 +1,18 @@
 """runtime.pod_scoring: on a localhost pod of 3 processes, the leader's scoring calls are shared
 by group id among the sampler hosts, each scores its share in its own RewardPool, and the
 leader gets every reward back in order, failures (a verifier that raises, one that returns NaN)
-counted on the host that met them and summed."""
+counted on the host that met them and summed. A conversation keeps its env's reward."""
 
 from __future__ import annotations
 
 import math
 
 from rljax.engine.sampler import FINISH_STOP, Trajectory
+from rljax.rewards.pool import RewardPool
 from rljax.runtime.pod_prompts import POSITION
-from rljax.runtime.pod_scoring import owners
+from rljax.runtime.pod_scoring import PodScorer, ScoreServer, owners
 from rljax.testing import pod
+from rljax.testing.pod import MemoryChannel
 
 _SCRIPT = """
 import json, math
@@ -95,3 +97,32 @@ def test_a_trajectory_is_scored_by_its_prompt_s_reader_else_by_its_id_s_host():
     assert owners(trajs, 3) == [0, 0, 1, 2, 0]
     read = [traj(g, {POSITION: p}) for g, p in ((0, 7), (1, 3), (5, 5))]  # host p % 3
     assert owners(read, 3) == [1, 0, 2]
+
+
+def test_a_conversation_s_reward_is_its_env_s_and_is_not_shared():
+    """In one process (an in-memory channel, host 1's server on a thread): conversations keep
+    the reward their home host's env gave; only single-turn trajectories go to a verifier."""
+
+    class Letters:
+        vocab_size = 26
+
+        def decode(self, ids):
+            return "".join(chr(97 + i) for i in ids)
+
+    def traj(group_id, env_reward=None):
+        t = Trajectory([1], [1, 2], [0.0, 0.0], [0, 0], FINISH_STOP, group_id, 0, payload={})
+        t.env_reward = env_reward
+        return t
+
+    channel = MemoryChannel()
+    pools = [RewardPool(lambda c, ex: float(len(c)), num_workers=1) for _ in range(2)]
+    server = ScoreServer(channel, 1, 0, pools[1], Letters())
+    scorer = PodScorer(channel, (0, 1), 0, pools[0], Letters())
+    trajs = [traj(0), traj(1), traj(2, 0.5), traj(3, math.nan)]  # groups 1 and 3: host 1's
+    rewards, _ = scorer.score(trajs)
+    scorer.stop()
+    server.join()
+    assert rewards[:3].tolist() == [1.0, 1.0, 0.5] and math.isnan(rewards[3])
+    assert [p.stats.calls for p in pools] == [1, 1] and scorer.scored == {0: 1, 1: 1}
+    for pool in pools:
+        pool.close()
