@@ -213,14 +213,14 @@ def tools_prompt(tools: Sequence[Mapping], fmt: str, style: str = "card") -> str
     raise ValueError(f"unknown tool-call format {fmt!r}; use one of {FORMATS}")
 
 
+def _argument_names(tool: Mapping) -> list[str]:
+    return list(tool.get("parameters", {}).get("properties", {}))
+
+
 def _brief_prompt(tools: Sequence[Mapping], fmt: str) -> str:
-    lines = []
-    for t in tools:
-        arguments = ", ".join(t.get("parameters", {}).get("properties", {}))
-        lines.append(f"- {t['name']}({arguments}): {t['description']}")
+    lines = [f"- {t['name']}({', '.join(_argument_names(t))}): {t['description']}" for t in tools]
     first = tools[0] if tools else {"name": "tool", "parameters": {}}
-    names = list(first.get("parameters", {}).get("properties", {}))
-    example = {"name": first["name"], "arguments": {n: "..." for n in names}}
+    example = {"name": first["name"], "arguments": dict.fromkeys(_argument_names(first), "...")}
     call = tool_call_text([example], fmt)
     return (
         "You can call these tools:\n" + "\n".join(lines) + "\n\nTo call a tool, reply with "
