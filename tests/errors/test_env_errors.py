@@ -1,9 +1,13 @@
 """Envs that cannot work: refused by the launcher or rljax.Run before any step (docs/errors.md
-rows E01-E05); what an env does wrong at run time is counted instead (tests/envs)."""
+rows E01-E06); what an env does wrong at run time is counted instead (tests/envs)."""
 
+import pytest
 from rljax.configs import arith_tools
 
+from rljax.config import ConfigError, replace
 from rljax.envs import Step
+from rljax.models.tokenizer import Tokenizer
+from rljax.runtime import agents
 from rljax.runtime.run import Run
 
 TOOLS = arith_tools.__file__ + ":small"
@@ -41,3 +45,18 @@ def test_env_budget_above_the_engine_s(check_row, launch_error):
 def test_unknown_built_in_tool(check_row, launch_error):
     message = launch_error(f"--config={TOOLS}", "--config.env.tools=calc")
     check_row("E05", message, "register an env for others")
+
+
+def test_an_env_on_processes_that_share_both_meshes(check_row, monkeypatch):
+    """On several processes an env needs a pod (split meshes: each conversation's env runs on
+    its home sampler host); processes that share both meshes would each step their own."""
+    monkeypatch.setattr(agents.jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError) as e:
+        agents.build(CFG, Tokenizer.char_level(), lambda c, ex: 0.0, None)
+    check_row("E06", str(e.value), "set mesh.mode='split'")
+    split = replace(
+        CFG, **{"mesh.mode": "split", "mesh.sampler_devices": 4, "mesh.learner_devices": 4}
+    )
+    built = agents.build(split, Tokenizer.char_level(), lambda c, ex: 0.0, None)
+    assert built is not None
+    built.close()

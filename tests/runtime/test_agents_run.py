@@ -112,19 +112,3 @@ def test_teacher_transcript_is_what_a_conversation_holds():
     with pytest.raises(ValueError, match="must end with an assistant message"):
         agents.transcript_sequence(convs, example, transcript[:2], tok)
     convs.close()
-
-
-def test_an_env_on_processes_that_share_both_meshes_is_refused(monkeypatch):
-    """On several processes an env needs a pod (split meshes: each conversation's env runs on
-    its home sampler host); processes that share both meshes would each step their own."""
-    monkeypatch.setattr(agents.jax, "process_count", lambda: 2)
-    tok = Tokenizer.char_level()
-    with pytest.raises(ConfigError, match=r"runs on a pod .* set mesh.mode='split'") as e:
-        agents.build(SMALL, tok, lambda c, ex: 0.0, None)
-    assert "\n" not in str(e.value)
-    split = replace(
-        SMALL, **{"mesh.mode": "split", "mesh.sampler_devices": 4, "mesh.learner_devices": 4}
-    )
-    built = agents.build(split, tok, lambda c, ex: 0.0, None)
-    assert built is not None
-    built.close()
