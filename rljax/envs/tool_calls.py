@@ -196,9 +196,9 @@ def tools_prompt(tools: Sequence[Mapping], fmt: str, style: str = "card") -> str
     Each tool is its JSON-schema description, ``{"name", "description", "parameters"}``
     (:meth:`rljax.envs.tool_env.Tool.schema`). ``style='card'`` is the wording each model
     family saw in training: Qwen2.5's chat template for ``hermes``, the SmolLM2-Instruct model
-    card's function-calling prompt for ``smollm2`` (about 270 tokens with the calculator
+    card's function-calling prompt for ``smollm2`` (287 SmolLM2 tokens with the calculator
     alone). ``style='brief'`` lists each tool as ``name(arguments): description`` and shows
-    one call in ``fmt`` (about 80 tokens): for a model that learns the format from a warm
+    one call in ``fmt`` (89): for a model that learns the format from a warm
     start, where the card's tokens would be most of every conversation's cost.
     """
     if style == "brief":
