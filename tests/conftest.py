@@ -8,9 +8,10 @@ import pytest
 # `python -m pytest` puts the working directory first on sys.path. From the repository root
 # that makes the source folder kernels/ (installed as rljax.kernels) importable as `kernels`,
 # which shadows the PyPI package of that name: transformers (the parity reference) imports it
-# when it is installed, and fails on ours. The tests import rljax as installed, never from here.
+# when it is installed, and fails on ours. So the root goes to the end of sys.path: installed
+# packages come first, and a process-mode reward pool's children still import test modules.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT] + [_ROOT]
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
