@@ -35,7 +35,9 @@ def gain_in_standard_errors(before: float, after: float, n: int) -> float:
     """The pooled two-proportion z of ``after - before``, each measured on ``n`` problems."""
     p = (before + after) / 2
     se = math.sqrt(2 * p * (1 - p) / n)
-    return math.inf if se == 0 and after != before else (after - before) / se if se else 0.0
+    if se == 0:  # both 0 or both 1: no difference
+        return 0.0
+    return (after - before) / se
 
 
 def train(cfg: RunConfig) -> tuple[dict, list[dict], float]:
