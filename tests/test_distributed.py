@@ -17,10 +17,7 @@ from rljax.mesh import distributed
 from rljax.mesh.distributed import (
     DistributedConfigError,
     DistributedPlan,
-    data_meta,
     detect,
-    group_owners,
-    process_data_state,
 )
 from rljax.testing import pod
 
@@ -109,37 +106,6 @@ def test_allgather_objects_on_one_process():
 
 
 @pytest.mark.parametrize(
-    "ids, count, owners",
-    [
-        ([7, 7, 5, 5, 6, 6, 8, 8], 2, [1, 1, 0, 0, 0, 0, 1, 1]),  # sorted ids split 5,6 | 7,8
-        ([3, 1, 2], 1, [0, 0, 0]),
-        ([10, 11, 12], 2, [0, 0, 1]),  # uneven (held-out evaluation): the first runs are longer
-        ([4], 3, [0]),  # more processes than groups: the rest score nothing
-    ],
-)
-def test_group_owners_are_contiguous_runs_of_the_sorted_ids(ids, count, owners):
-    assert group_owners(ids, count) == owners
-
-
-def test_checkpoint_data_state_per_process():
-    states = [{"next_index": 3}, {"next_index": 5}]
-    meta = data_meta(states)
-    assert meta == {"data_shards": states}
-    assert [process_data_state(meta, i, 2) for i in range(2)] == states
-    # One process keeps the format single-process checkpoints always had.
-    assert data_meta(states[:1]) == {"data": {"next_index": 3}}
-    assert process_data_state({"data": {"next_index": 7}}, 0, 1) == {"next_index": 7}
-    with pytest.raises(ConfigError, match="holds the prompt-stream state of 1 process.* has 2"):
-        process_data_state({"data": {"next_index": 7}}, 1, 2)
-    with pytest.raises(ConfigError) as e:
-        process_data_state(meta, 0, 1)
-    assert str(e.value) == (
-        "the checkpoint holds the prompt-stream state of 2 process(es) but this run has 1; "
-        "resume it with 2 process(es), or start a fresh workdir"
-    )
-
-
-@pytest.mark.parametrize(
     "change, message",
     [
         (
@@ -174,44 +140,31 @@ def _launch(tmp_path, argv: list[str], name: str, devices: int) -> list[str]:
 
 _GATHER_SCRIPT = """
 import json
-from rljax.config import ConfigError
-from rljax.data.pipeline import prompt_iterator
 from rljax.mesh import distributed
-from rljax.mesh.distributed import data_meta, process_data_state
+from rljax.runtime.exchange import AllGather
+from rljax.runtime.prompts import PromptStream
 
 distributed.maybe_initialize()
-index, count = distributed.data_shard()
+index = distributed.process_index()
 out = {"gather": distributed.allgather_objects({"process": index, "text": "ab" * (1 + 50 * index)})}
 examples = [{"prompt": str(k)} for k in range(40)]
-
-def shard():
-    return prompt_iterator(examples, batch_size=2, seed=0, shard_index=index, shard_count=count)
-
-it = shard()
-out["read"] = [ex["prompt"] for ex in next(it)]
-meta = json.loads(json.dumps(data_meta(distributed.allgather_objects(it.get_state()))))
-out["next"] = [ex["prompt"] for ex in next(it)]
-resumed = shard()
-resumed.set_state(process_data_state(meta, index, count))
-out["resumed"] = [ex["prompt"] for ex in next(resumed)]
-try:
-    process_data_state(meta, 0, 1)
-except ConfigError as e:
-    out["one_process_resume"] = str(e)
+stream = PromptStream(examples, seed=0, batch_size=4, exchange=AllGather())
+out["batch"] = [ex["prompt"] for ex in next(stream)]
+out["state"] = stream.get_state()
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_two_processes_gather_objects_and_resume_their_shards(tmp_path):
-    """The real collective (gloo): unequal lengths, process order, per-process data state."""
+def test_two_processes_gather_objects_and_read_one_stream(tmp_path):
+    """The real collective (gloo): unequal lengths, process order; the prompt stream read in
+    strides and all-gathered gives both processes the one-process batch."""
     logs = _launch(tmp_path, ["-c", _GATHER_SCRIPT], "gather", devices=1)
     out = [pod.result(log) for log in logs]
     expected = [{"process": 0, "text": "ab"}, {"process": 1, "text": "ab" * 51}]
     assert out[0]["gather"] == out[1]["gather"] == expected
-    assert not set(out[0]["read"]) & set(out[1]["read"])
-    for o in out:
-        assert o["resumed"] == o["next"]  # each process continues its own shard
-        assert o["one_process_resume"].startswith("the checkpoint holds the prompt-stream state")
+    it = prompt_iterator([{"prompt": str(k)} for k in range(40)], batch_size=4, seed=0)
+    assert out[0]["batch"] == out[1]["batch"] == [ex["prompt"] for ex in next(it)]
+    assert out[0]["state"] == out[1]["state"] == {"position": 4}
 
 
 def _data_events(log: str) -> list[tuple[str, dict]]:
@@ -226,8 +179,8 @@ def _data_events(log: str) -> list[tuple[str, dict]]:
 def test_two_processes_run_the_launcher(tmp_path):
     """Two CPU processes x 2 devices form one 4-device program; only process 0 writes.
 
-    Each process reads its own half of the step's prompts and scores only those; the learner
-    on both processes trains on the union, process 0's prompts first.
+    Each process reads its own half of the step's prompts (every other position of the stream)
+    and scores only those; the learner on both processes trains on the union, in stream order.
     """
     argv = [
         "-m",
@@ -253,7 +206,8 @@ def test_two_processes_run_the_launcher(tmp_path):
     read0, read1 = reads[0][0], reads[1][0]
     assert len(read0) == len(read1) == 2 and not set(read0) & set(read1)  # batch_groups 4 / 2
     learner = [[e["prompts"] for kind, e in ev if kind == "learner"] for ev in events]
-    assert learner == [[read0 + read1], [read0 + read1]]
+    in_stream_order = [p for pair in zip(read0, read1, strict=True) for p in pair]
+    assert learner == [[in_stream_order], [in_stream_order]]  # process p read positions p, p+2
     for p, ev in enumerate(events):
         scored = [e for kind, e in ev if kind == "scored"]
         train = [e for e in scored if e["of"] == 4 * 8]  # 4 groups of 8 samples

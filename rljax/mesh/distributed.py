@@ -210,48 +210,6 @@ def allgather_objects(obj: Any) -> list[Any]:
     return [json.loads(row[:n].tobytes()) for row, n in zip(rows, lengths.tolist(), strict=True)]
 
 
-# -- the prompt stream, sharded by process --------------------------------------------------
-
-
-def group_owners(group_ids: list[int], count: int) -> list[int]:
-    """The process that scores each trajectory, given the trajectories' group ids.
-
-    The distinct ids, sorted, are cut into ``count`` contiguous runs of near-equal length
-    (``np.array_split``). A training batch's ids follow the global batch, process 0's prompts
-    first, so each process owns exactly the groups of the prompts it read.
-    """
-    ids = sorted(set(group_ids))
-    runs = np.array_split(np.asarray(ids, dtype=np.int64), count)
-    owner = {g: p for p, run in enumerate(runs) for g in run.tolist()}
-    return [owner[g] for g in group_ids]
-
-
-def data_meta(states: list[dict]) -> dict[str, Any]:
-    """The checkpoint meta entry for the prompt-iterator states of all processes, in order.
-
-    One process writes ``{'data': state}``, the format single-process checkpoints always had;
-    several write ``{'data_shards': [state, ...]}``.
-    """
-    return {"data": states[0]} if len(states) == 1 else {"data_shards": list(states)}
-
-
-def process_data_state(meta: dict[str, Any], index: int, count: int) -> dict:
-    """Process ``index``'s prompt-iterator state from checkpoint ``meta``, for ``count`` processes.
-
-    The inverse of :func:`data_meta`. A process count other than the saving run's is refused:
-    the shards, and so every process's position in its shard, would differ.
-    """
-    from rljax.config import ConfigError
-
-    states = meta["data_shards"] if "data_shards" in meta else [meta["data"]]
-    if len(states) != count:
-        raise ConfigError(
-            f"the checkpoint holds the prompt-stream state of {len(states)} process(es) but this "
-            f"run has {count}; resume it with {len(states)} process(es), or start a fresh workdir"
-        )
-    return states[index]
-
-
 def check_same_config(cfg: Any) -> None:
     """Refuse, on every process, a run whose processes were launched with different configs.
 

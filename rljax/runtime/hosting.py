@@ -13,29 +13,29 @@ driver, evaluation). What differs on a pod is chosen once, when the run is built
 A hosting builds the run's parts, each behind a Protocol (here, or in
 :mod:`rljax.runtime.parts`; :mod:`rljax.testing.conformance` has the type checker hold every
 implementation to its Protocol): ``prompts`` (:class:`PromptSource`), ``scorer``
-(:class:`Scorer`), ``resizer`` (:class:`Resizer`), the sampler, learner and weight sync; and it
+(:class:`ScorerPart`), ``resizer`` (:class:`Resizer`), the sampler, learner and weight sync; and it
 writes the checkpoints the run decides to save. Nothing else in the runtime asks which kind of
 run it is in.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import numpy as np
 
 from rljax.config import ConfigError, RunConfig
-from rljax.data.pipeline import prompt_iterator
 from rljax.engine.sampler import Sampler, Trajectory
 from rljax.mesh import distributed
 from rljax.mesh.weight_sync import WeightSync
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import lending, resizing, resume, scoring
+from rljax.runtime import lending, resizing, resume
+from rljax.runtime.exchange import AllGather, Alone, Exchange
+from rljax.runtime.prompts import PromptStream, resumed_position
+from rljax.runtime.scoring import Scorer
 
 if TYPE_CHECKING:
     from rljax.runtime.run import Run
@@ -63,7 +63,7 @@ class PromptSource(Protocol):
         ...
 
 
-class Scorer(Protocol):
+class ScorerPart(Protocol):
     """Rewards for trajectories, wherever the reward functions run."""
 
     def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
@@ -96,12 +96,6 @@ class Hosting(Protocol):
     @property
     def is_leader(self) -> bool:
         """Whether this process runs the phases (and the driver) and writes the metrics."""
-        ...
-
-    @property
-    def gather_data(self) -> bool:
-        """Whether every process holds a share of the prompt stream's state (all-gathered into
-        the checkpoint), or the leader alone holds it."""
         ...
 
     def check(self, cfg: RunConfig) -> None:
@@ -161,59 +155,6 @@ def not_leader(what: str) -> ConfigError:
 # -- one process, or processes sharing both meshes ----------------------------------------------
 
 
-class ProcessPrompts:
-    """Each process reads ``batch_groups / process_count`` examples a step from its shard of
-    the stream; the all-gather gives every process the same global batch, which the shared
-    engine and learner need."""
-
-    def __init__(self, run: Run, shard_index: int, shard_count: int):
-        cfg = run.cfg
-        self.shard_index, self.shard_count = shard_index, shard_count
-        self._it: Iterator[list[dict]] = prompt_iterator(
-            run.train_examples,
-            batch_size=cfg.learner.batch_groups // shard_count,
-            seed=cfg.seed,
-            shard_index=shard_index,
-            shard_count=shard_count,
-        )
-        if run.resumed_meta is not None:
-            self._it.set_state(resume.data_state(run.resumed_meta))
-
-    def __iter__(self) -> ProcessPrompts:
-        return self
-
-    def __next__(self) -> list[dict]:
-        local = next(self._it)
-        if log.isEnabledFor(logging.DEBUG):  # one JSON line per read, for pod debugging
-            fields = {"process": self.shard_index, "prompts": [ex["prompt"] for ex in local]}
-            log.debug("data read %s", json.dumps(fields))
-        return [ex for share in distributed.allgather_objects(local) for ex in share]
-
-    def get_state(self) -> dict[str, Any]:
-        return self._it.get_state()  # type: ignore[attr-defined]
-
-    def home(self, example: dict) -> int | None:
-        return None
-
-    def stop(self) -> None:
-        pass
-
-
-class ProcessScorer:
-    """Each process scores its own prompts' groups in its own pool; rewards all-gathered
-    (:func:`rljax.runtime.scoring.score`)."""
-
-    def __init__(self, pool: RewardPool, tokenizer: Any, shard_index: int, shard_count: int):
-        self.pool, self.tokenizer = pool, tokenizer
-        self.shard_index, self.shard_count = shard_index, shard_count
-
-    def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
-        return scoring.score(trajs, self.pool, self.tokenizer, self.shard_index, self.shard_count)
-
-    def stop(self) -> None:
-        pass
-
-
 class InPlaceResizer:
     """Resizes within the process: reshard the learner, rebuild the engine, re-publish
     (:mod:`rljax.runtime.resizing`)."""
@@ -235,7 +176,6 @@ class LocalHosting:
     """One process, or several processes that share both meshes (one SPMD program)."""
 
     is_leader = True
-    gather_data = True
 
     def __init__(self) -> None:
         self.shard_index, self.shard_count = distributed.data_shard()
@@ -282,8 +222,15 @@ class LocalHosting:
             stop_ids=sorted(run.tokenizer.stop_ids),
         )
         run.rewards = RewardPool.from_config(run.reward, cfg.reward)
-        run.scorer = ProcessScorer(run.rewards, run.tokenizer, self.shard_index, self.shard_count)
-        run.prompts = ProcessPrompts(run, self.shard_index, self.shard_count)
+        exchange: Exchange = Alone() if self.shard_count == 1 else AllGather()
+        run.scorer = Scorer(exchange, run.rewards, run.tokenizer)
+        run.prompts = PromptStream(
+            run.train_examples,
+            seed=cfg.seed,
+            batch_size=cfg.learner.batch_groups,
+            exchange=exchange,
+            start=resumed_position(run.resumed_meta),
+        )
         run.resizer = InPlaceResizer(run)
         run.batches = lambda groups: run.make_batch(groups)  # read late: tests wrap make_batch
         run.lending = lending.build(run)  # lending.enabled: chips lent inside a step

@@ -1,7 +1,7 @@
 """Conversations on a pod: each one's env runs on the sampler host that owns it.
 
 A conversation (docs/agents.md) belongs to the sampler host that read its prompt, the host that
-scores its group (:func:`rljax.runtime.pod_prompts.owner`: stream position ``p``'s host
+scores its group (:func:`rljax.runtime.prompts.owner_key`: stream position ``p``'s host
 ``p % n``, or ``group_id % n`` for an evaluation prompt). Every sampler host makes each
 sample's :class:`~rljax.engine.samples.Turns` itself, at the same point of the steps it runs or
 replays (:class:`PodTurns`, from the request's example, which travels in the submit tick): on
@@ -44,7 +44,7 @@ from rljax.engine.samples import Request, Turns
 from rljax.envs.conversation import NO_TURNS, Conversation, Conversations
 from rljax.mesh.control import Channel, ChannelThread, host_key
 from rljax.runtime.pod import PodProtocolError
-from rljax.runtime.pod_prompts import owner
+from rljax.runtime.prompts import owner_key, task_example
 
 # (ids or None, reward so far, counters): what a turn's answer sets on the leader's stand-in.
 Answer = tuple[list[int] | None, float, dict]
@@ -316,8 +316,9 @@ class PodTurns:
         if request.request_id < 0:
             raise ValueError("a pod's conversation needs its request id (its home host's rule)")
         real = None
-        if owner(request.payload, request.request_id, self.hosts) == self.me:
-            real = self.conversations.turns(request.payload, request.prompt_tokens)
+        if owner_key(request.payload, request.request_id) % self.hosts == self.me:
+            example = task_example(request.payload)
+            real = self.conversations.turns(example, request.prompt_tokens)
 
         def make(index: int) -> Turns:
             serial = next(self._serials)

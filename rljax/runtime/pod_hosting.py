@@ -30,10 +30,12 @@ from rljax.mesh import distributed
 from rljax.mesh.control import Channel
 from rljax.mesh.transfer import transfer
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import pod, pod_envs, pod_prompts, pod_replay, pod_resize, resume
+from rljax.runtime import pod, pod_envs, pod_replay, pod_resize, prompts, resume, scoring
 from rljax.runtime.clocks import compile_seconds
+from rljax.runtime.exchange import ChannelExchange, Server
 from rljax.runtime.pod import Op
-from rljax.runtime.pod_scoring import PodScorer, ScoreServer
+from rljax.runtime.prompts import PromptStream, resumed_position
+from rljax.runtime.scoring import Scorer
 
 if TYPE_CHECKING:
     from rljax.runtime.run import Run
@@ -75,8 +77,7 @@ class PodHosting:
         self.slot_homes: list[int] | None = None
         # a sampler follower's parts (the leader's are the run's)
         self.real_sampler: Sampler | None = None
-        self.score_server: ScoreServer | None = None
-        self.feeder: pod_prompts.PromptFeeder | None = None
+        self.servers: list[Server] = []  # a follower's prompt reader and scorer
         self.envs: pod_envs.PodTurns | None = None  # a sampler host's conversations
         self.resizer: pod_resize.PodResizer | None = None  # the leader's
         self.resize_to: tuple | None = None  # (split, cause, when decided): the leader's
@@ -152,39 +153,31 @@ class PodHosting:
             stop_ids=sorted(run.tokenizer.stop_ids),
             slot_homes=homes,
         )
-        stream = pod_prompts.open_stream(
-            roles,
-            self.channel,
-            self.resizes,
+        exchange = ChannelExchange(self.channel, roles.sampler, roles.me, self.resizes)
+        stream = PromptStream(
             run.train_examples,
-            cfg.seed,
-            run.resumed_meta,
-            cfg.learner.batch_groups,
-            self.read_by_host,
+            seed=cfg.seed,
+            batch_size=cfg.learner.batch_groups,
+            exchange=exchange,
+            start=resumed_position(run.resumed_meta),
+            homes=True,
+            read_by=self.read_by_host,
         )
         if run.rewards is None:  # every sampler host scores a share of the groups
             run.rewards = RewardPool.from_config(run.reward, cfg.reward)
+        scorer = Scorer(exchange, run.rewards, run.tokenizer, scored=self.scored_by_host)
         # each conversation's env runs on the sampler host that read its prompt
         self.envs = pod_envs.open_envs(
             roles, self.channel, self.resizes, run.conversations, self.env_turns_by_host
         )
-        if not roles.is_leader:
-            assert isinstance(stream, pod_prompts.PromptFeeder)
-            self.real_sampler, self.feeder = sampler, stream
-            self.score_server = ScoreServer(
-                self.channel, roles.me, self.resizes, run.rewards, run.tokenizer
-            )
+        if not roles.is_leader:  # the leader's stream and scorer ask; these serve
+            self.real_sampler = sampler
+            self.servers = [
+                Server(exchange, prompts.TOPIC, stream.read),
+                Server(exchange, scoring.TOPIC, scorer.score_share),
+            ]
             return
-        assert isinstance(stream, pod_prompts.PodPrompts)
-        run.prompts = stream
-        run.scorer = PodScorer(
-            self.channel,
-            roles.sampler,
-            self.resizes,
-            run.rewards,
-            run.tokenizer,
-            scored=self.scored_by_host,
-        )
+        run.prompts, run.scorer = stream, scorer
         run.weight_sync = sync = pod.PodWeightSync()
         self.ticks = self.ticks or pod.Ticks(self.channel)
         run.sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync, self.envs)
@@ -197,7 +190,8 @@ class PodHosting:
         if self.learner_role:
             run.learner.params = run.learner.opt_state = None
         run.learner = run.sampler = run.engine = run.driver = None
-        self.real_sampler = self.score_server = self.feeder = self.envs = None
+        self.real_sampler = self.envs = None
+        self.servers = []
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -303,11 +297,11 @@ class PodHosting:
             self.tick, op, arg = pod_replay.follow_learner(run, self, self.tick)
             summary: dict[str, Any] = {"role": "learner", "steps": run.learner.version}
         elif not roles.is_leader:
-            assert self.real_sampler and self.score_server and self.feeder
+            assert self.real_sampler
             self.tick, op, arg = pod_replay.follow_sampler(run, self, self.real_sampler, self.tick)
             self._stop_envs()
-            self.score_server.join()  # the leader stopped both before this tick
-            self.feeder.join()
+            for server in self.servers:  # the leader closed their topics before this tick
+                server.join()
             summary = {"role": "sampler"}
         else:
             summary, op, arg = self._lead(run)

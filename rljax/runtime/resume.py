@@ -21,7 +21,6 @@ from rljax.checkpoint import Checkpointer, CheckpointError
 from rljax.config import ConfigError, RunConfig, to_config_dict
 from rljax.learner.learner import Learner
 from rljax.learner.losses import Loss
-from rljax.mesh import distributed
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.transfer import transfer
 from rljax.models import lora
@@ -224,33 +223,23 @@ def checkpoint_meta(
     metrics_offset: int | None,
     extra: dict[str, Any] | None = None,
     config: RunConfig | None = None,
-    gather: bool = True,
 ) -> dict[str, Any]:
-    """The JSON meta of a checkpoint. A collective: every process calls it at the same step.
+    """The JSON meta of a checkpoint.
 
-    ``data_state`` is this process's prompt-iterator state, read at the same instant as
+    ``data_state`` is the prompt stream's position (:mod:`rljax.runtime.prompts`), read at the
+    same instant as
     anything in ``extra`` that depends on it (the driver's pending prompts). ``config``, the
     run's, is stored flat so a resume can name the keys that changed (:func:`check_resume_config`),
     with a LoRA run's record of its base (:func:`lora_base`).
-    ``gather=False``: ``data_state`` is the only prompt stream's (a pod's leader: the position
-    it reached in the stream its sampler hosts read).
     """
-    states = distributed.allgather_objects(data_state) if gather else [data_state]
     return {
         **({"config": flat_config(config), **lora_base(config)} if config is not None else {}),
         "version": version,
-        # Every process's iterator state, in process order.
-        **distributed.data_meta(states),
+        "data": data_state,
         "initial_accuracy": initial_accuracy,
         "metrics_offset": metrics_offset,
         **(extra or {}),
     }
-
-
-def data_state(meta: dict[str, Any]) -> dict:
-    """This process's prompt-iterator state in ``meta`` (refuses another process count)."""
-    index, count = distributed.data_shard()
-    return distributed.process_data_state(meta, index, count)
 
 
 def driver_state(meta: dict[str, Any] | None, cfg: RunConfig, *, version: int):

@@ -47,7 +47,15 @@ from rljax.rewards.registry import check_reward_fn, get_reward
 from rljax.runtime import agents, lending, resume, scoring
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
-from rljax.runtime.hosting import Hosting, PromptSource, Resizer, Scorer, hosting_for, not_leader
+from rljax.runtime.hosting import (
+    Hosting,
+    PromptSource,
+    Resizer,
+    ScorerPart,
+    hosting_for,
+    not_leader,
+)
+from rljax.runtime.prompts import task_example
 from rljax.runtime.rollout import Group, encode_group, train_sequence
 from rljax.runtime.warm_start import warm_start
 
@@ -68,7 +76,7 @@ class Run:
     rewards: RewardPool | None  # None on a process that scores nothing (a pod's learner)
     # The parts the hosting builds (on a pod, those of this process's role).
     prompts: PromptSource
-    scorer: Scorer
+    scorer: ScorerPart
     resizer: Resizer
     batches: Callable[[list[Group]], Any]  # what the driver's learner steps on, from groups
     engine: Engine | None
@@ -197,8 +205,8 @@ class Run:
         self._lead("Run.make_request")
         prompt, turns, budget = self.encode_prompt(example), None, None
         if self.conversations is not None:  # a fresh env per sample, reset on the example
-            prompt = self.conversations.prompt(example)
-            turns = self.conversations.turns(example, prompt)
+            prompt = self.conversations.prompt(task_example(example))
+            turns = self.conversations.turns(task_example(example), prompt)
             budget = self.cfg.env.max_tokens or None
         return Request(
             prompt,
@@ -288,7 +296,6 @@ class Run:
                 metrics_offset=self.metrics.offset(),
                 extra={**self.hosting.checkpoint_extra(), **({"driver": driver} if driver else {})},
                 config=self.cfg,
-                gather=self.hosting.gather_data,
             )
             self.hosting.write_state(self, version, meta, force=force)
 

@@ -13,24 +13,23 @@ from rljax.engine.sampler import Sampler
 from rljax.learner.learner import Learner
 from rljax.mesh.weight_sync import WeightSync
 from rljax.runtime.driver import Driver
+from rljax.runtime.exchange import AllGather, Alone, ChannelExchange, Exchange
 from rljax.runtime.hosting import (
     Hosting,
     InPlaceResizer,
     LocalHosting,
-    ProcessPrompts,
-    ProcessScorer,
     PromptSource,
     Resizer,
-    Scorer,
+    ScorerPart,
 )
 from rljax.runtime.lending import Lending, LendingLearner, RunLending
 from rljax.runtime.parts import DriverView, LearnerPart, LenderPart, SamplerPart, WeightSyncPart
 from rljax.runtime.pod import PodSampler, PodWeightSync, RemoteLearner
 from rljax.runtime.pod_hosting import PodHosting
-from rljax.runtime.pod_prompts import PodPrompts
 from rljax.runtime.pod_resize import PodResizer
-from rljax.runtime.pod_scoring import PodScorer
+from rljax.runtime.prompts import PromptStream
 from rljax.runtime.replica_set import ReplicaSet
+from rljax.runtime.scoring import Scorer
 from rljax.testing.fake_lending import FakeLending
 from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync
 
@@ -64,16 +63,19 @@ def driver_parts(
 def hosting_parts(
     local: LocalHosting,
     pod: PodHosting,
-    process_prompts: ProcessPrompts,
-    pod_prompts: PodPrompts,
-    process_scorer: ProcessScorer,
-    pod_scorer: PodScorer,
+    stream: PromptStream,
+    scorer: Scorer,
     in_place: InPlaceResizer,
     pod_resizer: PodResizer,
+    alone: Alone,
+    all_gather: AllGather,
+    channel: ChannelExchange,
 ) -> None:
-    """Never called: what differs between one process and a pod (:mod:`rljax.runtime.hosting`)."""
+    """Never called: what differs between one process and a pod (:mod:`rljax.runtime.hosting`),
+    and the transports the parts written once run over (:mod:`rljax.runtime.exchange`)."""
     hostings: list[Hosting] = [local, pod]
-    sources: list[PromptSource] = [process_prompts, pod_prompts]
-    scorers: list[Scorer] = [process_scorer, pod_scorer]
+    sources: list[PromptSource] = [stream]
+    scorers: list[ScorerPart] = [scorer]
     resizers: list[Resizer] = [in_place, pod_resizer]
-    del hostings, sources, scorers, resizers
+    exchanges: list[Exchange] = [alone, all_gather, channel]
+    del hostings, sources, scorers, resizers, exchanges
