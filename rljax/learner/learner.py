@@ -8,14 +8,17 @@ bounds the drift of every epoch). Parameters and optimiser state live in their l
 shardings (FSDP over 'fsdp', tensor parallel over 'tensor'); the batch's rows are split over
 the data-parallel axis.
 
-Log-probs of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never
-materialises the [tokens, vocab] logits. They are computed at the sampler's temperature so the
-importance ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
+The loss and its gradients are :class:`~rljax.learner.gradients.Gradients`, which holds no
+arrays: the learner owns the params and optimiser state and compiles it on its mesh. Log-probs
+of the target tokens come from :func:`rljax.kernels.fused_logprobs`, which never materialises
+the [tokens, vocab] logits. They are computed at the sampler's temperature so the importance
+ratio against the behaviour log-probs is exact (see rljax.engine.sampling).
 
 Trainer-on-RollPool (:mod:`rljax.runtime.lending`): ``step(batch, loan)`` takes the gradients of
-the last ``loan.micro_batches`` micro-batches on other chips with the current params, moves them
-back (``device_put``) and sums them into the update; the learner stays the only optimiser and
-version authority, and the step equals the unlent one within float tolerance.
+the last ``loan.micro_batches`` micro-batches on other chips with the current params
+(:meth:`Learner.lent_grads`), moves them back (``device_put``) and sums them into the update;
+the learner stays the only optimiser and version authority, and the step equals the unlent one
+within float tolerance.
 
 The same forward pass gives the train-inference mismatch, logged every step: the gap between
 these log-probs and the sampler's (``mismatch/*``, :data:`MISMATCH_FRESH` restricted to the
@@ -37,20 +40,16 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ConfigError, LearnerConfig
-from rljax.kernels.fused_logprobs import (
-    sharded_token_logprobs_and_entropy,
-    token_logprobs_and_entropy,
-)
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
+from rljax.learner.gradients import Gradients
 from rljax.learner.loan import GradLoan, LentGrads
-from rljax.learner.losses import Loss, LossInputs, get_loss, train_inference_mismatch
+from rljax.learner.losses import Loss, get_loss
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
 from rljax.models import lora
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
     axis_size,
-    kernel_mesh_axes,
     state_shardings,
     with_shardings,
 )
@@ -102,10 +101,9 @@ class Learner:
         seed: int = 0,
     ):
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
-        self.seed = seed  # LoRA dropout's masks: from (seed, version, micro-batch)
-        self.kernel_impl = kernel_impl
-        self.version = version
         self.lora = lora.has_adapters(params)
+        self.gradients = self._gradients(kernel_impl, seed)
+        self.version = version
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
         self.params = jax.device_put(params, self.param_shardings, may_alias=False)
@@ -118,10 +116,18 @@ class Learner:
         self.opt_state = jax.device_put(opt_state, self._opt_shardings())
         self._build_step()
 
-    def _configure(self, cfg, graphdef, mesh, rules, loss, learning_rate, temperature):
+    def _configure(
+        self,
+        cfg: LearnerConfig,
+        graphdef: nnx.GraphDef,
+        mesh: Mesh,
+        rules: ShardingRules,
+        loss: str | Loss | None,
+        learning_rate: float | None,
+        temperature: float,
+    ) -> None:
         """Everything but the arrays: shared by the constructor and :meth:`abstract`."""
         self.cfg = cfg
-        self.seed = 0
         self.loss = get_loss(loss or cfg.loss, cfg)
         self.mesh = mesh
         self.rules = rules
@@ -131,10 +137,25 @@ class Learner:
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
         self._replicated = NamedSharding(mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
+        self._lent: dict[tuple[int, ...], LentGrads] = {}  # lent device ids -> their step
 
-    def trainable(self, tree):
+    def _gradients(self, kernel_impl: str, seed: int) -> Gradients:
+        """The loss and its gradients on the learner mesh (``self.lora`` set first)."""
+        return Gradients(
+            cfg=self.cfg,
+            graphdef=self.graphdef,
+            mesh=self.mesh,
+            rules=self.rules,
+            loss=self.loss,
+            temperature=self.temperature,
+            kernel_impl=kernel_impl,
+            lora=self.lora,
+            seed=seed,  # LoRA dropout's masks: from (seed, version, micro-batch)
+        )
+
+    def trainable(self, tree: Any) -> Any:
         """The part of a params-shaped ``tree`` that trains: the adapters with LoRA, else all."""
-        return lora.split_adapters(tree)[0] if self.lora else tree
+        return self.gradients.trainable(tree)
 
     def _opt_shardings(self):
         return optimizer_shardings(
@@ -173,9 +194,9 @@ class Learner:
         """
         self = cls.__new__(cls)
         self._configure(cfg, graphdef, mesh, rules, loss, None, temperature)
-        self.kernel_impl = kernel_impl
-        self.version = 0
         self.lora = lora.has_adapters(params)
+        self.gradients = self._gradients(kernel_impl, 0)
+        self.version = 0
         self.param_shardings = state_shardings(params, mesh, rules)
         self.params = with_shardings(params, self.param_shardings)
         self.ref_params = self.params if cfg.beta > 0 and not self.lora else None
@@ -212,107 +233,8 @@ class Learner:
         version = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
         return self._step_fn.lower(self.params, self.opt_state, self.ref_params, batch, version)
 
-    # -- forward ----------------------------------------------------------------------------
-
-    def _token_stats(
-        self, params, mb: dict[str, jax.Array], *, adapters: bool = True, dropout_key=None
-    ):
-        """Log-prob and entropy of each row position's target token, [R, T] each
-        (``adapters=False``: the base model's, of LoRA-adapted params; ``dropout_key``: with
-        LoRA dropout, as the training loss takes them)."""
-        model = nnx.merge(self.graphdef, params)
-        sharding = (self.mesh, self.rules)
-        hidden = model(
-            mb["tokens"],
-            mb["positions"],
-            mb["segment_ids"],
-            impl=self.kernel_impl,
-            sharding=sharding,
-            remat=self.cfg.remat,
-            unroll=self.cfg.layer_unroll,
-            adapters=adapters,
-            dropout_key=dropout_key,
-        )
-        r, t, d = hidden.shape
-        unembed = model.unembed_dv
-        args = (hidden.reshape(r * t, d), unembed, mb["targets"].reshape(r * t))
-        kw = dict(temperature=self.temperature, impl=self.kernel_impl)
-        # Rows are split over the 'batch' axes, so the flattened tokens are too; the vocabulary
-        # is split over the 'vocab' axes when they divide it (vocab-parallel combine).
-        split = kernel_mesh_axes(
-            sharding, self.kernel_impl, (("batch", r * t), ("vocab", unembed.shape[1]))
-        )
-        if split is None:
-            logp, ent = token_logprobs_and_entropy(*args, **kw)
-        else:
-            mesh, (batch_axes, vocab_axis) = split
-            logp, ent = sharded_token_logprobs_and_entropy(
-                mesh, batch_axes, *args, vocab_axis=vocab_axis, **kw
-            )
-        return logp.reshape(r, t), ent.reshape(r, t)
-
-    def _micro_loss(self, params, ref_params, mb, version, index=0):
-        """The loss of micro-batch ``index`` of the step at ``version``."""
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), version), index)
-        logp, entropy = self._token_stats(params, mb, dropout_key=key)
-        ref = None
-        if ref_params is not None:
-            ref = jax.lax.stop_gradient(self._token_stats(ref_params, mb)[0])
-        elif self.lora and self.cfg.beta > 0:  # the reference is the base: adapters off
-            ref = jax.lax.stop_gradient(self._token_stats(params, mb, adapters=False)[0])
-        x = LossInputs(
-            logprobs=logp,
-            old_logprobs=mb["old_logprobs"],
-            advantages=mb["advantages"],
-            mask=mb["mask"],
-            entropy=jax.lax.stop_gradient(entropy),
-            segment_ids=mb["segment_ids"],
-            versions=mb["versions"],
-            learner_version=version,
-            ref_logprobs=ref,
-            prox_logprobs=mb.get("prox_logprobs"),
-        )
-        per_token, metrics = self.loss.fn(x, self.cfg)
-        loss = jnp.sum(per_token * mb["weights"] * mb["mask"])
-        sums = {k: jnp.sum(v * mb["mask"]) for k, v in metrics.items()}
-        sums["tokens"] = jnp.sum(mb["mask"])
-        if self.loss.sampled:
-            fresh = mb["mask"] * (mb["versions"] == version)
-            for k, v in train_inference_mismatch(logp, mb["old_logprobs"], mb["mask"]).items():
-                sums[f"mismatch/{k}"] = jnp.sum(v * mb["mask"])
-                sums[f"mismatch/{k}_fresh"] = jnp.sum(v * fresh)
-            sums["fresh_tokens"] = jnp.sum(fresh)
-        return loss, sums
-
-    def _accumulate(self, params, ref_params, batch, version, offset=0):
-        """Gradients (of the trainable params), loss and metric sums over a
-        [micro_batches, ...] batch (a scan); ``offset``: the step's index of its first
-        micro-batch (a lent share's is not 0)."""
-        frozen = lora.split_adapters(params)[1] if self.lora else None
-
-        def micro_loss(train, mb, index):
-            full = lora.join(frozen, train) if self.lora else train
-            return self._micro_loss(full, ref_params, mb, version, index)
-
-        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
-        def micro(carry, xs):
-            grads, loss, sums = carry
-            mb, index = xs
-            (mb_loss, mb_sums), mb_grads = grad_fn(self.trainable(params), mb, index)
-            grads = jax.tree.map(jnp.add, grads, mb_grads)
-            return (grads, loss + mb_loss, jax.tree.map(jnp.add, sums, mb_sums)), None
-
-        first = jax.tree.map(lambda x: x[0], batch)
-        sums0 = jax.eval_shape(lambda: self._micro_loss(params, ref_params, first, version)[1])
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0)
-        init = (jax.tree.map(jnp.zeros_like, self.trainable(params)), jnp.float32(0.0), zeros)
-        m = jax.tree.leaves(batch)[0].shape[0]
-        (grads, loss, sums), _ = jax.lax.scan(micro, init, (batch, offset + jnp.arange(m)))
-        return grads, loss, sums
-
     def _train_step(self, params, opt_state, ref_params, batch, version):
-        grads, loss, sums = self._accumulate(params, ref_params, batch, version)
+        grads, loss, sums = self.gradients.accumulate(params, ref_params, batch, version)
         return self._finish(params, opt_state, grads, loss, sums)
 
     def _apply_parts(self, params, opt_state, parts):
@@ -390,14 +312,16 @@ class Learner:
         self.version += 1
         return metrics
 
-    def _lent_update(self, arrays: dict, version, loan: GradLoan) -> dict:
+    def _lent_update(self, arrays: dict, version: jax.Array, loan: GradLoan) -> dict:
         """One update whose last ``loan.micro_batches`` micro-batches run on the lent chips."""
         m, rows = arrays["tokens"].shape[:2]
         if loan.micro_batches > m:
             raise ValueError(
                 f"GradLoan lends {loan.micro_batches} of {m} micro-batches; lend <= {m}"
             )
-        own, lent = m - loan.micro_batches, self._lent_grads(loan.devices, rows)
+        # The most of the lent devices that divide a micro-batch's rows.
+        n = max(d for d in range(1, len(loan.devices) + 1) if rows % d == 0)
+        own, lent = m - loan.micro_batches, self.lent_grads(loan.devices[:n])
         # The lent share starts first: it runs on other chips while the learner does its own.
         params, ref = (
             None if p is None else jax.device_put(p, lent.param_shardings)
@@ -414,26 +338,25 @@ class Learner:
         )
         return metrics
 
-    def _lent_grads(self, devices: Sequence[jax.Device], rows: int) -> LentGrads:
-        """The gradient function on the most of ``devices`` that divide ``rows``, cached."""
+    def lent_grads(self, devices: Sequence[jax.Device]) -> LentGrads:
+        """The gradient half of this learner's step compiled on ``devices`` (chips outside its
+        mesh, the sampler's), built once per set of devices."""
         overlap = set(devices) & set(self.mesh.devices.flat)
         if overlap:
             raise ValueError(
                 f"GradLoan lends {len(overlap)} of the learner's own devices; lend only "
                 "devices outside the learner mesh (the sampler's)"
             )
-        n = max(d for d in range(1, len(devices) + 1) if rows % d == 0)
-        key = tuple(d.id for d in devices[:n])
-        cache = self.__dict__.setdefault("lent_grads", {})  # device ids -> LentGrads
-        if key not in cache:
-            cache[key] = LentGrads(self, list(devices[:n]))
-        return cache[key]
+        key = tuple(d.id for d in devices)
+        if key not in self._lent:
+            self._lent[key] = LentGrads(self.gradients, self.params, list(devices))
+        return self._lent[key]
 
     @functools.cached_property
     def _accum_fn(self):
         rep = self._replicated
         grad_shardings = self.trainable(self.param_shardings)
-        return jax.jit(self._accumulate, out_shardings=(grad_shardings, rep, rep))
+        return jax.jit(self.gradients.accumulate, out_shardings=(grad_shardings, rep, rep))
 
     @functools.cached_property
     def _apply_fn(self):
@@ -448,7 +371,7 @@ class Learner:
         """Log-probs of every target of a [micro_batches, rows, row_len] batch, one jit."""
 
         def logprobs(params, batch):
-            return jax.lax.map(lambda mb: self._token_stats(params, mb)[0], batch)
+            return jax.lax.map(lambda mb: self.gradients.token_stats(params, mb)[0], batch)
 
         return jax.jit(logprobs, out_shardings=self._batch_sharding)
 

@@ -83,7 +83,8 @@ def test_learner_trains_on_the_engine_s_tokens_and_the_env_s_ids(conversations):
 
 def _loss_and_grads(learner, batch):
     arrays = {k: jnp.asarray(v) for k, v in batch.arrays.items()}
-    grads, loss, _ = jax.jit(learner._accumulate)(learner.params, None, arrays, jnp.int32(1))
+    accumulate = jax.jit(learner.gradients.accumulate)
+    grads, loss, _ = accumulate(learner.params, None, arrays, jnp.int32(1))
     return float(loss), grads
 
 

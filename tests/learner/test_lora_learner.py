@@ -104,9 +104,9 @@ def test_kl_reference_is_the_base():
     plain = Learner(cfg, graphdef, base, mesh)
     batch = _batch()
     mb = jax.tree.map(lambda x: jnp.asarray(x[0]), batch.arrays)
-    ref = learner._token_stats(learner.params, mb, adapters=False)[0]
-    np.testing.assert_allclose(ref, plain._token_stats(plain.params, mb)[0], atol=1e-6)
-    adapted = learner._token_stats(learner.params, mb)[0]
+    ref = learner.gradients.token_stats(learner.params, mb, adapters=False)[0]
+    np.testing.assert_allclose(ref, plain.gradients.token_stats(plain.params, mb)[0], atol=1e-6)
+    adapted = learner.gradients.token_stats(learner.params, mb)[0]
     assert not np.allclose(adapted, ref, atol=1e-4)
 
 
@@ -119,15 +119,15 @@ def test_dropout_draws_masks_per_step_and_none_at_evaluation():
     params = nnx.state(model)
     learner = Learner(LearnerConfig(group_size=2, batch_groups=2), lgraphdef, params, mesh)
     mb = jax.tree.map(lambda x: jnp.asarray(x[0]), _batch().arrays)
-    plain = learner._token_stats(learner.params, mb)[0]
+    plain = learner.gradients.token_stats(learner.params, mb)[0]
     k1, k2 = jax.random.key(1), jax.random.key(2)
-    a = learner._token_stats(learner.params, mb, dropout_key=k1)[0]
-    b = learner._token_stats(learner.params, mb, dropout_key=k2)[0]
-    again = learner._token_stats(learner.params, mb, dropout_key=k1)[0]
+    a = learner.gradients.token_stats(learner.params, mb, dropout_key=k1)[0]
+    b = learner.gradients.token_stats(learner.params, mb, dropout_key=k2)[0]
+    again = learner.gradients.token_stats(learner.params, mb, dropout_key=k1)[0]
     np.testing.assert_array_equal(a, again)  # a key's masks are fixed: resumable
     assert not np.allclose(a, b) and not np.allclose(a, plain)
     # No dropout without a key (sampling, evaluation, the proximal and reference passes).
-    np.testing.assert_array_equal(plain, learner._token_stats(learner.params, mb)[0])
+    np.testing.assert_array_equal(plain, learner.gradients.token_stats(learner.params, mb)[0])
     metrics = learner.step(_batch())
     assert np.isfinite(metrics["loss"])
 
