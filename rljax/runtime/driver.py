@@ -18,11 +18,17 @@ The step boundary (after a learner step, before its weights go out) runs ``on_bo
 :meth:`Driver.call_at_boundary` work on the learner thread: the safe point for resizes, where
 :meth:`Driver.safe_point` parks the sampler and interrupts in-flight requests as partial
 rollouts.
+
+The driver owns two parts and calls them: its :class:`~rljax.runtime.boundary.SafePoints` (the
+calls queued for the boundary, the sampler thread's parking) and its
+:class:`~rljax.runtime.threads.ThreadedSchedule` (the sampler and reward threads, the learner's
+wait); it owns the requests, the buffer and the lock they share.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -40,7 +46,7 @@ from rljax.runtime.boundary import SafePoints
 from rljax.runtime.clocks import RoleClocks, step_metrics
 from rljax.runtime.parts import LearnerPart, LenderPart, SamplerPart, WeightSyncPart
 from rljax.runtime.rollout import Group, lockstep_request_id, make_group
-from rljax.runtime.threads import ThreadedSchedule
+from rljax.runtime.threads import DriverWork, ThreadedSchedule
 
 # Counters every step's metrics carry, in every mode (zero when nothing happened).
 COUNTERS = (
@@ -55,7 +61,7 @@ COUNTERS = (
 log = logging.getLogger(__name__)
 
 
-class Driver(SafePoints, ThreadedSchedule):
+class Driver:
     """Runs ``num_steps`` learner steps (or until ``stop()``) in either schedule."""
 
     def __init__(
@@ -92,7 +98,7 @@ class Driver(SafePoints, ThreadedSchedule):
                 f"{buffer.max_staleness}; use lockstep=False (mode='async') or max_staleness=0"
             )
         self.sampler = sampler
-        self.learner = learner
+        self._learner = learner
         self.weight_sync = weight_sync
         self.buffer = buffer
         self.controller = controller
@@ -116,20 +122,39 @@ class Driver(SafePoints, ThreadedSchedule):
         self.counters.update(counters or {})  # a resumed run goes on counting from its checkpoint
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._errors: list[BaseException] = []
-        self._rewards_q: queue.Queue = queue.Queue()
+        self._rewards_q: queue.Queue = queue.Queue()  # sampler thread -> reward thread
         self._aborts: collections.deque[int] = collections.deque()
         self._ready_prompts: collections.deque = collections.deque(requeue or [])
         self._inflight: dict[int, Any] = {}  # request id -> example, until placed or aborted
         self._partial: dict[int, list] = collections.defaultdict(list)
         self._next_id = next_request_id
         self._lockstep_admitted = 0  # requests admitted at the current version (lock-step ids)
-        self._boundary_calls: collections.deque = collections.deque()
         self._learner_thread: threading.Thread | None = None
         self._running = False
-        self._sampler_alive = False
-        self._park = False  # the learner asks the sampler thread to stop between generates
-        self._parked = False
+        self._points = SafePoints(
+            self._cond,
+            self.clocks,
+            running=lambda: self._running,
+            on_learner_thread=self.on_learner_thread,
+            failed=lambda: bool(self._schedule.errors),
+        )
+        work = DriverWork(
+            sample=self._sample,
+            score=self._score_and_place,
+            ready=lambda: self.buffer.ready(self._learner.version),
+            consume=self._consume,
+            learner=lambda: self._learner,
+            stop=self.stop,
+        )
+        self._schedule = ThreadedSchedule(
+            work,
+            cond=self._cond,
+            stop=self._stop,
+            clocks=self.clocks,
+            points=self._points,
+            rewards=self._rewards_q,
+            lender=lender,
+        )
         if lender is not None:  # it reads the buffer, and wakes the learner to serve its replica
             lender.bind(self)
 
@@ -147,7 +172,51 @@ class Driver(SafePoints, ThreadedSchedule):
 
     @property
     def stopped(self) -> bool:
+        """Whether a stop was asked for."""
         return self._stop.is_set()
+
+    @property
+    def learner(self) -> LearnerPart:
+        """The learner the driver steps."""
+        return self._learner
+
+    def use_learner(self, learner: LearnerPart) -> None:
+        """Step ``learner`` from the next step on (a resize rebuilt it, or lending wraps it).
+
+        Call at the step boundary, on the learner thread (:meth:`call_at_boundary`).
+        """
+        self._learner = learner
+
+    def call_at_boundary(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the learner thread at the next step boundary; wait for its result.
+
+        From the learner thread itself, or when no run is in progress, ``fn`` runs at once. Work
+        still queued when the run ends runs then, after the threads have stopped.
+        """
+        return self._points.call(fn)
+
+    @contextlib.contextmanager
+    def safe_point(self) -> Iterator[list[int]]:
+        """Park the sampler thread and interrupt every in-flight request.
+
+        Yields the ids of the requests it interrupted (those with samples still generating).
+        Call on the learner thread between steps. Inside, nothing touches the sampler but the
+        caller: each interrupted request is held with its partial rollout (tokens, log-probs and
+        versions so far), and groups already complete or being scored are untouched. On exit the
+        held requests are resumed (re-prefilled from their prefixes) and the sampler goes on.
+        """
+        with self._points.parked():
+            ids: list[int] = []
+            try:
+                with self._cond:
+                    self._apply_aborts()
+                    ids = list(self._inflight)
+                held = {rid: self.sampler.interrupt(rid) for rid in ids}
+                self.counters["interrupted_samples"] += sum(held.values())
+                yield [rid for rid, n in held.items() if n]
+            finally:
+                for rid in ids:
+                    self.sampler.resume(rid)
 
     @property
     def running(self) -> bool:
@@ -262,6 +331,13 @@ class Driver(SafePoints, ThreadedSchedule):
                 done.append(self._partial.pop(t.group_id))
         return done
 
+    def _sample(self) -> list[list] | None:
+        """The sampler thread's round: swap weights, admit, and generate once; returns the
+        groups it completed, or None when there was nothing to generate."""
+        self._swap_weights()
+        self._dispatch()
+        return self._generate() if self.sampler.has_work() else None
+
     def _place(self, trajs: list, rewards) -> None:
         """Occupy a scored group's seat, or release it (no signal); call under the lock."""
         rid = trajs[0].group_id
@@ -345,27 +421,19 @@ class Driver(SafePoints, ThreadedSchedule):
 
     def _consume(self) -> list[Group]:
         # Completion order varies with thread timing; request-id order does not.
-        return sorted(self.buffer.consume(self.learner.version), key=_group_request_id)
+        return sorted(self.buffer.consume(self._learner.version), key=_group_request_id)
 
     # -- the loop -----------------------------------------------------------------------------
 
     def run(self, start_step: int = 0) -> None:
         """Train until ``num_steps``; re-raises any thread's exception here."""
-        threads = []
-        if not self.lockstep:
-            threads = [
-                threading.Thread(target=self._guard(self._sampler_main), name="sampler"),
-                threading.Thread(target=self._guard(self._reward_loop), name="rewards"),
-            ]
-            for t in threads:
-                t.daemon = True
         self._learner_thread = threading.current_thread()
-        self._sampler_alive = bool(threads)  # until the thread says otherwise
-        self._running = True
+        with self._cond:
+            self._running = True
         self.clocks.start()
-        for t in threads:
-            t.start()
-        next_batch = self._lockstep_batch if self.lockstep else self._threaded_batch
+        if not self.lockstep:
+            self._schedule.start()
+        next_batch = self._lockstep_batch if self.lockstep else self._schedule.next_batch
         try:
             for step in range(start_step, self.num_steps):
                 groups = next_batch()
@@ -376,21 +444,20 @@ class Driver(SafePoints, ThreadedSchedule):
                     break
         finally:
             self.stop()
-            self._rewards_q.put(None)
-            for t in threads:
-                t.join()
+            if not self.lockstep:
+                self._schedule.join()
             with self._cond:
                 self._running = False
-            self._run_boundary_calls()
-        if self._errors:
-            raise self._errors[0]
+            self._points.run_calls()
+        if self._schedule.errors:
+            raise self._schedule.errors[0]
 
     def _learn(self, step: int, groups: list[Group]) -> None:
-        version = self.learner.version
+        version = self._learner.version
         staleness = collections.Counter(version - g.min_version for g in groups)
         start = time.perf_counter()
         batch = self._make_batch(groups)
-        metrics = self.learner.step(batch)
+        metrics = self._learner.step(batch)
         end = time.perf_counter()
         self.clocks.learn(start, end, getattr(batch, "num_tokens", 0))
         self.timeline.add("learn", start, end, track="learner")
@@ -399,21 +466,21 @@ class Driver(SafePoints, ThreadedSchedule):
         # The safe point: the step is done and its weights are not yet out (a resize may run).
         if self._on_boundary is not None:
             self._on_boundary(step)
-        self._run_boundary_calls()
+        self._points.run_calls()
         sync = None
         latest = self.weight_sync.acquire()
-        if latest is not None and latest[1] >= self.learner.version:
+        if latest is not None and latest[1] >= self._learner.version:
             sync = self.weight_sync.history[-1]  # a resize at the boundary published it
-        elif self.weight_sync.due(self.learner.version):
+        elif self.weight_sync.due(self._learner.version):
             start = time.perf_counter()
-            sync = self.weight_sync.publish(self.learner.params, self.learner.version)
+            sync = self.weight_sync.publish(self._learner.params, self._learner.version)
             self.clocks.publish(start, start + sync.seconds)
             self.timeline.add("weight_sync", start, start + sync.seconds, track="learner")
             self.wake()  # an idle sampler: new weights may unblock admission
         with self._cond:
             snapshot = self.buffer.snapshot()
         metrics.update(step_metrics(groups, staleness, self.clocks.take(), sync))
-        metrics.update(buffer=snapshot, version=self.learner.version, **self.counters)
+        metrics.update(buffer=snapshot, version=self._learner.version, **self.counters)
         self._on_step(step, metrics)
         if self._on_checkpoint is not None:
             self._on_checkpoint(self)

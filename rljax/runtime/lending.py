@@ -276,7 +276,7 @@ class RunLending(Lending):
         """A resize hands the driver the bare learner; lending wraps it again."""
         driver = self.driver
         if driver is not None and not isinstance(driver.learner, LendingLearner):
-            driver.learner = LendingLearner(self, lambda: self.run.learner)
+            driver.use_learner(LendingLearner(self, lambda: self.run.learner))
 
     def at_boundary(self, run, step: int) -> None:
         """Close the step's phase and decide what to lend in the next one."""

@@ -44,7 +44,7 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
         attach_sampler(run.sampler, run.engine, *run.weight_sync.acquire())
         run.topology = topology
         if driver is not None:
-            driver.learner = run.learner
+            driver.use_learner(run.learner)
     seconds = time.perf_counter() - start
     record = {
         "from": f"{old.sampler_chips}/{old.learner_chips}",
