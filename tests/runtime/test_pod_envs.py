@@ -16,7 +16,7 @@ from rljax.envs.render import ChatRenderer
 from rljax.models.tokenizer import Tokenizer
 from rljax.runtime.pod import PodProtocolError
 from rljax.runtime.pod_envs import AnswerBook, HomeTurns, RemoteTurns, open_envs
-from rljax.runtime.pod_prompts import POSITION
+from rljax.runtime.prompts import POSITION
 from rljax.testing.pod import MemoryChannel
 
 TOK = Tokenizer.char_level()
