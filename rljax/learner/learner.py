@@ -389,3 +389,8 @@ class Learner:
     def state_dict(self) -> dict[str, Any]:
         """The pieces a checkpoint saves."""
         return {"params": self.saved_params, "opt_state": self.opt_state, "version": self.version}
+
+    def release(self) -> None:
+        """Drop the params and optimiser state (a pod host changing role frees its memory; the
+        state lives on in the checkpoint the resize restores)."""
+        self.params = self.opt_state = None
