@@ -231,17 +231,40 @@ class LendingDecision:
         return None
 
 
-def _none(reason: str) -> LendingDecision:
+def no_loan(reason: str) -> LendingDecision:
+    """A decision to lend nothing, and why."""
     return LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, reason)
 
 
-def _whole_units(chips: float, unit: int) -> int:
-    return int(chips // unit) * unit if chips >= unit else 0
+def units(chips: float, tp: int) -> int:
+    """How many whole units of ``tp`` chips (sampler replicas, or hosts) ``chips`` holds.
+
+    Chips are decided and lent in whole units: the policy rounds its loans with it, and the
+    runtime, the simulator and the fakes carry them out with :func:`lent_units` and
+    :func:`parked_units`, which round the same way.
+    """
+    if tp < 1:
+        raise ValueError(f"units(chips={chips}, tp={tp}): a unit is >= 1 chip")
+    return max(0, int(chips // tp))
+
+
+def lent_units(chips: float, tp: int) -> int:
+    """Units a loan of ``chips`` starts on the lender's chips: whole ones, and one at least
+    (fewer lent chips than ``tp`` make one replica, as the runtime lends one engine on the
+    chips it borrows)."""
+    return max(1, units(chips, tp))
+
+
+def parked_units(chips: float, tp: int, sampler_units: int) -> int:
+    """Sampler replicas a Trainer-on-RollPool loan of ``chips`` parks (the simulator and the
+    fakes, whose replicas stop sampling while they compute gradients): whole ones, leaving one
+    of the ``sampler_units`` sampling."""
+    return min(units(chips, tp), sampler_units - 1)
 
 
 def sampler_speedup(stats: PhaseStats, sampler_chips: int, extra: int, held_threshold: float):
     """How many times faster the sampler decodes with ``extra`` more chips (see the module doc)."""
-    phase = _phase(stats)
+    phase = phase_s(stats)
     grown = (sampler_chips + extra) / sampler_chips
     if phase <= 0:
         return 1.0
@@ -261,9 +284,10 @@ def rollout_on_train(
 ) -> tuple[int, float, float]:
     """(chips, share, gain seconds per step) of lending learner chips to rollout."""
     steps = max(1, stats.steps)
-    phase = _phase(stats)
+    phase = phase_s(stats)
     wait = stats.learner_idle_s / steps
-    chips = _whole_units(split.learner_chips * config.max_lend_frac, stats.granularity)
+    unit = stats.granularity
+    chips = units(split.learner_chips * config.max_lend_frac, unit) * unit
     window = wait - config.prepare_s
     if chips <= 0 or window <= 0 or phase <= 0:
         return chips, 0.0, 0.0
@@ -278,13 +302,14 @@ def train_on_roll(
 ) -> tuple[int, float, float]:
     """(chips, share, gain seconds per step) of lending sampler chips to training."""
     steps = max(1, stats.steps)
-    phase = _phase(stats)
+    phase = phase_s(stats)
     # Publishing the weights is learner work that no borrowed chip shortens.
     train = max(0.0, stats.learner_busy_s - stats.learner_publish_s) / steps
     if train <= 0 or phase <= 0:
         return 0, 0.0, 0.0
     idle = min(1.0, stats.sampler_idle_s / phase)
-    most = _whole_units(split.sampler_chips * idle * config.max_lend_frac, stats.granularity)
+    unit = stats.granularity
+    most = units(split.sampler_chips * idle * config.max_lend_frac, unit) * unit
     cost = train_loan_cost_s(config, param_bytes)
     # A shorter training step shortens the step only as far as the sampler waits on it (held
     # back until the learner's version moves the staleness window); a sampler never held back
@@ -325,7 +350,8 @@ def train_on_roll(
     return best
 
 
-def _phase(stats: PhaseStats) -> float:
+def phase_s(stats: PhaseStats) -> float:
+    """Seconds of the phase ``stats`` measured: the longer of the two roles' busy + idle time."""
     sampler = stats.sampler_busy_s + stats.sampler_idle_s
     return max(sampler, stats.learner_busy_s + stats.learner_idle_s)
 
@@ -352,10 +378,10 @@ def decide(
     if param_bytes < 0:
         raise ValueError(f"param_bytes={param_bytes} must be >= 0 (bytes of the parameters)")
     if not config.enabled:
-        return _none("lending disabled (lending.enabled=False)")
-    phase = _phase(stats)
+        return no_loan("lending disabled (lending.enabled=False)")
+    phase = phase_s(stats)
     if phase <= 0:
-        return _none("empty phase: nothing measured")
+        return no_loan("empty phase: nothing measured")
     step = phase / max(1, stats.steps)
     floor = config.min_gain_frac * step
     candidates = []
@@ -368,7 +394,7 @@ def decide(
         chips, share, gain = train_on_roll(stats, split, config, param_bytes)
         candidates.append((gain, LendDirection.TRAIN_ON_ROLL, chips, share))
     if not candidates:
-        return _none(
+        return no_loan(
             f"nothing idle enough: learner {learner_idle:.2f}, sampler {sampler_idle:.2f} of "
             f"the phase, threshold {config.min_idle_frac}"
         )
@@ -376,7 +402,7 @@ def decide(
     gain, direction, chips, share = max(candidates, key=lambda c: c[0])
     if chips <= 0 or gain < floor or gain <= 0:
         best = ", ".join(f"{d.value} {g:+.2f} s" for g, d, _, _ in candidates)
-        return _none(
+        return no_loan(
             f"predicted saving per step ({best}) is below {floor:.2f} s "
             f"({config.min_gain_frac} of a {step:.2f} s step) after costs"
         )
@@ -407,91 +433,3 @@ def decide(
                 also=also,
             )
     return decision
-
-
-class LendingPolicy:
-    """:func:`decide` across phases: a running loan is judged by what it measured.
-
-    The model in :func:`decide` predicts a loan's saving from a phase run *without* it. A phase
-    run *with* a loan looks different (the borrowed replicas took part of the sampler's work,
-    the learner waited less), and read as if unlent it predicts that lending would save
-    nothing: the loan was returned every other phase, and ran half the time. So, per call:
-
-    * the first phase: it holds the pipeline fill (and, in the runtime, the first compiles), so
-      it is neither a baseline nor a basis for a loan: nothing is lent;
-    * the phase ran without a loan: its per-step time is the baseline, and :func:`decide`
-      answers; a loan that failed before (see below) is proposed again only when the model
-      predicts at least its failed prediction plus the ``min_gain_frac`` floor;
-    * the phase ran with a loan and a baseline on the same split is known: the measured saving
-      is baseline minus this phase's per-step time. At least the floor keeps the loan as it
-      is; less returns it, and if that loan never paid, its direction is marked failed at the
-      saving the model had predicted for it.
-
-    Every host of a pod that feeds equal stats in the same order decides the same.
-    """
-
-    def __init__(
-        self,
-        config: LendingConfig,
-        *,
-        param_bytes: float = 0.0,
-        held_threshold: float = HELD_THRESHOLD,
-    ):
-        self.config = config
-        self.param_bytes = param_bytes
-        self.held_threshold = held_threshold  # reallocator.held_threshold (see decide)
-        self.running = _none("no phase measured yet")
-        self._baseline: tuple[Split, float] | None = None  # (split, per-step s), unlent
-        self._paid = False  # the running loan measured a saving at least once
-        self._failed: dict[LendDirection, float] = {}  # predicted gain of a loan that never paid
-        self._phases = 0
-
-    def decide(self, stats: PhaseStats, split: Split) -> LendingDecision:
-        """What to lend in each step of the next phase, given the phase just measured."""
-        self._phases += 1
-        if self._phases == 1:
-            self.running = _none("first phase: it holds the pipeline fill; measuring a baseline")
-            return self.running
-        step = _phase(stats) / max(1, stats.steps)
-        running, floor = self.running, self.config.min_gain_frac * step
-        if self._baseline is not None and self._baseline[0] != split:
-            self._baseline, self._failed = None, {}  # measured on another split
-        lent = running.direction is not LendDirection.NONE
-        if self.config.enabled and step > 0 and lent and self._baseline is not None:
-            base = self._baseline[1]
-            saved = base - step
-            if saved >= self.config.min_gain_frac * base:
-                self._paid = True
-                decision = dataclasses.replace(
-                    running,
-                    expected_gain_s=saved,
-                    reason=f"{running.direction.value}: keeps {running.chips} chips, measured "
-                    f"{saved:.2f} s saved of a {base:.2f} s unlent step",
-                )
-            else:
-                if not self._paid:
-                    self._failed[running.direction] = running.expected_gain_s
-                decision = _none(
-                    f"returns the loan: {running.direction.value} saved {saved:+.2f} s of a "
-                    f"{base:.2f} s unlent step, below {self.config.min_gain_frac * base:.2f} s"
-                )
-        else:
-            if not lent and step > 0:
-                self._baseline = (split, step)
-            decision = decide(
-                stats,
-                split,
-                self.config,
-                param_bytes=self.param_bytes,
-                held_threshold=self.held_threshold,
-            )
-            failed = self._failed.get(decision.direction)
-            if failed is not None and decision.expected_gain_s < failed + floor:
-                decision = _none(
-                    f"{decision.direction.value} predicted {decision.expected_gain_s:.2f} s, but a "
-                    f"loan predicted {failed:.2f} s saved nothing; waits for {failed + floor:.2f} s"
-                )
-        if decision.direction is not running.direction:
-            self._paid = False
-        self.running = decision
-        return decision

@@ -2,8 +2,10 @@
 
 Mode ``lend`` is ``async`` on a static split, plus: every ``phase_steps`` learner steps the
 simulator closes a :class:`~rljax.policy.meter.PhaseMeter` phase and asks the lending policy
-(:class:`~rljax.policy.lending.LendingPolicy`, as the runtime does) what to lend in each step of
-the next phase, with the same ``PhaseStats`` the Reallocator reads.
+(:class:`~rljax.policy.lending_policy.LendingPolicy`, as the runtime does) what to lend in each
+step of the next phase, with the same ``PhaseStats`` the Reallocator reads. Loans are rounded
+to whole replicas of ``tp`` chips as the runtime and the fakes round them
+(:func:`~rljax.policy.lending.lent_units`, :func:`~rljax.policy.lending.parked_units`).
 
 * Rollout-on-TrainPool: when the learner finishes publishing and its next batch is not ready,
   ``chips / tp`` extra replicas start on its chips. They decode after ``prepare_s`` (weights
@@ -25,7 +27,15 @@ the next phase, with the same ``PhaseStats`` the Reallocator reads.
 from __future__ import annotations
 
 from rljax.policy import lending
-from rljax.policy.lending import LendDirection, LendingConfig, LendingDecision, TrainLoan
+from rljax.policy.lending import (
+    LendDirection,
+    LendingConfig,
+    LendingDecision,
+    TrainLoan,
+    lent_units,
+    parked_units,
+)
+from rljax.policy.lending_policy import LendingPolicy
 from rljax.policy.meter import SamplerIdle
 from rljax.policy.reallocation import PhaseStats
 from rljax.sim.replica import Replica
@@ -38,7 +48,7 @@ class Lender:
         self.sim = sim
         self.config = config
         self.force = force  # lend this way every phase whatever the policy says (benchmarks)
-        self.policy = lending.LendingPolicy(
+        self.policy = LendingPolicy(
             config,
             param_bytes=sim.cost.weight_bytes,
             held_threshold=sim.reallocator.config.held_threshold,  # as the runtime's
@@ -103,9 +113,7 @@ class Lender:
         if sim.buffer.ready(sim.buffer.version) or self.lent_slots < sim.cfg.group_size:
             return
         ready = now + self.config.prepare_s
-        # Whole replicas of tp chips; fewer lent chips than tp make one replica, as the
-        # runtime lends one engine on the chips it borrows.
-        for _ in range(max(1, d.chips // sim.cost.tp)):
+        for _ in range(lent_units(d.chips, sim.cost.tp)):
             rep = Replica(next(sim._replica_ids), sim.cost, self.lent_slots, now, False, None)
             rep.pause_until = ready
             rep.lent = True
@@ -133,7 +141,7 @@ class Lender:
         sim, d = self.sim, self.decision.loan(LendDirection.TRAIN_ON_ROLL)
         if d is None:
             return train_s
-        count = min(d.chips // sim.cost.tp, len(sim.replicas) - 1)
+        count = parked_units(d.chips, sim.cost.tp, len(sim.replicas))
         if count < 1:
             return train_s
         cost = lending.train_loan_cost_s(self.config, sim.cost.weight_bytes)

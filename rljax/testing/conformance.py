@@ -23,12 +23,12 @@ from rljax.runtime.hosting import (
     ScorerPart,
 )
 from rljax.runtime.lending import Lending, LendingLearner, RunLending
+from rljax.runtime.lending.replicas import ReplicaSet
 from rljax.runtime.parts import DriverView, LearnerPart, LenderPart, SamplerPart, WeightSyncPart
 from rljax.runtime.pod import PodSampler, PodWeightSync, RemoteLearner
 from rljax.runtime.pod_hosting import PodHosting
 from rljax.runtime.pod_resize import PodResizer
 from rljax.runtime.prompts import PromptStream
-from rljax.runtime.replica_set import ReplicaSet
 from rljax.runtime.scoring import Scorer
 from rljax.testing.fake_lending import FakeLending
 from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync

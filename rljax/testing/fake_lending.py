@@ -8,14 +8,16 @@ over its ``learner_chips``. The costs are the policy's own (``LendingConfig``), 
 runtime pays them, so the policy's model and the fakes agree on what a loan costs and the
 benchmark measures whether its decisions pay:
 
-- **Rollout-on-TrainPool**: ``chips // tp`` replicas (at least one) like the sampler's, holding
+- **Rollout-on-TrainPool**: ``lent_units(chips, tp)`` replicas (whole ones, at least one; the
+  policy's rounding, :func:`rljax.policy.lending.lent_units`) like the sampler's, holding
   the learner's params and version, start after ``prepare_s`` (slept on the learner thread, as
   :class:`~rljax.runtime.lending.RunLending` copies the weights there) and serve routed
   requests while the learner waits; when the batch is ready their requests go back to the
   sampler as partial rollouts, and the learner starts ``release_s`` later; the sampler that
   adopts them prefills their cached tokens again first (``FakeSampler(prefill_s_per_token=...)``,
   as the simulator charges the replica that resumes them).
-- **Trainer-on-RollPool**: ``k = (chips // tp) * tp`` sampler chips, in whole replicas, are
+- **Trainer-on-RollPool**: ``k = parked_units(chips, tp, replicas) * tp`` sampler chips, in whole
+  replicas and leaving one sampling (:func:`rljax.policy.lending.parked_units`), are
   parked (their sequences back in the sampler's queue) for ``c + s T L / k`` seconds while the
   learner does its own ``(1 - s) T``, where ``s`` is the lent share of the micro-batches and
   ``c = train_prepare_s + release_s + grad_transfer_s_per_gb * param_bytes / 1e9``; the step
@@ -32,9 +34,14 @@ import dataclasses
 from typing import Any
 
 from rljax.models import presets
-from rljax.policy.lending import LendingConfig, TrainLoan, train_loan_cost_s
+from rljax.policy.lending import (
+    LendingConfig,
+    TrainLoan,
+    parked_units,
+    train_loan_cost_s,
+)
 from rljax.policy.reallocation import Split
-from rljax.runtime.lending import Lending
+from rljax.runtime.lending.hooks import Lending
 from rljax.sim.config import SimConfig
 from rljax.sim.measured import MeasuredCosts
 from rljax.sim.simulator import Simulator
@@ -73,10 +80,9 @@ class FakeLending(Lending):
                 f"the sampler has {sampler.replicas} replicas of tp={tp} chips, not the split's "
                 f"{split.sampler_chips} sampler chips; build it with replicas=sampler_chips // tp"
             )
-        super().__init__(config, sampler, mode=mode)
+        super().__init__(config, sampler, mode=mode, tp=tp)
         self.sampler = sampler  # replicas.main: its replicas are parked and copied
         self.split = split
-        self.tp = tp
         self.batch_groups = batch_groups
         self.micro_batches = micro_batches
         self.param_bytes = param_bytes
@@ -94,13 +100,12 @@ class FakeLending(Lending):
         )
         self.decide(stats, self.split, self.param_bytes)
 
-    def _open_replica(self, learner: FakeLearner, chips: int) -> FakeSampler:
+    def _open_replica(self, learner: FakeLearner, units: int) -> FakeSampler:
         main = self.sampler
-        count = max(1, chips // self.tp)
         sleep_cost(self.config.prepare_s)
         return FakeSampler(
-            slots=count * (main.num_slots // main.replicas),
-            replicas=count,
+            slots=units * (main.num_slots // main.replicas),
+            replicas=units,
             step_cost_s=main.step_cost_s,
             length_sampler=main.length_sampler,
             seed=main.seed,
@@ -121,7 +126,7 @@ class FakeLending(Lending):
     ) -> dict[str, Any]:
         main = self.sampler
         step_s = float(learner.step_cost_s(batch))
-        count = min(chips // self.tp, main.replicas - 1)
+        count = parked_units(chips, self.tp, main.replicas)
         share = micro_batches / self.micro_batches
         cost = train_loan_cost_s(self.config, self.param_bytes)
         loan = TrainLoan(step_s, share, self.split.learner_chips, count * self.tp, cost)

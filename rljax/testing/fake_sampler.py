@@ -114,7 +114,7 @@ class FakeSampler:
     """A continuous-batching sampler whose decode step is a sleep from a cost model.
 
     Implements the driver's :class:`~rljax.runtime.parts.SamplerPart` (and the hand-over of
-    :class:`~rljax.runtime.replica_set.MovableSampler`) and returns real
+    :class:`~rljax.runtime.lending.replicas.MovableSampler`) and returns real
     :class:`~rljax.engine.sampler.Trajectory` objects whose per-token versions are the params
     version held when each token was "decoded". An interrupted request's samples are held with
     their tokens so far until it is resumed.

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from rljax.policy import lending
-from rljax.policy.lending import LendDirection, LendingConfig, LendingPolicy
+from rljax.policy.lending import LendDirection, LendingConfig
+from rljax.policy.lending_policy import LendingPolicy
 from tests.policy.test_lending import GB, stats
 
 ON = LendingConfig(enabled=True)

@@ -6,7 +6,7 @@ import collections
 import jax
 
 from rljax.engine.sampler import Request, Sampler
-from rljax.runtime.replica_set import ReplicaSet
+from rljax.runtime.lending.replicas import ReplicaSet
 from rljax.testing.engines import tiny_engine
 
 G = 4  # samples per group; each replica has 4 slots: one group

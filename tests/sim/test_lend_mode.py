@@ -7,6 +7,7 @@ import pytest
 
 from rljax.policy import lending
 from rljax.policy.lending import LendDirection, LendingConfig
+from rljax.policy.lending_policy import LendingPolicy
 from rljax.sim import lend as sim_lend
 from rljax.sim.simulator import Simulator
 from rljax.sim.workload import LengthModel
@@ -83,14 +84,14 @@ def test_nothing_is_lent_when_the_policy_declines(lending_config, fields):
 
 def test_decisions_are_the_policys_on_the_meters_stats(monkeypatch):
     seen = []
-    decide = lending.LendingPolicy.decide
+    decide = LendingPolicy.decide
 
     def spy(self, stats, split):
         decision = decide(self, stats, split)
         seen.append((stats, decision))
         return decision
 
-    monkeypatch.setattr(lending.LendingPolicy, "decide", spy)
+    monkeypatch.setattr(LendingPolicy, "decide", spy)
     config = small("lend", lending=CHEAP, **TRAIN)
     result = run(config)
     assert len(seen) == config.steps // config.phase_steps
