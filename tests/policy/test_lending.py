@@ -235,3 +235,19 @@ def test_a_train_loan_takes_the_longer_part_and_is_taken_only_if_it_shortens_the
     assert small.shortens and not dataclasses.replace(small, lent_chips=0).shortens  # no chip
     # prepare 1 s + release 0.5 s + 15 GB of gradients at 0.1 s/GB.
     assert lending.train_loan_cost_s(ON, 15 * GB) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    "chips, tp, want",
+    [(0, 4, 0), (3, 4, 0), (4, 4, 1), (7.9, 4, 1), (8, 4, 2), (5, 1, 5), (-1, 2, 0)],
+)
+def test_units_are_whole_replicas(chips, tp, want):
+    assert lending.units(chips, tp) == want
+    # A loan starts one replica at least; a parked loan leaves one sampler replica sampling.
+    assert lending.lent_units(chips, tp) == max(1, want)
+    assert lending.parked_units(chips, tp, sampler_units=2) == min(want, 1)
+
+
+def test_units_refuse_an_empty_unit():
+    with pytest.raises(ValueError, match="a unit is >= 1 chip"):
+        lending.units(4, 0)
