@@ -159,7 +159,7 @@ def move_learner(
             learning_rate=learning_rate,
             temperature=current.temperature,
             ref_params=current.ref_params,
-            kernel_impl=current.kernel_impl,
+            kernel_impl=current.gradients.kernel_impl,
         ),
     )
     if not fresh:  # a new learner copied them in its constructor
@@ -250,8 +250,12 @@ class Reallocation:
         )
         self.policy = policy or Reallocator(self.settings)
         self.meter = meter or PhaseMeter()
-        self.switch_cost_s: float | None = None  # measured by the last resize
+        self.switch_cost_s: float | None = None  # measured by the last resize (resized)
         self.phases: list[PhaseStats] = []
+
+    def resized(self, seconds: float) -> None:
+        """A resize took ``seconds``: the cost the next decision weighs."""
+        self.switch_cost_s = seconds
 
     @property
     def due(self) -> bool:
