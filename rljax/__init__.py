@@ -41,6 +41,7 @@ _EXPORTS = {
     "StalenessBuffer": "rljax.policy.staleness",
     "StalenessController": "rljax.policy.staleness",
     "Engine": "rljax.engine.engine",
+    "PagedEngine": "rljax.engine.paged",
     "ResultTokens": "rljax.engine.engine",
     "SlotSampling": "rljax.engine.engine",
     "Request": "rljax.engine.samples",

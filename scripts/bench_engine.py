@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from rljax.config import ModelConfig, SamplingConfig
-from rljax.engine.engine import Engine
+from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
@@ -127,7 +127,7 @@ def greedy_engine(
         max_concurrent_decodes=batch,
         page_size=page_size,
     )
-    return Engine(cfg, sampling, sampler_mesh(), graphdef)
+    return PagedEngine(cfg, sampling, sampler_mesh(), graphdef)
 
 
 def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int):

@@ -220,7 +220,7 @@ def bench_learner_steps(args, figures) -> None:
 
 
 def bench_serving(args, figures) -> None:
-    from rljax.engine.engine import Engine
+    from rljax.engine.paged import PagedEngine
     from rljax.engine.sampler import Request, Sampler
 
     cfg, graphdef, params, lcfg = load(args.rank, args.targets, adapters=True)
@@ -240,7 +240,7 @@ def bench_serving(args, figures) -> None:
                 page_size=16,
             )
             served_cfg = LoRAConfig(**{**vars(lcfg), "serving": mode})
-            engine = Engine(cfg, sampling, mesh, graphdef, lora=served_cfg)
+            engine = PagedEngine(cfg, sampling, mesh, graphdef, lora=served_cfg)
             jax.block_until_ready(engine.serving_params(params))  # compiles the swap
             swaps, rates = [], []
             for _ in range(args.repeats):

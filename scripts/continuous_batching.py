@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from rljax.config import ModelConfig
-from rljax.engine.engine import Engine
+from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.models.loading import abstract_params
 
@@ -102,7 +102,7 @@ class EngineCallTimer:
 
     CALLS = ("prefill_multisampling", "prefill_batch", "bulk_insert", "generate", "free_resource")
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: PagedEngine):
         self.engine = engine
         self.calls = [name for name in self.CALLS if hasattr(engine, name)]
         self.seconds = dict.fromkeys(self.calls, 0.0)

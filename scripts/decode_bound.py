@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from rljax.kernels.paged_attention.ops import XLA_BLOCK_TOKENS
 
-from rljax.engine.engine import Engine
+from rljax.engine.paged import PagedEngine
 from rljax.models.layouts import PerLayer
 from rljax.models.serving import TRANSPOSED, ServingDecoder, to_serving
 
@@ -63,10 +63,10 @@ def read_bandwidth_gbs(nbytes: int, mesh, repeats: int) -> float:
     return count * 4 / best / 1e9
 
 
-def weight_matrices(engine: Engine, params) -> list[jax.Array]:
+def weight_matrices(engine: PagedEngine, params) -> list[jax.Array]:
     """Every weight matrix of the model as its own 2-D [out, in] array, the head included."""
     if not isinstance(params, ServingDecoder):  # the stacked layout: convert it here
-        params = to_serving(nnx.merge(engine._graphdef, params))
+        params = to_serving(nnx.merge(engine.graphdef, params))
     mats = [params.embed if params.head_t is None else params.head_t]
     for layer in params.layers:
         for name in TRANSPOSED:  # every projection, stored [out..., in...]
@@ -78,7 +78,7 @@ def weight_matrices(engine: Engine, params) -> list[jax.Array]:
     return [jnp.array(m) for m in mats]  # each its own contiguous buffer
 
 
-def matmul_floor_s(engine: Engine, params, batch: int, repeats: int) -> float:
+def matmul_floor_s(engine: PagedEngine, params, batch: int, repeats: int) -> float:
     """Median time of one jit that multiplies every weight matrix once by a [in, batch] input.
 
     Each matrix is its own contiguous [out, in] array and the left operand of its product,
@@ -107,7 +107,9 @@ def matmul_floor_s(engine: Engine, params, batch: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def time_busy_steps(label, engine: Engine, params, steps: int) -> tuple[list[float], list[int]]:
+def time_busy_steps(
+    label, engine: PagedEngine, params, steps: int
+) -> tuple[list[float], list[int]]:
     """Seconds of up to ``steps`` generate calls with every slot busy, and the tokens held.
 
     One prompt of max_prefill_length tokens is prefilled into every slot first (untimed), and
@@ -136,7 +138,7 @@ def time_busy_steps(label, engine: Engine, params, steps: int) -> tuple[list[flo
     return times, held
 
 
-def layouts_ab(label, engine: Engine, state, steps: int, rounds: int) -> dict:
+def layouts_ab(label, engine: PagedEngine, state, steps: int, rounds: int) -> dict:
     """The decode step of ``engine``'s model served stacked and per_layer, interleaved.
 
     ``state`` is the params state (the learner's layout). Each round times both layouts, the
@@ -146,7 +148,7 @@ def layouts_ab(label, engine: Engine, state, steps: int, rounds: int) -> dict:
     engines = {}
     for layout in ("stacked", "per_layer"):
         sampling = dataclasses.replace(engine.sampling_cfg, weights_layout=layout)
-        other = Engine(engine.model_cfg, sampling, engine.mesh, engine._graphdef)
+        other = PagedEngine(engine.model_cfg, sampling, engine.mesh, engine.graphdef)
         engines[layout] = (other, other.load_params(state))
     medians = {layout: [] for layout in engines}
     for r in range(rounds):
@@ -167,7 +169,7 @@ def layouts_ab(label, engine: Engine, state, steps: int, rounds: int) -> dict:
 
 
 def decode_step_vs_bound(
-    label, engine: Engine, params, bandwidth_gbs, steps: int, read_gbs: float | None = None
+    label, engine: PagedEngine, params, bandwidth_gbs, steps: int, read_gbs: float | None = None
 ) -> dict:
     """Median generate time with every slot busy, against (param + held KV bytes) / bandwidth:
     ``bandwidth_gbs`` the copy's, ``read_gbs`` (measured here when None) the read bandwidth of

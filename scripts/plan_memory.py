@@ -13,7 +13,7 @@ a string), as the launcher's flags do.
 The config file's ``TARGETS[arg]`` names the chip (rljax.sim.chips) and chip count. The script
 fakes that many CPU devices, builds the learner and the engine with abstract arrays
 (``Learner.abstract``: nothing is allocated), and compiles ``Learner.lower_step`` for the
-largest batch the config can pack and ``Engine.lower_generate`` with their real shardings. It
+largest batch the config can pack and ``PagedEngine.lower_generate`` with their real shardings. It
 reads XLA's ``memory_analysis()`` per device:
 
 - learner: params, optimiser state and batch (the step's arguments, exact from the shardings),
@@ -212,7 +212,7 @@ def _plan_sampler(cfg, graphdef, topo, lora) -> dict:
     import jax
     from flax import nnx
 
-    from rljax.engine.engine import Engine
+    from rljax.engine.paged import PagedEngine
     from rljax.mesh.weight_sync import sampler_model
     from rljax.models.lora import split_adapters
     from rljax.models.sharding import with_shardings
@@ -221,7 +221,7 @@ def _plan_sampler(cfg, graphdef, topo, lora) -> dict:
     # The sampler holds its own copy in sampling.dtype (cast at every publish), as the runtime.
     sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype, lora)
     sampler_params = nnx.split(abstract_decoder(sampler_cfg, lora))[1]
-    engine = Engine(
+    engine = PagedEngine(
         sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl="xla", lora=lora
     )
     gen = _analysis(engine.lower_generate(sampler_params).compile())

@@ -8,7 +8,7 @@ Eight CPU devices (fake ones: the script asks JAX for 8 before its backend start
 the way the runtime splits them (``build_topology``, mesh mode 'split', 4 + 4): the sampler
 mesh on devices 0-3, data-parallel, so each of its devices holds a whole replica; the learner
 mesh on devices 4-7, the weights FSDP-sharded over all four (LEARNER_RULES). The learner's
-params are published to the sampler Engine's own ``param_shardings`` by the real
+params are published to the sampler engine's own ``param_shardings`` by the real
 ``rljax.mesh.weight_sync.WeightSync``, in float32 and cast to bfloat16 on the learner side.
 Baselines, in the same process:
 
@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.config import MeshConfig, ModelConfig, SamplingConfig
-from rljax.engine.engine import Engine
+from rljax.engine.paged import PagedEngine
 from rljax.mesh.topology import Topology, build_topology
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import LEARNER_RULES, state_shardings
@@ -63,10 +63,10 @@ def split_topology(devices) -> Topology:
     return build_topology(cfg, list(devices)[:DEVICES])
 
 
-def sampler_engine(topology: Topology, model_cfg: ModelConfig, graphdef) -> Engine:
-    """An Engine on the sampler mesh: its ``param_shardings`` is what the runtime publishes to."""
+def sampler_engine(topology: Topology, model_cfg: ModelConfig, graphdef) -> PagedEngine:
+    """An engine on the sampler mesh: its ``param_shardings`` is what the runtime publishes to."""
     sampling = SamplingConfig(max_concurrent_decodes=SAMPLER_DEVICES, max_new_tokens=8)
-    return Engine(model_cfg, sampling, topology.sampler, graphdef)
+    return PagedEngine(model_cfg, sampling, topology.sampler, graphdef)
 
 
 def to_learner(params, topology: Topology):

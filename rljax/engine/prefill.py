@@ -1,6 +1,6 @@
-"""Prefill's host side: one prompt (:func:`prefill_one`, behind ``Engine.prefill`` and
-``prefill_multisampling``) or many in one device call (:func:`prefill_batch`, an rljax
-extension of JetStream's API).
+"""Prefill's host side: one prompt (:func:`prefill_one`, behind
+``PagedEngine.prefill_multisampling``) or many in one device call (:func:`prefill_batch`, an
+rljax extension of JetStream's API); and the padding of an extend's tokens.
 
 Both check the request, pad it to the engine's buckets, draw each sample's PRNG stream, run the
 engine's compiled prefill step (:mod:`rljax.engine.steps`) and wrap what it returns as a
@@ -17,13 +17,18 @@ token with its own key, as in ``prefill_multisampling``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from rljax.engine.state import Prefix, ResultTokens, SlotSampling
+
+# The functions here take the rljax.engine.paged.PagedEngine they serve as ``engine: Any``: that
+# module imports this one, and naming its class back would close an import circle.
+LogitsSampler = Callable[[jax.Array], jax.Array] | None
 
 
 @dataclasses.dataclass
@@ -55,18 +60,18 @@ def sample_keys(rng: jax.Array, n: int) -> jax.Array:
 
 
 def prefill_one(
-    engine,
-    params,
-    padded_tokens,
+    engine: Any,
+    params: Any,
+    padded_tokens: Any,
     true_length: int,
     *,
-    rng=None,
+    rng: jax.Array | None = None,
     num_samples: int = 1,
     sampling: SlotSampling | None = None,
-    sampler=None,
+    sampler: LogitsSampler = None,
     step: int = 0,
 ) -> tuple[Prefix, ResultTokens]:
-    """``Engine.prefill_multisampling``: one prompt, ``num_samples`` first tokens.
+    """``PagedEngine.prefill_multisampling``: one prompt, ``num_samples`` first tokens.
 
     The prompt ``padded_tokens[:true_length]`` is padded to its bucket; ``rng``, ``sampling``
     and ``step`` are as in ``prefill_multisampling``.
@@ -81,10 +86,10 @@ def prefill_one(
         )
     row = np.zeros((1, engine.bucket_for(true_length)), np.int32)
     row[0, :true_length] = tokens[:true_length]
-    keys = engine._sample_keys(rng, num_samples)
+    keys = engine.sample_keys(rng, num_samples)
     s = sampling or SlotSampling.from_config(engine.sampling_cfg)
     floats = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
-    k, v, data, log_prob = engine._steps.prefill(
+    k, v, data, log_prob = engine.steps.prefill(
         params,
         jnp.asarray(row),
         jnp.int32(true_length),
@@ -108,7 +113,11 @@ def prefill_one(
 
 
 def prefill_batch(
-    engine, params, requests: Sequence[PrefillRequest], *, sampler=None
+    engine: Any,
+    params: Any,
+    requests: Sequence[PrefillRequest],
+    *,
+    sampler: LogitsSampler = None,
 ) -> list[tuple[Prefix, ResultTokens]]:
     """One ``(Prefix, ResultTokens)`` per request, like ``prefill_multisampling`` of each."""
     if not requests:
@@ -141,10 +150,10 @@ def prefill_batch(
         s = r.sampling or SlotSampling.from_config(engine.sampling_cfg)
         f = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
         sl = slice(i * g, i * g + r.num_samples)
-        keys[sl] = np.asarray(engine._sample_keys(r.rng, r.num_samples))
+        keys[sl] = np.asarray(engine.sample_keys(r.rng, r.num_samples))
         floats[sl], top_k[sl], steps[sl] = f, s.top_k, r.step
         settings.append((f, np.int32(s.top_k)))
-    ks, vs, data, log_prob = engine._steps.prefill_many(
+    ks, vs, data, log_prob = engine.steps.prefill_many(
         params,
         jnp.asarray(tokens),
         jnp.asarray(lengths_n),
@@ -175,7 +184,7 @@ def prefill_batch(
     return out
 
 
-def warm_up(engine, params, *, num_samples: int = 1) -> int:
+def warm_up(engine: Any, params: Any, *, num_samples: int = 1) -> int:
     """Compile every prefill shape (prompt counts x buckets), insert width and generate.
 
     Returns the number of prefill shapes compiled. Afterwards a sampler whose groups have
@@ -216,7 +225,7 @@ def warm_up(engine, params, *, num_samples: int = 1) -> int:
         batch = min(batch * 2, engine.sampling_cfg.prefill_batch)
 
 
-def extend_buckets(engine) -> tuple[int, ...]:
+def extend_buckets(engine: Any) -> tuple[int, ...]:
     """The chunk lengths an extend is padded to: powers of two from ``page_size`` up to the
     longest chunk a slot can take, so at most log2(max_seq_len) shapes compile."""
     out = [pow2(engine.page_size)]
@@ -225,33 +234,13 @@ def extend_buckets(engine) -> tuple[int, ...]:
     return tuple(out)
 
 
-def extend_slot(
-    engine, params, decode_state, slot: int, tokens: Sequence[int], step: int, sampler=None
-):
-    """``Engine.extend``: prefill ``tokens`` onto ``slot``'s cached ones and draw its token
-    ``step``; the host page bookkeeping (under the engine's lock) and the compiled step."""
-    slot, n = int(slot), len(tokens)
+def extend_chunk(engine: Any, tokens: Sequence[int]) -> np.ndarray:
+    """``tokens`` (an extend's new tokens) padded to the first of :func:`extend_buckets` that
+    holds them."""
+    n = len(tokens)
     if n < 1:
         raise ValueError("extend got no tokens; give the slot's next token at least")
     c = next(b for b in extend_buckets(engine) if b >= n)
     chunk = np.zeros(c, np.int32)
     chunk[:n] = np.asarray(tokens, np.int32)
-    with engine._lock:
-        start = int(engine.pages.positions[slot])
-        row = engine.pages.extend(slot, n)  # raises OutOfPages / ValueError taking nothing
-        # Global page ids: the chunk's rows index the whole pool, whichever shard owns the slot.
-        offset = engine.shard_of(slot) * engine.pages_per_shard
-        row_m = np.append(row + offset, offset).astype(np.int32)  # ends with the null page
-        engine._parked = True  # the slot is decoding again: ship the active mask
-        decode_state = engine._park_freed(decode_state)
-        decode_state, data, log_prob = engine._steps.extend(sampler)(
-            params,
-            decode_state,
-            jnp.asarray(chunk),
-            jnp.int32(n),
-            jnp.int32(start),
-            jnp.asarray(row_m),
-            jnp.int32(slot),
-            jnp.int32(step),
-        )
-    return decode_state, ResultTokens(data, log_prob=log_prob)
+    return chunk

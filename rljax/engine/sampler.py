@@ -2,13 +2,13 @@
 
 A request asks for ``num_samples`` responses to one prompt (a GRPO group). Its prompt is
 prefilled once, which draws every sample's first token, each from its own PRNG stream; the
-groups that fit the free slots are prefilled together in one call (``Engine.prefill_batch``,
-at most ``sampling.prefill_batch`` prompts; one alone goes through
-``Engine.prefill_multisampling``). Each sample then takes the next free slot of its home
-(``Engine.bulk_insert``; homes: :mod:`rljax.engine.homes`). Slots are refilled as soon as a
-sequence finishes and is freed (``Engine.free_resource``), so a long-tailed response length
-distribution does not idle the batch the way static batching does. The Sampler drives the
-engine only through JetStream's engine API.
+groups that fit the free slots are prefilled together in one call
+(``PagedEngine.prefill_batch``, at most ``sampling.prefill_batch`` prompts; one alone goes
+through ``PagedEngine.prefill_multisampling``). Each sample then takes the next free slot of its
+home (``PagedEngine.bulk_insert``; homes: :mod:`rljax.engine.homes`). Slots are refilled as
+soon as a sequence finishes and is freed (``PagedEngine.free_resource``), so a long-tailed
+response length distribution does not idle the batch the way static batching does. The Sampler
+drives rljax's native engine (:mod:`rljax.engine.paged`), JetStream's calls and its extensions.
 
 Every sampled token is tagged with the params version that produced it. Params can be swapped
 between ``generate`` calls (:meth:`Sampler.set_params`):
@@ -27,7 +27,12 @@ When the page pool runs out, the youngest running sample is preempted the same w
 sample draws what it would have drawn uninterrupted.
 
 A request with ``turns`` is a conversation: its samples keep their KV across turns and only
-each new turn's tokens are prefilled (:mod:`rljax.engine.conversations`, docs/agents.md).
+each new turn's tokens are prefilled (:mod:`rljax.engine.turns`, docs/agents.md).
+
+The Sampler owns the decoding slots, the params and the decode state, and holds three parts: a
+:class:`~rljax.engine.backlog.Backlog` (what waits for a slot), a
+:class:`~rljax.engine.turns.TurnTracker` (conversations waiting for their env, in their paused
+slots or without one) and a :class:`~rljax.engine.samples.Recorder` (the stop rules).
 """
 
 from __future__ import annotations
@@ -37,25 +42,24 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from rljax.engine.conversations import Conversations, TurnAnswer
-from rljax.engine.engine import Engine
+from rljax.engine.backlog import Backlog, prefill_request
 from rljax.engine.homes import SlotHomes
+from rljax.engine.paged import PagedEngine
 from rljax.engine.pages import OutOfPages
-from rljax.engine.prefill import PrefillRequest
-from rljax.engine.samples import FINISH_LENGTH, FINISH_STOP, Request, Sample, Trajectory
-from rljax.engine.state import DecodeState, Prefix, ResultTokens
+from rljax.engine.samples import FINISH_LENGTH, FINISH_STOP, Recorder, Request, Sample, Trajectory
+from rljax.engine.state import DecodeState, Prefix
+from rljax.engine.turns import TurnAnswer, TurnTracker
 
 # Request, Trajectory and the finish reasons are the Sampler's interface; they live in
 # rljax.engine.samples and are importable from here too.
-__all__ = ["FINISH_LENGTH", "FINISH_STOP", "Request", "Sampler", "Trajectory"]
+__all__ = ["FINISH_LENGTH", "FINISH_STOP", "Request", "Sampler", "Trajectory", "TurnAnswer"]
 
 
-class Sampler(Conversations):
-    """Drives an :class:`Engine` with continuous batching on the sampler mesh.
+class Sampler:
+    """Drives a :class:`~rljax.engine.paged.PagedEngine` with continuous batching on the
+    sampler mesh.
 
     ``keep_kv=False`` gives up a conversation's slot and pages at each turn end and prefills
     its whole prefix again for the next turn (the baseline keeping the KV is measured against).
@@ -63,8 +67,8 @@ class Sampler(Conversations):
 
     def __init__(
         self,
-        engine: Engine,
-        params,
+        engine: PagedEngine,
+        params: Any,
         *,
         version: int = 0,
         stop_ids: Sequence[int] = (),
@@ -74,29 +78,24 @@ class Sampler(Conversations):
         slot_homes: Sequence[int] | None = None,
         keep_kv: bool = True,
     ):
-        if stop_strings and detokenize is None:
-            raise ValueError("stop_strings need a detokenize function to read the text")
+        self.stats: collections.Counter[str] = collections.Counter()
+        self._recorder = Recorder(stop_ids, stop_strings, detokenize, self.stats)
         self.engine = engine
         self.params: Any = engine.serving_params(params)
         self.version = version
-        self.stop_ids = frozenset(int(t) for t in stop_ids)
-        self.stop_strings = tuple(stop_strings)
-        self.detokenize = detokenize
         self.swap_mode = swap_mode or engine.sampling_cfg.swap_mode
-        self.keep_kv = keep_kv
         self.state: DecodeState = engine.init_decode_state()
+        # The decoding samples; a conversation waiting in its paused slot is the tracker's.
         self._slots: list[Sample | None] = [None] * engine.max_concurrent_decodes
         self.homes = SlotHomes(slot_homes, len(self._slots))
-        self._queue: collections.deque[Sample] = collections.deque()  # resumable samples
-        # Samples waiting for slots with the prefix they share (prefix sample i = samples[i]).
-        self._pending: collections.deque[tuple[Prefix, list[Sample]]] = collections.deque()
-        self._requests: collections.deque[Request] = collections.deque()
+        self._backlog = Backlog(self.homes, engine.sampling_cfg.prefill_batch)
+        self._turns = TurnTracker(
+            engine, self._backlog, self._recorder, self.stats, keep_kv=keep_kv
+        )
         self._held: dict[int, list[Sample]] = {}  # interrupted, by request id
-        self._waiting: list[Sample] = []  # conversations waiting for their env, no slot
         self._next_id = itertools.count()
         self._order = itertools.count()
         self._staged: tuple[Any, int] | None = None
-        self.stats: collections.Counter[str] = collections.Counter()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -104,21 +103,7 @@ class Sampler(Conversations):
         """Queue requests; checks each before any is queued. Returns their request ids."""
         budget = self.engine.sampling_cfg.max_new_tokens
         for r in requests:
-            n = len(r.prompt_tokens)
-            if n == 0:
-                raise ValueError("a request's prompt_tokens is empty; give at least one token")
-            if n > self.engine.max_prefill_length:
-                raise ValueError(
-                    f"prompt of {n} tokens is longer than sampling.max_prefill_length="
-                    f"{self.engine.max_prefill_length}; raise it or truncate the prompt"
-                )
-            if r.max_new_tokens is not None and not 0 < r.max_new_tokens <= budget:
-                raise ValueError(
-                    f"max_new_tokens={r.max_new_tokens} must be in [1, {budget}] "
-                    "(sampling.max_new_tokens bounds the KV cache)"
-                )
-            if r.num_samples < 1:
-                raise ValueError(f"num_samples={r.num_samples} must be >= 1")
+            r.check(self.engine.max_prefill_length, budget)
             self.homes.check(r.home)
         ids = []
         for r in requests:
@@ -127,13 +112,19 @@ class Sampler(Conversations):
                 r.request_id = next(self._next_id)
             if r.max_new_tokens is None:
                 r.max_new_tokens = budget
-            self._requests.append(r)
+            self._backlog.add_requests([r])
             ids.append(r.request_id)
         return ids
 
     @property
+    def stop_ids(self) -> frozenset[int]:
+        """The token ids that end a sample (or a conversation's model turn)."""
+        return self._recorder.stop_ids
+
+    @property
     def busy_slots(self) -> int:
-        return sum(s is not None for s in self._slots)
+        """Slots holding a sample (decoding, or a conversation waiting in its paused slot)."""
+        return sum(s is not None for s in self._slots) + len(self._turns.in_slots())
 
     @property
     def num_slots(self) -> int:
@@ -142,27 +133,27 @@ class Sampler(Conversations):
 
     @property
     def free_slots(self) -> int:
+        """Slots holding no sample."""
         return self.num_slots - self.busy_slots
 
     @property
     def kv_tokens(self) -> int:
         """Tokens the live slots hold in the KV cache (prompt plus response so far)."""
-        return sum(len(s.request.prompt_tokens) + len(s.tokens) for s in self._slots if s)
+        held = [s for s in self._slots if s] + self._turns.in_slots()
+        return sum(len(s.request.prompt_tokens) + len(s.tokens) for s in held)
 
     @property
     def queued_samples(self) -> int:
         """Samples waiting for a slot (submitted, pending a prefix, or resumed)."""
-        pending = sum(len(samples) for _, samples in self._pending)
-        return len(self._queue) + pending + sum(r.num_samples for r in self._requests)
+        return self._backlog.samples
 
     def has_work(self) -> bool:
-        return bool(
-            self.busy_slots or self._queue or self._pending or self._requests or self._waiting
-        )
+        """Whether anything is decoding, waiting for a slot or waiting for its env."""
+        return bool(self.busy_slots or self._backlog or self._turns.waiting)
 
     # -- params -----------------------------------------------------------------------------
 
-    def set_params(self, params, version: int) -> None:
+    def set_params(self, params: Any, version: int) -> None:
         """Stage new params; they take effect at the next generate boundary per swap mode.
 
         With no sequence in flight there is no boundary to wait for: they apply at once.
@@ -184,9 +175,8 @@ class Sampler(Conversations):
             for slot, s in enumerate(self._slots):
                 if s is not None:
                     self._evict(slot, front=True)
-            waiting = [s for _, samples in self._pending for s in samples]
-            self._pending.clear()
-            self._queue.extendleft(reversed(waiting))
+            self._turns.release_slots()
+            self._backlog.drop_prefixes()
 
     # -- interruption -----------------------------------------------------------------------
 
@@ -198,25 +188,8 @@ class Sampler(Conversations):
                 self.engine.free_resource(slot)
                 self._slots[slot] = None
                 held.append(s)
-        held.extend(s for s in self._queue if s.request.request_id == request_id)
-        held.extend(s for s in self._waiting if s.request.request_id == request_id)
-        self._waiting = [s for s in self._waiting if s.request.request_id != request_id]
-        keep = [s for s in self._queue if s.request.request_id != request_id]
-        self._queue.clear()
-        self._queue.extend(keep)
-        pending = list(self._pending)
-        self._pending.clear()
-        for prefix, samples in pending:
-            kept = [i for i, s in enumerate(samples) if s.request.request_id != request_id]
-            held.extend(s for s in samples if s.request.request_id == request_id)
-            if len(kept) == len(samples):
-                self._pending.append((prefix, samples))
-            elif kept:
-                self._pending.append((prefix.select(kept), [samples[i] for i in kept]))
-        for r in list(self._requests):
-            if r.request_id == request_id:
-                self._requests.remove(r)
-                held.extend(Sample(r, i) for i in range(r.num_samples))
+        held.extend(self._backlog.remove(request_id))
+        held.extend(self._turns.remove(request_id))
         self.stats["interrupted"] += len(held)
         return len(held)
 
@@ -226,25 +199,22 @@ class Sampler(Conversations):
         for s in self._held.pop(request_id, []):
             self._route(s)
 
-    def hand_over(self, request_id: int) -> list:
+    def hand_over(self, request_id: int) -> list[Sample]:
         """Interrupt a request and give up its samples (partial rollouts) for another sampler's
         :meth:`adopt`; they keep their tokens, log-probs and versions."""
         self.interrupt(request_id)
         return self._held.pop(request_id, [])
 
-    def adopt(self, samples: Sequence) -> None:
+    def adopt(self, samples: Sequence[Sample]) -> None:
         """Queue samples another sampler handed over; they resume here from their prefixes."""
         for s in samples:
             self._route(s)
 
     def request_ids(self) -> set[int]:
         """Ids of the requests with a sample here (running, pending, queued or held)."""
-        samples = [s for s in self._slots if s is not None] + list(self._queue)
-        samples += [s for _, group in self._pending for s in group] + self._waiting
+        samples = [s for s in self._slots if s is not None] + self._turns.samples()
         return (
-            {s.request.request_id for s in samples}
-            | set(self._held)
-            | {r.request_id for r in self._requests}
+            {s.request.request_id for s in samples} | self._backlog.request_ids() | set(self._held)
         )
 
     def abort(self, request_id: int) -> None:
@@ -259,11 +229,9 @@ class Sampler(Conversations):
             if s is not None:
                 self.engine.free_resource(slot)
                 self._slots[slot] = None
-        self._queue.clear()
-        self._pending.clear()
-        self._requests.clear()
+        self._turns.clear()
+        self._backlog.clear()
         self._held.clear()
-        self._waiting.clear()
         return running
 
     def close(self) -> None:
@@ -278,27 +246,22 @@ class Sampler(Conversations):
         self._slots[slot] = None
         self._route(s, front=front)
 
+    def _route(self, s: Sample, *, front: bool = False) -> None:
+        """A sample without a slot: back to the backlog, or to wait for its env."""
+        if s.future is not None:
+            self._turns.wait_without_slot(s)
+        else:
+            self._backlog.add_resumed(s, front=front)
+
     # -- the loop ---------------------------------------------------------------------------
 
     def _prefill(self, batch: list[list[Sample]], finished: list[Trajectory]) -> None:
         """Prefill each sample list's shared prompt + tokens so far, in one engine call.
 
-        Draws each sample's next token and records it; the samples still running go to
-        ``_pending`` with their prefix (the ones that finished on this token to ``finished``).
+        Draws each sample's next token and records it; the samples still running go to the
+        backlog with their prefix (the ones that finished on this token to ``finished``).
         """
-        requests = []
-        for samples in batch:
-            first = samples[0]
-            seeds = [_sample_seed(s.request.seed, s.index) for s in samples]
-            requests.append(
-                PrefillRequest(
-                    list(first.request.prompt_tokens) + first.tokens,
-                    len(samples),
-                    _keys(seeds),
-                    first.request.sampling,
-                    step=len(first.tokens),  # a resumed sample continues its stream
-                )
-            )
+        requests = [prefill_request(samples) for samples in batch]
         if len(requests) == 1:
             r = requests[0]
             out = [
@@ -318,47 +281,27 @@ class Sampler(Conversations):
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += sum(len(r.tokens) for r in requests)
         for samples, (prefix, result) in zip(batch, out, strict=True):
-            keep = self._record(samples, result.convert_to_numpy(), range(len(samples)), finished)
-            # A conversation whose turn ended on its first token waits without a slot.
-            self._waiting.extend(s for s in samples if s.future is not None)
+            keep, turn_ended = self._recorder.record(
+                samples, result.convert_to_numpy(), range(len(samples)), self.version, finished
+            )
+            for s in turn_ended:  # its turn ended on its first token: it waits without a slot
+                self._turns.end_turn(s)
+                self._turns.wait_without_slot(s)
             if keep:
                 running = [samples[i] for i in keep]
                 if len(keep) != prefix.num_samples:
                     prefix = prefix.select(keep)
-                self._pending.append((prefix, running))
-
-    def _record(self, samples, result: ResultTokens, rows, finished) -> list[int]:
-        """Append each valid row's token to its sample; returns the indices still running.
-
-        A conversation whose turn ended is neither running nor finished: it asks its env for
-        the next turn and waits (``future`` set)."""
-        tokens, valid, logprobs = result.tokens, result.valid, result.logprobs
-        running = []
-        for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
-            if not valid[row]:
-                running.append(i)
-                continue
-            token = int(tokens[row])
-            s.tokens.append(token)
-            s.logprobs.append(float(logprobs[row]))
-            s.versions.append(self.version)
-            if s.turns is not None:
-                s.loss_mask.append(1)
-            self.stats["tokens"] += 1
-            reason = self._finish_reason(s, token)
-            if reason == FINISH_STOP and s.turns is not None:
-                self._end_turn(s)
-            elif reason:
-                finished.append(s.to_trajectory(reason))
-            else:
-                running.append(i)
-        return running
+                self._backlog.add_prefilled(prefix, running)
 
     def _fill_slots(self, finished: list[Trajectory]) -> None:
         if self._staged is not None and self.swap_mode == "drain":
             return
         while True:
-            free = [slot for slot, s in enumerate(self._slots) if s is None]
+            free = [
+                slot
+                for slot, s in enumerate(self._slots)
+                if s is None and not self._turns.holds(slot)
+            ]
             nxt = self._next_batch(free, finished) if free else None
             if nxt is None:
                 return
@@ -367,64 +310,30 @@ class Sampler(Conversations):
             try:
                 self.state = self.engine.bulk_insert(prefix, self.state, slots)
             except OutOfPages:
-                self._pending.appendleft((prefix, samples))
+                self._backlog.put_back(prefix, samples)
                 return
             for slot, s in zip(slots, samples, strict=True):
                 s.order = next(self._order)
                 self._slots[slot] = s
 
-    def _next_batch(self, free: list[int], finished) -> tuple[Prefix, list[Sample]] | None:
+    def _next_batch(
+        self, free: list[int], finished: list[Trajectory]
+    ) -> tuple[Prefix, list[Sample]] | None:
         """Running samples that share one prefix and fit free slots of their home: the first
-        waiting group's with room, or one resumed sample with its own prefix."""
+        prefilled group with room, else the next prompts the backlog gives, prefilled."""
         while True:
-            for i, (prefix, samples) in enumerate(self._pending):
-                room = len(self.homes.usable(samples[0].request.home, free))
-                if not room:
-                    continue
-                del self._pending[i]
-                if len(samples) > room:
-                    rest = list(range(room, len(samples)))
-                    self._pending.insert(i, (prefix.select(rest), samples[room:]))
-                    prefix, samples = prefix.select(list(range(room))), samples[:room]
-                return prefix, samples
-            batch = self._take_prompts(free)
+            group = self._backlog.group_for(free)
+            if group is not None:
+                return group
+            batch = self._backlog.take_prompts(free)
             if not batch:
                 return None
             self._prefill(batch, finished)
 
-    def _take_prompts(self, free: list[int]) -> list[list[Sample]]:
-        """The next prompts to prefill together: resumed samples first (each its own prompt),
-        then new groups; at least one, then more while their samples fit the free slots of
-        their homes. One whose home has no free slot waits without holding up the others."""
-        left = self.homes.rooms(free)
-        batch: list[list[Sample]] = []
-        for source in (self._queue, self._requests):
-            i = 0
-            while i < len(source) and len(batch) < self.engine.sampling_cfg.prefill_batch:
-                item = source[i]
-                if isinstance(item, Sample):  # resumed: one sample, its own prompt
-                    samples = [item]
-                else:
-                    samples = [Sample(item, k) for k in range(item.num_samples)]
-                home = self.homes.key(samples[0].request.home)
-                if not left.get(home):
-                    if not any(left.values()):
-                        return batch
-                    i += 1
-                    continue
-                if batch and len(samples) > left[home]:
-                    return batch
-                del source[i]
-                batch.append(samples)
-                left[home] -= min(len(samples), left[home])
-                if home is not None:
-                    left[None] -= min(len(samples), left[None])
-        return batch
-
     def _preempt_youngest(self) -> None:
         """Free pages: the youngest conversation waiting for its env, else the youngest
         decoding sample."""
-        if self._preempt_waiting():
+        if self._turns.preempt():
             return
         busy = [(s.order, slot) for slot, s in self._decoding()]
         _, slot = max(busy)
@@ -455,24 +364,21 @@ class Sampler(Conversations):
         result = result.convert_to_numpy()
         busy = self._decoding()
         done: list[Trajectory] = []
-        running = self._record([s for _, s in busy], result, [slot for slot, _ in busy], done)
+        running, turn_ended = self._recorder.record(
+            [s for _, s in busy], result, [slot for slot, _ in busy], self.version, done
+        )
+        for s in turn_ended:
+            self._turns.end_turn(s)
         still = {busy[i][0] for i in running}
         for slot, s in busy:
-            if slot not in still:
-                self._park_turn(slot, s)
-        self.stats["conversations_waiting"] = self.waiting_conversations
+            if slot not in still:  # finished, or waiting for its env
+                self._slots[slot] = None
+                if s.future is None:
+                    self.engine.free_resource(slot)
+                else:
+                    self._turns.park(slot, s)
+        self.stats["conversations_waiting"] = self._turns.waiting
         return finished + done
-
-    def _finish_reason(self, s: Sample, token: int) -> str | None:
-        if token in self.stop_ids:
-            return FINISH_STOP
-        if self.stop_strings and self.detokenize is not None:  # __init__ checked it is given
-            text = self.detokenize(s.tokens[s.turn_start :])  # this turn's (one turn's all)
-            if any(stop in text for stop in self.stop_strings):
-                return FINISH_STOP
-        if len(s.tokens) >= s.budget:
-            return FINISH_LENGTH
-        return None
 
     def run(self, requests: Sequence[Request] = ()) -> list[Trajectory]:
         """Submit ``requests`` and step until everything queued has finished."""
@@ -482,13 +388,54 @@ class Sampler(Conversations):
             out.extend(self.step())
         return out
 
+    # -- conversations ----------------------------------------------------------------------
 
-def _keys(seeds: Sequence[int]) -> jax.Array:
-    """One PRNG key per seed, for prefill_multisampling's ``rng``."""
-    return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+    @property
+    def waiting_conversations(self) -> int:
+        """Conversations waiting for their env (holding a slot or not)."""
+        return self._turns.waiting
 
+    def ready_turns(self) -> list[TurnAnswer]:
+        """The env answers the next step applies: every waiting conversation whose future is
+        done, in the order the step continues them (none while a drain swap holds them). Staged
+        params are applied first if due, as the step would: which turns may continue depends
+        on it. Never blocks; a future that raised (the Turns contract says never) gives None,
+        counted as ``turn_errors``."""
+        self._apply_staged()
+        if self._turns_held():
+            return []
+        return self._turns.ready()
 
-def _sample_seed(seed: int, index: int) -> int:
-    """A per-sample seed, independent of which slot or batch the sample lands in; a resumed
-    sample keeps it (its tokens are drawn at their steps of the one stream)."""
-    return (seed * 1_000_003 + index * 7919) % (2**31 - 1)
+    def wait_for_turns(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for an env to answer when a step could do nothing else
+        (every sample here waits for its env, none has answered); else return at once."""
+        if self._decoding() or self._backlog:
+            return
+        self._turns.wait(timeout_s)
+
+    def _decoding(self) -> list[tuple[int, Sample]]:
+        """The slots the engine decodes now (a waiting conversation's slot is paused)."""
+        return [(slot, s) for slot, s in enumerate(self._slots) if s is not None]
+
+    def _turns_held(self) -> bool:
+        """Whether answered turns wait for a drain swap (they continue under the new params)."""
+        return self._staged is not None and self.swap_mode == "drain"
+
+    def _poll_turns(
+        self, finished: list[Trajectory], answers: Sequence[TurnAnswer] | None = None
+    ) -> None:
+        """Continue or end every conversation ``answers`` answers (None: this sampler's own
+        :meth:`ready_turns`), in their order; never blocks."""
+        if answers is None:
+            answers = self.ready_turns()
+        if answers and self._turns_held():
+            raise RuntimeError(
+                f"{len(answers)} env answers given while a drain swap holds every turn: this "
+                "sampler's state is not the one that took them (a pod's samplers diverged)"
+            )
+        self.state, decoding = self._turns.apply(
+            answers, self.params, self.state, self.version, finished
+        )
+        for slot, s in decoding:
+            self._slots[slot] = s
+        self.stats["conversations_waiting"] = self._turns.waiting

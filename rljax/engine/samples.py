@@ -10,16 +10,20 @@ own :class:`Turns` (the environment as the Sampler sees it). When a model turn e
 token), the Sampler asks it for the next turn's tokens and, while it waits, decodes other
 slots. The trajectory's response then holds model and env tokens interleaved; ``loss_mask``
 tells them apart (env tokens: log-prob 0.0, version :data:`ENV_VERSION`).
+
+A :class:`Recorder` holds the stop rules: it appends each sampled token to its sample and
+tells which samples go on, which finished and which conversations ended a model turn.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from rljax.engine.state import SlotSampling
+from rljax.engine.state import ResultTokens, SlotSampling
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -63,6 +67,25 @@ class Request:
     # A conversation: called once per sample (argument: the sample index) when the sample is
     # made; None: single-turn.
     turns: Callable[[int], Turns] | None = None
+
+    def check(self, max_prefill_length: int, budget: int) -> None:
+        """Raise ValueError unless an engine whose prompts hold up to ``max_prefill_length``
+        tokens and responses up to ``budget`` (``sampling.max_new_tokens``) can serve this."""
+        n = len(self.prompt_tokens)
+        if n == 0:
+            raise ValueError("a request's prompt_tokens is empty; give at least one token")
+        if n > max_prefill_length:
+            raise ValueError(
+                f"prompt of {n} tokens is longer than sampling.max_prefill_length="
+                f"{max_prefill_length}; raise it or truncate the prompt"
+            )
+        if self.max_new_tokens is not None and not 0 < self.max_new_tokens <= budget:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens} must be in [1, {budget}] "
+                "(sampling.max_new_tokens bounds the KV cache)"
+            )
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples={self.num_samples} must be >= 1")
 
 
 @dataclasses.dataclass
@@ -143,3 +166,72 @@ class Sample:
             t.env_reward = float(self.turns.reward)
             t.env_info = dict(self.turns.info)
         return t
+
+
+class Recorder:
+    """Appends sampled tokens to their samples and tells which go on: the stop rules.
+
+    ``stop_ids`` and ``stop_strings`` (read by ``detokenize`` from the current turn's tokens)
+    end a sample with :data:`FINISH_STOP`; its budget (``max_new_tokens``) with
+    :data:`FINISH_LENGTH`. ``stats``: the Sampler's counters (``tokens``), shared on purpose.
+    """
+
+    def __init__(
+        self,
+        stop_ids: Sequence[int],
+        stop_strings: Sequence[str],
+        detokenize: Callable[[list[int]], str] | None,
+        stats: collections.Counter[str],
+    ):
+        if stop_strings and detokenize is None:
+            raise ValueError("stop_strings need a detokenize function to read the text")
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.stop_strings = tuple(stop_strings)
+        self.detokenize = detokenize
+        self._stats = stats
+
+    def record(
+        self,
+        samples: Sequence[Sample],
+        result: ResultTokens,
+        rows: Sequence[int],
+        version: int,
+        finished: list[Trajectory],
+    ) -> tuple[list[int], list[Sample]]:
+        """Append each valid row's token (drawn by params ``version``) to its sample.
+
+        Returns the indices of the samples still running, and the conversations whose model
+        turn ended (neither running nor finished: their env is asked next). The samples that
+        finished go to ``finished``."""
+        tokens, valid, logprobs = result.tokens, result.valid, result.logprobs
+        running, turn_ended = [], []
+        for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
+            if not valid[row]:
+                running.append(i)
+                continue
+            token = int(tokens[row])
+            s.tokens.append(token)
+            s.logprobs.append(float(logprobs[row]))
+            s.versions.append(version)
+            if s.turns is not None:
+                s.loss_mask.append(1)
+            self._stats["tokens"] += 1
+            reason = self._finish_reason(s, token)
+            if reason == FINISH_STOP and s.turns is not None:
+                turn_ended.append(s)
+            elif reason:
+                finished.append(s.to_trajectory(reason))
+            else:
+                running.append(i)
+        return running, turn_ended
+
+    def _finish_reason(self, s: Sample, token: int) -> str | None:
+        if token in self.stop_ids:
+            return FINISH_STOP
+        if self.stop_strings and self.detokenize is not None:  # __init__ checked it is given
+            text = self.detokenize(s.tokens[s.turn_start :])  # this turn's (one turn's all)
+            if any(stop in text for stop in self.stop_strings):
+                return FINISH_STOP
+        if len(s.tokens) >= s.budget:
+            return FINISH_LENGTH
+        return None

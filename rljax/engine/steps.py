@@ -1,6 +1,6 @@
 """The engine's compiled device steps: empty state, prefill, insert and generate.
 
-Built once per :class:`~rljax.engine.engine.Engine` by :func:`build_steps`; the engine does
+Built once per :class:`~rljax.engine.paged.PagedEngine` by :func:`build_steps`; the engine does
 the host bookkeeping (pages, slots, locks) around them. Every sampled token comes with the
 log-prob of the distribution it was drawn from (:mod:`rljax.engine.sampling`), or, with a
 caller's ``sampler``, ``log_softmax(logits)`` at the token it picked.
@@ -69,7 +69,7 @@ class Steps:
 def build_steps(engine) -> Steps:
     """Jit ``engine``'s device steps with its shardings (see Engine for the layout)."""
     state_sh = engine.decode_state_shardings()
-    rep = engine._replicated()
+    rep = engine.replicated()
     max_seq_len = engine.max_seq_len
 
     generates: dict = {}
@@ -97,9 +97,9 @@ def build_steps(engine) -> Steps:
 
 def _prefill_step(engine):
     """One prompt's prefill, its outputs placed where a Prefix lives."""
-    prefix_sh, rep = engine.get_prefix_destination_sharding(), engine._replicated()
+    prefix_sh, rep = engine.get_prefix_destination_sharding(), engine.replicated()
     model_of = engine.layout.model  # the decoder over the weights in the engine's layout
-    shard = (engine.mesh, engine._rules)
+    shard = (engine.mesh, engine.rules)
 
     @functools.partial(
         jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
@@ -138,9 +138,9 @@ def _prefill_step(engine):
 
 def _prefill_many_step(engine):
     """N prompts' prefill in one forward pass, its outputs placed where a Prefix lives."""
-    prefix_sh, rep = engine.get_prefix_destination_sharding(), engine._replicated()
+    prefix_sh, rep = engine.get_prefix_destination_sharding(), engine.replicated()
     model_of = engine.layout.model  # the decoder over the weights in the engine's layout
-    shard = (engine.mesh, engine._rules)
+    shard = (engine.mesh, engine.rules)
 
     # A Sharding given for a tuple output applies to each of its arrays.
     @functools.partial(
@@ -251,7 +251,7 @@ def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
             state.v_pages,
             jnp.where(live[:, None], state.page_table, 0),
             impl=engine.impl,
-            sharding=(engine.mesh, engine._rules),
+            sharding=(engine.mesh, engine.rules),
             kv_shards=engine.kv_shards,
         )
         tokens, logprobs = draw(
@@ -292,7 +292,7 @@ def _extend_step(engine, state_sh, rep, sampler):
     # global page ids, which GSPMD partitions.
     one_shard = engine.kv_shards == 1
     impl = engine.impl if one_shard else "xla"
-    shard = (engine.mesh, engine._rules) if one_shard else None
+    shard = (engine.mesh, engine.rules) if one_shard else None
 
     @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
     def extend(params, state, tokens_c, n, start, row_m, slot, step):

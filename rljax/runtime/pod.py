@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from rljax.config import ConfigError
-from rljax.engine.engine import Engine, SlotSampling
+from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.engine.samples import Turns
+from rljax.engine.state import SlotSampling
 from rljax.mesh.control import Channel
 from rljax.mesh.topology import Topology
 from rljax.mesh.weight_sync import HISTORY, SyncStats
@@ -303,7 +304,7 @@ class PodSampler:
         return self.real.kv_tokens
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> PagedEngine:
         return self.real.engine
 
     @property

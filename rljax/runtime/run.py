@@ -27,8 +27,9 @@ from rljax import io
 from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, RunConfig
 from rljax.data.tasks import Answer, check_prompts, encode_prompt, load_task
-from rljax.engine.engine import Engine, SlotSampling
+from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Trajectory
+from rljax.engine.state import SlotSampling
 from rljax.envs.base import Env
 from rljax.envs.conversation import Conversations
 from rljax.learner.advantages import group_advantages, resolve_scale
@@ -79,7 +80,7 @@ class Run:
     scorer: ScorerPart
     resizer: Resizer
     batches: Callable[[list[Group]], Any]  # what the driver's learner steps on, from groups
-    engine: Engine | None
+    engine: PagedEngine | None
     sampler: Any  # a SamplerPart (rljax.runtime.parts)
     learner: Any  # a LearnerPart
     weight_sync: Any  # a WeightSyncPart
@@ -179,11 +180,13 @@ class Run:
             # A run killed before its first checkpoint starts afresh, and so do its metrics.
             self.metrics.rewind(0)
 
-    def build_engine(self, mesh) -> Engine:
+    def build_engine(self, mesh) -> PagedEngine:
         """The engine of this run's sampler on ``mesh``."""
         cfg = self.cfg
         model_cfg, graphdef = self.sampler_model
-        return Engine(model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=cfg.lora)
+        return PagedEngine(
+            model_cfg, cfg.sampling, mesh, graphdef, impl=cfg.kernel_impl, lora=cfg.lora
+        )
 
     # -- pieces -----------------------------------------------------------------------------
 

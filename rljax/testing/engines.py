@@ -12,6 +12,7 @@ from flax import nnx
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.engine import Engine
+from rljax.engine.paged import PagedEngine
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
 from rljax.testing.configs import TINY_MODEL
@@ -19,16 +20,19 @@ from rljax.testing.configs import TINY_MODEL
 
 @dataclasses.dataclass
 class TinyEngine:
-    """An Engine over a randomly initialised tiny model, plus a reference greedy decoder.
+    """An engine over a randomly initialised tiny model, plus a reference greedy decoder.
 
-    ``params`` is what the engine serves (in its ``weights_layout``); ``state`` the same
-    weights as the Decoder's params state, which the reference decodes from.
+    ``engine`` is the native engine (what a Sampler drives), ``jetstream`` the JetStream
+    ``Engine`` over that same engine. ``params`` is what the engine serves (in its
+    ``weights_layout``); ``state`` the same weights as the Decoder's params state, which the
+    reference decodes from.
     """
 
-    engine: Engine
+    engine: PagedEngine
     graphdef: nnx.GraphDef
     params: object
     state: nnx.State
+    jetstream: Engine
 
     def next_logits(self, seq: list[int]) -> np.ndarray:
         """Logits [V] after ``seq``, by a full forward pass over the whole sequence."""
@@ -77,5 +81,6 @@ def tiny_engine(
     devices = list(devices or jax.devices()[:1])
     mesh = make_mesh(devices, {"data": data, "tensor": -1})
     graphdef, params = init_sharded(model, mesh, SAMPLER_RULES, seed)
-    engine = Engine(model, cfg, mesh, graphdef, impl=impl)
-    return TinyEngine(engine, graphdef, engine.load_params(params), params)
+    jetstream = Engine(model, cfg, mesh, graphdef, impl=impl)
+    engine = jetstream.native
+    return TinyEngine(engine, graphdef, engine.load_params(params), params, jetstream)

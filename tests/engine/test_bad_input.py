@@ -17,11 +17,11 @@ def tiny():
 @pytest.fixture
 def armed(tiny):
     """A fresh decode state with slot 1 busy (a 5-token prompt), and the free page count."""
-    eng = tiny.engine
+    eng = tiny.jetstream
     state = eng.init_decode_state()
     prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 6), true_length=5)
     state = eng.insert(prefix, state, 1)
-    return eng, state, prefix, eng.free_pages
+    return eng, state, prefix, eng.native.pages.free_pages
 
 
 def _raises(exc, match, fn, *args, **kwargs):
@@ -33,12 +33,14 @@ def _raises(exc, match, fn, *args, **kwargs):
 def test_inserting_into_a_busy_slot(armed):
     eng, state, prefix, free = armed
     _raises(ValueError, r"slot 1 is busy; free_resource\(1\)", eng.insert, prefix, state, 1)
-    assert eng.free_pages == free
+    assert eng.native.pages.free_pages == free
     _raises(ValueError, r"slot 1 is busy", eng.bulk_insert, prefix, state, [0, 1])
-    assert eng.free_pages == free and not eng.pages.active[0]  # slot 0 took nothing either
+    assert (
+        eng.native.pages.free_pages == free and not eng.native.pages.active[0]
+    )  # slot 0 took nothing either
     eng.free_resource(1)
     state = eng.insert(prefix, state, 1)  # freed: the slot takes a prefix again
-    assert eng.free_pages == free
+    assert eng.native.pages.free_pages == free
 
 
 @pytest.mark.parametrize("slot", [4, -1, 99])
@@ -46,12 +48,12 @@ def test_a_slot_index_out_of_range(armed, slot):
     eng, state, prefix, free = armed
     _raises(ValueError, rf"slot {slot} is out of range \[0, 4\)", eng.insert, prefix, state, slot)
     _raises(ValueError, rf"slot {slot} is out of range \[0, 4\)", eng.free_resource, slot)
-    assert eng.free_pages == free
+    assert eng.native.pages.free_pages == free
 
 
 def test_a_prompt_longer_than_the_largest_bucket(armed, tiny):
     eng, _, _, free = armed
-    n = eng.buckets[-1] + 1
+    n = eng.native.buckets[-1] + 1
     _raises(
         ValueError,
         rf"sequence of {n} tokens exceeds the largest prefill bucket {n - 1}",
@@ -68,22 +70,24 @@ def test_a_prompt_longer_than_the_largest_bucket(armed, tiny):
         padded_tokens=np.ones(8, np.int32),
         true_length=9,
     )
-    assert eng.free_pages == free
+    assert eng.native.pages.free_pages == free
 
 
 def test_stepping_a_finished_slot_reports_invalid_and_takes_no_page(armed, tiny):
     """A slot at max_seq_len is finished: generate marks it invalid (JetStream's orchestrator
     steps it until its detokenize thread frees it) and takes no page for it."""
     eng, state, _, _ = armed
-    for _ in range(eng.max_seq_len - 5):  # 5 cached: fill slot 1 to max_seq_len
+    for _ in range(eng.native.max_seq_len - 5):  # 5 cached: fill slot 1 to max_seq_len
         state, result = eng.generate(tiny.params, state)
-    assert eng.slot_length(1) == eng.max_seq_len
-    free = eng.free_pages
+    assert eng.native.slot_length(1) == eng.native.max_seq_len
+    free = eng.native.pages.free_pages
     state, result = eng.generate(tiny.params, state)
     assert not result.convert_to_numpy().valid[1]
-    assert eng.free_pages == free and eng.slot_length(1) == eng.max_seq_len
+    assert (
+        eng.native.pages.free_pages == free and eng.native.slot_length(1) == eng.native.max_seq_len
+    )
     eng.free_resource(1)
-    assert eng.free_pages == eng.num_pages - 1
+    assert eng.native.pages.free_pages == eng.native.num_pages - 1
 
 
 def test_prefix_and_slot_count_mismatch(armed, tiny):
@@ -103,25 +107,27 @@ def test_prefix_and_slot_count_mismatch(armed, tiny):
         padded_tokens=np.arange(1, 4),
         true_length=3,
     )
-    assert eng.free_pages == free
+    assert eng.native.pages.free_pages == free
 
 
 def test_out_of_pages_on_insert_takes_nothing():
     tiny = tiny_engine(num_pages=3, max_concurrent_decodes=2)
-    eng = tiny.engine
+    eng = tiny.jetstream
     state = eng.init_decode_state()
     prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 13), true_length=12)
-    free = eng.free_pages
+    free = eng.native.pages.free_pages
     with pytest.raises(OutOfPages):
         eng.insert(prefix, state, 0)
-    assert eng.free_pages == free and not eng.pages.active.any()
+    assert eng.native.pages.free_pages == free and not eng.native.pages.active.any()
 
 
 def test_tokenizer_files_missing(tiny, tmp_path):
     e = tiny.engine
     build = lambda tok: Engine(e.model_cfg, e.sampling_cfg, e.mesh, tiny.graphdef, tokenizer=tok)  # noqa: E731
     _raises(
-        ValueError, r"no tokenizer; build it with Engine\(..., tokenizer=PATH\)", e.get_tokenizer
+        ValueError,
+        r"no tokenizer; build it with Engine\(..., tokenizer=PATH\)",
+        tiny.jetstream.get_tokenizer,
     )
     missing = build(tmp_path / "nowhere")
     _raises(
@@ -147,4 +153,4 @@ def test_tokenizer_files_missing(tiny, tmp_path):
 
 
 def test_load_params_needs_params(tiny):
-    _raises(ValueError, r"load_params\(\) needs the params to serve", tiny.engine.load_params)
+    _raises(ValueError, r"load_params\(\) needs the params to serve", tiny.jetstream.load_params)

@@ -39,11 +39,11 @@ def tiny(tmp_path_factory):
     base = tiny_engine(temperature=0.0)
     e = base.engine
     eng = Engine(e.model_cfg, e.sampling_cfg, e.mesh, base.graphdef, tokenizer=path)
-    return TinyEngine(eng, base.graphdef, eng.load_params(base.state), base.state)
+    return TinyEngine(eng.native, base.graphdef, eng.load_params(base.state), base.state, eng)
 
 
 def _check_greedy(tiny, requests):
-    tok = tiny.engine.build_tokenizer(tiny.engine.get_tokenizer())
+    tok = tiny.jetstream.build_tokenizer(tiny.jetstream.get_tokenizer())
     for r in requests:
         for tokens, text in zip(r.samples, r.texts, strict=True):
             assert 1 <= len(tokens) <= r.max_tokens
@@ -57,7 +57,7 @@ def _check_greedy(tiny, requests):
 def test_orchestrator_style_threads_decode_like_full_recompute(tiny, multi_sampling):
     """prefill thread -> transfer -> insert -> generate thread -> detokenize; 10 requests on
     4 slots, so slots are reused through free_resource."""
-    eng = tiny.engine
+    eng = tiny.jetstream
     texts = ["12+7=", "3*4=", "9-5=", "1+1=", "77-8=", "6*6=", "0+0=", "45+5=", "8*9=", "2-2="]
     requests = [
         Request(t, max_tokens=3 + i % 9, num_samples=1 + (i % 3 if multi_sampling else 0))
@@ -66,8 +66,10 @@ def test_orchestrator_style_threads_decode_like_full_recompute(tiny, multi_sampl
     harness = Harness(eng, tiny.params, multi_sampling=multi_sampling)
     _check_greedy(tiny, harness.run(requests))
     assert max(harness.inserts.values()) >= 2  # freed slots were reused
-    assert eng.free_pages == eng.num_pages - eng.kv_shards  # every page came back
-    assert not eng.pages.active.any()
+    assert (
+        eng.native.pages.free_pages == eng.native.num_pages - eng.native.kv_shards
+    )  # every page came back
+    assert not eng.native.pages.active.any()
 
 
 def _import_orchestrator():
@@ -93,7 +95,7 @@ def test_jetstream_orchestrator_drives_the_engine(tiny, multi_sampling):
     import asyncio
 
     orchestrator, async_multifuture = _import_orchestrator()
-    eng = tiny.engine
+    eng = tiny.jetstream
     texts = ["12+7=", "3*4=", "9-5=", "1+1=", "77-8=", "6*6="]
     driver = orchestrator.Driver(
         prefill_engines=[eng],
@@ -137,7 +139,7 @@ def test_jetstream_orchestrator_drives_the_engine(tiny, multi_sampling):
         for tokens in samples:
             assert 1 <= len(tokens) <= 4 + i
             assert tokens == tiny.greedy_reference(prompt, len(tokens))
-    assert eng.free_pages == eng.num_pages - eng.kv_shards
+    assert eng.native.pages.free_pages == eng.native.num_pages - eng.native.kv_shards
 
 
 # -- the API's shape, read from JetStream's own files -------------------------------------
@@ -172,7 +174,7 @@ def _check_signature(ours, theirs: ast.FunctionDef):
 
 
 def test_every_engine_api_member_exists_with_jetstream_signature(tiny):
-    eng = tiny.engine
+    eng = tiny.jetstream
     for name, fn in _api_methods("engine_api.py", "Engine").items():
         member = inspect.getattr_static(Engine, name)
         if isinstance(member, property):
@@ -186,7 +188,7 @@ def test_result_tokens_and_tokenizer_have_jetstream_members(tiny):
         assert callable(getattr(ResultTokens, name)), name
     for name in ("data", "tokens_idx", "valid_idx", "length_idx", "samples_per_slot", "log_prob"):
         assert name in ResultTokens.__dataclass_fields__, name
-    tok = tiny.engine.build_tokenizer(tiny.engine.get_tokenizer())
+    tok = tiny.jetstream.build_tokenizer(tiny.jetstream.get_tokenizer())
     for name, fn in _api_methods("tokenizer_api.py", "Tokenizer").items():
         if isinstance(inspect.getattr_static(EngineTokenizer, name), property):
             assert isinstance(getattr(tok, name), int | set), name
@@ -201,7 +203,7 @@ def test_prefill_multisampling_draws_each_first_token_from_its_own_key():
     """Sample i of a multisampling prefill, bulk-inserted into any slot, decodes exactly as a
     one-sample prefill with key i inserted alone."""
     tiny = tiny_engine(temperature=1.0)
-    eng, prompt = tiny.engine, np.array([1, 4, 6, 2, 3], np.int32)
+    eng, prompt = tiny.jetstream, np.array([1, 4, 6, 2, 3], np.int32)
     keys = jax.random.split(jax.random.key(3), 4)
     args = dict(params=tiny.params, padded_tokens=prompt, true_length=5)
     prefix, first = eng.prefill_multisampling(**args, rng=keys, num_samples=4)
@@ -250,7 +252,7 @@ def test_registers_with_jetstream_abcs_once_the_caller_imported_them(tiny, monke
     api.ResultTokens = type("ResultTokens", (abc.ABC,), {})
     api.Engine = type("Engine", (abc.ABC,), {})
     monkeypatch.setitem(sys.modules, "jetstream.engine.engine_api", api)
-    eng = tiny.engine
+    eng = tiny.jetstream
     _, first = eng.prefill(params=tiny.params, padded_tokens=np.array([1, 2]), true_length=2)
     assert isinstance(first, api.ResultTokens) and isinstance(eng, api.Engine)
 
@@ -260,11 +262,11 @@ def test_insert_waits_for_a_free_resource_already_on_its_way(tiny):
     free_resource(slot); an insert racing it waits for that free instead of failing."""
     import threading
 
-    eng = tiny.engine
+    eng = tiny.jetstream
     state = eng.init_decode_state()
     prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 6), true_length=5)
     state = eng.insert(prefix, state, 1)
-    free = eng.free_pages
+    free = eng.native.pages.free_pages
     waiting = threading.Event()
 
     class Announcing(threading.Condition):
@@ -272,15 +274,15 @@ def test_insert_waits_for_a_free_resource_already_on_its_way(tiny):
             waiting.set()  # insert found slot 1 busy and is about to wait
             return super().wait_for(predicate, timeout=None)
 
-    eng._freed = Announcing(eng._lock)
+    eng.native._freed = Announcing(eng.native._lock)
     freer = threading.Thread(target=lambda: (waiting.wait(), eng.free_resource(1)))
     freer.start()
     try:
         state = eng.insert(prefix, state, 1)
     finally:
         freer.join()
-        eng._freed = threading.Condition(eng._lock)
-    assert eng.free_pages == free and eng.pages.active[1]
+        eng.native._freed = threading.Condition(eng.native._lock)
+    assert eng.native.pages.free_pages == free and eng.native.pages.active[1]
     eng.free_resource(1)
 
 
@@ -290,7 +292,7 @@ def _argmin(logits):
 
 def test_a_callers_sampler_picks_the_tokens_and_log_probs_follow_it(tiny):
     """JetStream's optional ``sampler``: logits [rows, V] -> tokens; log_prob is the model's."""
-    eng, prompt = tiny.engine, [3, 1, 4, 1, 5]
+    eng, prompt = tiny.jetstream, [3, 1, 4, 1, 5]
     args = dict(params=tiny.params, padded_tokens=np.array(prompt), true_length=5)
     prefix, first = eng.prefill(**args, sampler=_argmin)
     state = eng.insert(prefix, eng.init_decode_state(), 0)

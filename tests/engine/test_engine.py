@@ -42,7 +42,7 @@ def test_greedy_continuous_batching_equals_full_recompute(tiny):
 
 def test_prefill_draws_the_first_token_and_generate_continues(tiny):
     """prefill -> device_put to the prefix destination -> insert -> generate loop -> free."""
-    eng = tiny.engine
+    eng = tiny.jetstream
     state = eng.init_decode_state()
     prompt = [1, 5, 7, 9, 3]
     padded = np.zeros(8, np.int32)
@@ -61,19 +61,19 @@ def test_prefill_draws_the_first_token_and_generate_continues(tiny):
         assert not result.valid[[0, 1, 3]].any()
         out.append(int(got.tokens[0, 0]))
     eng.free_resource(2)
-    assert eng.free_pages == eng.num_pages - 1
+    assert eng.native.pages.free_pages == eng.native.num_pages - 1
     assert out == tiny.greedy_reference(prompt, 6)
 
 
 def test_engine_properties(tiny):
-    eng = tiny.engine
+    eng = tiny.jetstream
     assert eng.max_concurrent_decodes == 4
     assert eng.max_prefill_length == 16
     assert eng.samples_per_slot == 1
     assert eng.mesh.devices.size == 1
     assert eng.colocated_cpus is None
     assert eng.use_chunked_prefill is False
-    assert eng.prefill_chunk_size == eng.buckets[-1]
+    assert eng.prefill_chunk_size == eng.native.buckets[-1]
 
 
 def test_swapping_in_identical_params_changes_no_token_and_tags_versions(tiny):
@@ -148,7 +148,7 @@ def test_paged_pool_smaller_than_contiguous_caches_runs_to_completion():
 
 def test_out_of_pages_is_raised_by_insert():
     tiny = tiny_engine(num_pages=3, max_concurrent_decodes=2)
-    eng = tiny.engine
+    eng = tiny.jetstream
     state = eng.init_decode_state()
     prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 13), true_length=12)
     with pytest.raises(OutOfPages):
@@ -218,22 +218,22 @@ def test_per_request_filters_apply_to_their_own_slots_only(unfiltered):
 
 def test_a_full_slot_reports_invalid_tokens_and_takes_no_page(tiny):
     """JetStream's orchestrator steps a finished slot until it frees it: no error, no page."""
-    eng = tiny.engine
+    eng, native = tiny.jetstream, tiny.engine
     state = eng.init_decode_state()
     prefix, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 17), true_length=16)
     state = eng.insert(prefix, state, 1)
-    for _ in range(eng.max_seq_len - 16):  # 16 cached: fill the slot to max_seq_len
+    for _ in range(native.max_seq_len - 16):  # 16 cached: fill the slot to max_seq_len
         state, result = eng.generate(tiny.params, state)
         assert result.convert_to_numpy().valid[1]
-    assert eng.slot_length(1) == eng.max_seq_len == 28
-    free = eng.free_pages
+    assert native.slot_length(1) == native.max_seq_len == 28
+    free = native.pages.free_pages
     for _ in range(2):
         state, result = eng.generate(tiny.params, state)
         result = result.convert_to_numpy()
         assert not result.valid[1] and result.lengths[1] == 13  # 1 from prefill + 12
-    assert eng.free_pages == free and eng.slot_length(1) == 28
+    assert native.pages.free_pages == free and native.slot_length(1) == 28
     eng.free_resource(1)
-    assert eng.free_pages == eng.num_pages - 1
+    assert native.pages.free_pages == native.num_pages - 1
 
 
 def test_bad_requests_fail_with_clear_errors(tiny):
@@ -303,23 +303,23 @@ def test_kv_pool_sharded_over_data_decodes_like_full_recompute(impl):
     assert len(trajs) == 5
     for t in trajs:
         assert t.response_tokens == tiny.greedy_reference(t.prompt_tokens, len(t.response_tokens))
-    assert eng.free_pages == eng.num_pages - eng.kv_shards  # every shard got its pages back
+    assert eng.pages.free_pages == eng.num_pages - eng.kv_shards  # every shard got its pages back
 
 
 def test_sharded_pool_runs_out_of_pages_per_shard():
     """A slot grows from its own shard's pages only, even while another shard has some free."""
     tiny = tiny_engine(devices=jax.devices()[:2], data=2, num_pages=8, max_concurrent_decodes=2)
-    eng = tiny.engine
-    assert eng.kv_shards == 2 and eng.pages_per_shard == 4  # 3 usable pages per shard
+    eng, native = tiny.jetstream, tiny.engine
+    assert native.kv_shards == 2 and native.pages_per_shard == 4  # 3 usable pages per shard
     state = eng.init_decode_state()
     long, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 10), true_length=9)
     short, _ = eng.prefill(params=tiny.params, padded_tokens=np.arange(1, 3), true_length=2)
     state = eng.insert(long, state, 0)  # 9 cached tokens + the next: 3 pages of shard 0
     state = eng.insert(short, state, 1)  # 1 page of shard 1
-    assert [a.free_count for a in eng.allocators] == [0, 2]
+    assert [a.free_count for a in native.allocators] == [0, 2]
     for _ in range(3):  # slot 0 fills positions 9..11, its third page; slot 1 takes a second
         state, _ = eng.generate(tiny.params, state)
     with pytest.raises(OutOfPages) as exc:
         eng.generate(tiny.params, state)
     assert exc.value.slots == [0]
-    assert [a.free_count for a in eng.allocators] == [0, 1]  # shard 1's page cannot help
+    assert [a.free_count for a in native.allocators] == [0, 1]  # shard 1's page cannot help

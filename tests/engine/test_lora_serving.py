@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from rljax.config import LoRAConfig, SamplingConfig
-from rljax.engine.engine import Engine
+from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.engine.weights import lora_merged
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
@@ -36,7 +36,7 @@ def _adapted(mesh):
 def _sample(graphdef, params, mesh, layout, serving, requests):
     cfg = SamplingConfig(**SAMPLING, weights_layout=layout)
     lora = LoRAConfig(**{**vars(LORA), "serving": serving})
-    engine = Engine(TINY_MODEL, cfg, mesh, graphdef, lora=lora)
+    engine = PagedEngine(TINY_MODEL, cfg, mesh, graphdef, lora=lora)
     assert lora_merged(lora, mesh) == (serving == "merged")
     return Sampler(engine, engine.load_params(params)).run(requests)
 
@@ -55,7 +55,7 @@ def test_merged_and_unmerged_serving_sample_the_same(layout):
     plain = LoRAConfig(**{**vars(LORA), "enabled": False})
     cfg = SamplingConfig(**SAMPLING, weights_layout=layout)
     base_graphdef = init_sharded(TINY_MODEL, mesh, SAMPLER_RULES, 0)[0]
-    engine = Engine(TINY_MODEL, cfg, mesh, base_graphdef, lora=plain)
+    engine = PagedEngine(TINY_MODEL, cfg, mesh, base_graphdef, lora=plain)
     from_base = Sampler(engine, engine.load_params(base)).run(requests)
     assert [t.response_tokens for t in from_base] != [t.response_tokens for t in merged]
     # And the sampled log-probs are the adapted model's, by a full forward pass.

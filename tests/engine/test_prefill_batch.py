@@ -83,7 +83,7 @@ def test_warm_up_compiles_every_shape_once():
         max_new_tokens=4,
         max_concurrent_decodes=2,
     )
-    eng, steps = t.engine, t.engine._steps
+    eng, steps = t.engine, t.engine.steps
     shapes = warm_up(eng, t.params, num_samples=1)
     assert eng.buckets == (8, 12) and shapes == 2 * 2  # 1 and 2 prompts per call
     jitted = (steps.prefill, steps.prefill_many, steps.insert, steps.generate(None))
@@ -100,7 +100,7 @@ def test_warm_up_compiles_every_shape_once():
 
 def test_bad_batches_are_one_line_errors_and_take_no_page(sampled):
     eng, params = sampled.engine, sampled.params
-    free = eng.free_pages
+    free = eng.pages.free_pages
     cases = [
         ([PrefillRequest([1])] * 5, "more than sampling.prefill_batch=4"),
         ([PrefillRequest([1]), PrefillRequest([])], "request 1 has an empty prompt"),
@@ -112,6 +112,6 @@ def test_bad_batches_are_one_line_errors_and_take_no_page(sampled):
         with pytest.raises(ValueError, match=message) as err:
             eng.prefill_batch(params=params, requests=requests)
         assert "\n" not in str(err.value)
-        assert eng.free_pages == free
+        assert eng.pages.free_pages == free
     with pytest.raises(ConfigError, match="sampling.prefill_batch"):
         tiny_engine(prefill_batch=0)

@@ -74,8 +74,10 @@ def test_samples_take_only_their_home_s_slots(two_homes):
     tiny, homes = two_homes
     sampler = Sampler(tiny.engine, tiny.params, slot_homes=homes)
     prompts = [PROMPT, PROMPT[::-1], PROMPT[2:]]
-    requests = [Request(p, num_samples=2, max_new_tokens=5, home=h) for p, h in
-                zip(prompts, [0, 0, 1], strict=True)]
+    requests = [
+        Request(p, num_samples=2, max_new_tokens=5, home=h)
+        for p, h in zip(prompts, [0, 0, 1], strict=True)
+    ]
     ids = sampler.submit(requests)
     sampler.step()
     placed = _slot_homes(sampler)

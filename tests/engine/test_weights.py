@@ -25,7 +25,7 @@ def test_weights_in_another_layout_are_a_one_line_error(layout, other):
     mine, theirs = tiny_engine(weights_layout=layout), tiny_engine(weights_layout=other)
     assert isinstance(mine.params, SERVED_TYPE[layout])
     with pytest.raises(TypeError, match=rf"serves weights_layout='{layout}'") as exc:
-        mine.engine.prefill(params=theirs.params, padded_tokens=np.arange(1, 4), true_length=3)
+        mine.jetstream.prefill(params=theirs.params, padded_tokens=np.arange(1, 4), true_length=3)
     assert "\n" not in str(exc.value)
     with pytest.raises(TypeError, match=r"engine.load_params\(params\)"):
         mine.engine.generate(theirs.params, mine.engine.init_decode_state())

@@ -154,7 +154,7 @@ def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compile
     assert run.engines.builds == run.learners.builds == 1
     assert len(run.engines) == len(run.learners) == 2
     # Compiled once each, by the first 6/2 engine and learner, though used again after 4/4.
-    assert run.engine._steps.generate(None)._cache_size() == 1
+    assert run.engine.steps.generate(None)._cache_size() == 1
     assert run.learner._step_fn._cache_size() == 1
     resizes = _records(tmp_path / "resized", "resize")
     assert [(r["from"], r["to"], r["step"]) for r in resizes] == [
