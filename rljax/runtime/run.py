@@ -236,7 +236,8 @@ class Run:
         return rewards
 
     def evaluate(self, step: int, phase: str = "eval") -> float:
-        """Greedy accuracy on the held-out split."""
+        """Greedy accuracy on the held-out split. The record also holds each problem's reward
+        (``heldout_rewards``, in held-out order), so two evaluations can be compared pairwise."""
         self._lead("Run.evaluate")
         examples = self.heldout_examples[: self.cfg.eval_examples]
         latest = self.weight_sync.acquire()  # the driver's sampler swaps only when it generates
@@ -244,10 +245,14 @@ class Run:
             self.sampler.set_params(*latest)
         with self.timeline.span("eval"):
             requests = [self.make_request(ex, i, greedy=True) for i, ex in enumerate(examples)]
-            rewards = self.score(self.sampler.run(requests))
+            trajs = self.sampler.run(requests)  # in the order they finished
+            rewards = np.nan_to_num(self.score(trajs), nan=0.0)  # a failed reward is wrong
         self.env_metrics.skip(getattr(self.sampler, "stats", None))  # train steps' alone
-        acc = float(np.mean(np.nan_to_num(rewards, nan=0.0)))  # a failed reward is wrong
-        self.metrics.write(step, phase, {"heldout_accuracy": acc, "examples": len(examples)})
+        by_problem = np.zeros(len(examples))
+        by_problem[[t.group_id for t in trajs]] = rewards  # group_id: the request's index
+        acc = float(np.mean(rewards))
+        record = {"heldout_accuracy": acc, "examples": len(examples)}
+        self.metrics.write(step, phase, record | {"heldout_rewards": by_problem.tolist()})
         return acc
 
     def _pack(self, seqs: list[TrainSequence], aggregation: str):
