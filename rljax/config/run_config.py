@@ -5,7 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 from rljax.config.algorithm import BufferConfig, LearnerConfig, LoRAConfig, SFTConfig
-from rljax.config.checks import RUN_MODES, ConfigError, _fail, _one_of, _positive
+from rljax.config.checks import (
+    RUN_MODES,
+    ConfigError,
+    _fail,
+    _one_of,
+    _positive,
+    check_needs,
+    value_in,
+)
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -16,6 +24,10 @@ from rljax.config.sections import (
     RewardConfig,
     SamplingConfig,
 )
+from rljax.data.registry import TASKS
+from rljax.data.teachers import TEACHERS
+from rljax.learner.loss_names import LOSS_NEEDS
+from rljax.needs import NOTHING
 from rljax.policy.lending import LendingConfig
 from rljax.policy.reallocation import ReallocatorConfig
 
@@ -94,29 +106,7 @@ class RunConfig:
                 self.buffer.max_staleness,
                 "0 in sync mode (set mode='async' to train off-policy)",
             )
-        if self.sft.teacher == "drops_carries" and (
-            self.data.task != "arithmetic" or self.data.ops != "+"
-        ):
-            _fail(
-                "sft.teacher",
-                self.sft.teacher,
-                "'reference' unless data.task='arithmetic' and data.ops='+' (only sums carry)",
-            )
-        if self.sft.teacher == "looks_up_sometimes" and self.data.task != "arithmetic_lookup":
-            _fail(
-                "sft.teacher",
-                self.sft.teacher,
-                "'reference' unless data.task='arithmetic_lookup' (it looks an operand up)",
-            )
-        if self.sft.teacher == "calls_calculator_sometimes" and (
-            self.env.name != "tools" or self.data.task != "arithmetic" or self.data.ops != "*"
-        ):
-            _fail(
-                "sft.teacher",
-                self.sft.teacher,
-                "'reference' unless env.name='tools' and data.task='arithmetic' with "
-                "data.ops='*' (it asks the calculator for a product)",
-            )
+        self._check_needs()
         lr = self.learner
         updates = self.num_steps * lr.ppo_epochs
         if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:
@@ -161,3 +151,14 @@ class RunConfig:
                 self.sampling.max_concurrent_decodes,
                 f"at least learner.group_size={self.learner.group_size} (a group shares a prefill)",
             )
+
+    def _check_needs(self) -> None:
+        """What the chosen task, teacher and loss need of the other sections (``rljax.needs``),
+        declared by their registries and checked by one rule."""
+        value_of = value_in(self)
+        task, teacher, loss = self.data.task, self.sft.teacher, self.learner.loss
+        check_needs("data.task", task, TASKS[task].needs, value_of, DataConfig.task)
+        check_needs("sft.teacher", teacher, TEACHERS[teacher].needs, value_of, SFTConfig.teacher)
+        # A loss registered at run time (rljax.LOSSES) declares nothing here.
+        needs = LOSS_NEEDS.get(loss, NOTHING)
+        check_needs("learner.loss", loss, needs, value_of, LearnerConfig.loss)

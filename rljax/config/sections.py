@@ -25,7 +25,10 @@ from rljax.config.checks import (
     _one_of,
     _positive,
     _positive_float,
+    check_needs,
+    value_in,
 )
+from rljax.data.registry import TASKS as TASK_REGISTRY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,13 +346,14 @@ class DataConfig:
 
     def __post_init__(self):
         _one_of("data.task", self.task, TASKS)
-        if self.task in ("gsm8k", "math") and not self.path:
+        if TASK_REGISTRY[self.task].reads_file and not self.path:
             _fail("data.path", self.path, f"a JSONL or parquet file for task {self.task!r}")
         _positive("data.num_digits", self.num_digits)
         if not self.ops or set(self.ops) - set("+-*"):
             _fail("data.ops", self.ops, "a non-empty string over '+', '-', '*'")
-        if self.task == "arithmetic_lookup" and self.ops != "+":
-            _fail("data.ops", self.ops, "'+' for data.task='arithmetic_lookup' (hides an addend)")
+        # The needs within this section; RunConfig checks them against the other sections.
+        needs = TASK_REGISTRY[self.task].needs
+        check_needs("data.task", self.task, needs, value_in(self, "data."), DataConfig.task)
         _positive("data.train_size", self.train_size)
         _positive("data.heldout_size", self.heldout_size)
         _one_of("data.prompt_format", self.prompt_format, ("raw", "chat"))

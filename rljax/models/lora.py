@@ -25,17 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.config import LoRAConfig, ModelConfig
-
-# lora.targets -> the stacked decoder weight each adapts.
-TARGET_WEIGHTS = {
-    "q": "wq",
-    "k": "wk",
-    "v": "wv",
-    "o": "wo",
-    "gate": "w_gate",
-    "up": "w_up",
-    "down": "w_down",
-}
+from rljax.models.lora_targets import TARGET_WEIGHTS
 
 # Each adapted weight's einsum in the stacked layout's axis order (per layer): A takes the
 # input axes to the rank R, B the rank to the output axes.

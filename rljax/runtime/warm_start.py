@@ -1,6 +1,6 @@
 """The supervised warm start before RL: cross-entropy on a teacher's answers (``cfg.sft``).
 
-The teacher comes from the task (``rljax.data.tasks.TEACHERS``): the reference answers, or a
+The teacher comes from the task (``rljax.data.teachers.TEACHERS``): the reference answers, or a
 careless one. With ``sft.exact_steps`` the first steps imitate the reference answers. A teacher
 of an agent task answers with a transcript (the model's turns and the env's replies); the
 caller's ``encode`` renders it token-in/token-out, the env's tokens loss-masked.
@@ -15,7 +15,7 @@ import numpy as np
 
 from rljax.config import RunConfig
 from rljax.data.pipeline import prompt_iterator
-from rljax.data.tasks import Answer, teacher_answer
+from rljax.data.teachers import Answer, teacher_answer
 from rljax.learner.batch import TrainBatch, TrainSequence
 from rljax.learner.learner import Learner
 from rljax.metrics import MetricsWriter, Timeline

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rljax.config import ConfigError, RunConfig, replace
-from rljax.data.tasks import teacher_answer
+from rljax.data.teachers import teacher_answer
 from rljax.envs import Conversations, ToolEnv, parse_tool_calls
 from rljax.envs.render import ChatRenderer
 from rljax.envs.tool_calls import FORMATS, tool_call_text

@@ -29,7 +29,7 @@ def test_the_teachers_transcripts():
     import numpy as np
 
     from rljax.config import RunConfig, SFTConfig
-    from rljax.data.tasks import teacher_answer
+    from rljax.data.teachers import teacher_answer
 
     ex = hide_operand({"id": 1, "prompt": "37+45=", "answer": "82"})
     looked_up = [

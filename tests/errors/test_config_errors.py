@@ -34,6 +34,11 @@ CASES = [
     ("C22", ["--config.lora.rank=0"], "expected an integer > 0"),
     ("C23", ['--config.lora.targets=("q","qkv")'], "expected one of q, k, v, o, gate, up, down"),
     ("C24", ["--config.lora.dropout=1.5"], "expected a probability in [0, 1)"),
+    (
+        "C25",
+        ["--config.sft.teacher=looks_up_sometimes"],
+        "set data.task='arithmetic_lookup', or sft.teacher='reference'",
+    ),
 ]
 
 

@@ -1,23 +1,25 @@
 """Run.warm_start: its own learning-rate schedule (kept apart from RL's) and its teachers."""
 
+import dataclasses
 import json
 
 import pytest
 from rljax.configs import arith_tiny
 
 from rljax.config import replace
-from rljax.data import tasks
+from rljax.data import teachers
 from rljax.runtime import Run
 
 
 def test_warm_start_schedule_and_teachers(tmp_path, monkeypatch):
-    careless, original = [], tasks.TEACHERS["drops_carries"]
+    careless, original = [], teachers.TEACHERS["drops_carries"]
 
     def counting_careless_teacher(example, slip, rng):
         careless.append(example["prompt"])
-        return original(example, slip, rng)
+        return original.answer(example, slip, rng)
 
-    monkeypatch.setitem(tasks.TEACHERS, "drops_carries", counting_careless_teacher)
+    counting = dataclasses.replace(original, answer=counting_careless_teacher)
+    monkeypatch.setitem(teachers.TEACHERS, "drops_carries", counting)
     cfg = replace(
         arith_tiny.recipe("small"),
         **{

@@ -1,0 +1,19 @@
+"""The built-in losses by name (``rljax.learner.losses.LOSSES``), and what each needs of the
+rest of the run config.
+
+Kept apart from ``rljax.learner.losses`` (which needs JAX) so that the config names them
+without importing JAX; tests/config/test_registries.py checks that the two list the same
+losses. No built-in loss needs another key's value today: DAPO's dynamic sampling, for one, is
+the buffer's own switch. A loss registered at run time (``rljax.LOSSES``) declares nothing.
+"""
+
+from rljax.needs import NOTHING, Needs
+
+LOSS_NEEDS: dict[str, Needs] = {
+    "grpo": NOTHING,
+    "dapo": NOTHING,
+    "dr_grpo": NOTHING,
+    "gspo": NOTHING,
+    "decoupled_ppo": NOTHING,
+    "sft": NOTHING,
+}
