@@ -112,12 +112,6 @@ def hybrid_mesh(
     return Mesh(arr, tuple(sizes))
 
 
-def slices_of_mesh(mesh: Mesh, smap: SliceMap) -> list[int]:
-    """The slices ``mesh`` has devices on, in order."""
-    of = dict(smap)
-    return sorted({of[d.id] for d in mesh.devices.flat})
-
-
 def check_whole_slices(groups: Sequence[Sequence[jax.Device]], sampler: int, learner: int):
     """For ``slice_layout='by_role'``: each role must take whole slices."""
     per = len(groups[0])
