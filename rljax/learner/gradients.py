@@ -168,15 +168,15 @@ class Gradients:
         """Gradients (of the trainable params), loss and metric sums over a
         [micro_batches, ...] batch (a scan); ``offset``: the step's index of its first
         micro-batch (a lent share's is not 0)."""
-        frozen = lora.split_adapters(params)[1] if self.lora else None
+        frozen: Any = lora.split_adapters(params)[1] if self.lora else None
 
-        def micro_loss(train, mb, index):
+        def micro_loss(train: Any, mb: dict[str, jax.Array], index: jax.Array) -> Any:
             full = lora.join(frozen, train) if self.lora else train
             return self.micro_loss(full, ref_params, mb, version, index)
 
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-        def micro(carry, xs):
+        def micro(carry: Any, xs: Any) -> tuple[Any, None]:
             grads, loss, sums = carry
             mb, index = xs
             (mb_loss, mb_sums), mb_grads = grad_fn(self.trainable(params), mb, index)

@@ -157,7 +157,7 @@ class Learner:
         """The part of a params-shaped ``tree`` that trains: the adapters with LoRA, else all."""
         return self.gradients.trainable(tree)
 
-    def _opt_shardings(self):
+    def _opt_shardings(self) -> Any:
         return optimizer_shardings(
             self.tx,
             self.trainable(self.params),
@@ -165,7 +165,7 @@ class Learner:
             self._replicated,
         )
 
-    def _build_step(self):
+    def _build_step(self) -> None:
         self._step_fn = jax.jit(
             self._train_step,
             donate_argnums=(0, 1),
@@ -233,16 +233,20 @@ class Learner:
         version = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
         return self._step_fn.lower(self.params, self.opt_state, self.ref_params, batch, version)
 
-    def _train_step(self, params, opt_state, ref_params, batch, version):
+    def _train_step(
+        self, params: Any, opt_state: Any, ref_params: Any, batch: Any, version: jax.Array
+    ) -> tuple[Any, Any, dict]:
         grads, loss, sums = self.gradients.accumulate(params, ref_params, batch, version)
         return self._finish(params, opt_state, grads, loss, sums)
 
-    def _apply_parts(self, params, opt_state, parts):
+    def _apply_parts(self, params: Any, opt_state: Any, parts: tuple) -> tuple[Any, Any, dict]:
         """The update from gradient parts (own and lent micro-batches), summed in order."""
         grads, loss, sums = jax.tree.map(lambda *xs: functools.reduce(jnp.add, xs), *parts)
         return self._finish(params, opt_state, grads, loss, sums)
 
-    def _finish(self, params, opt_state, grads, loss, sums):
+    def _finish(
+        self, params: Any, opt_state: Any, grads: Any, loss: jax.Array, sums: dict
+    ) -> tuple[Any, Any, dict]:
         """Clip, update and the step's metrics, from the summed gradients and sums."""
         train = self.trainable(params)
         updates, opt_state = self.tx.update(grads, opt_state, train)
@@ -353,13 +357,13 @@ class Learner:
         return self._lent[key]
 
     @functools.cached_property
-    def _accum_fn(self):
+    def _accum_fn(self) -> Any:
         rep = self._replicated
         grad_shardings = self.trainable(self.param_shardings)
         return jax.jit(self.gradients.accumulate, out_shardings=(grad_shardings, rep, rep))
 
     @functools.cached_property
-    def _apply_fn(self):
+    def _apply_fn(self) -> Any:
         return jax.jit(
             self._apply_parts,
             donate_argnums=(0, 1),
@@ -367,10 +371,10 @@ class Learner:
         )
 
     @functools.cached_property
-    def _logprob_fn(self):
+    def _logprob_fn(self) -> Any:
         """Log-probs of every target of a [micro_batches, rows, row_len] batch, one jit."""
 
-        def logprobs(params, batch):
+        def logprobs(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
             return jax.lax.map(lambda mb: self.gradients.token_stats(params, mb)[0], batch)
 
         return jax.jit(logprobs, out_shardings=self._batch_sharding)
@@ -381,7 +385,7 @@ class Learner:
         return np.asarray(jax.device_get(self._logprob_fn(self.params, arrays)))
 
     @property
-    def saved_params(self):
+    def saved_params(self) -> Any:
         """The params a checkpoint writes: the adapters alone with LoRA (the base is the
         run's ``init``, never written again), else all."""
         return self.trainable(self.params)

@@ -137,14 +137,14 @@ class SafePoints:
         self._clocks.sampler_parked(start, time.perf_counter())
 
 
-def install_sigterm(handler):
+def install_sigterm(handler: Any) -> Any:
     """Route SIGTERM to ``handler`` (a stop at the next step boundary); returns the previous
     handler, or None off the main thread, where signals cannot be handled."""
     main = threading.current_thread() is threading.main_thread()
     return signal.signal(signal.SIGTERM, handler) if main else None
 
 
-def restore_sigterm(previous) -> None:
+def restore_sigterm(previous: Any) -> None:
     """Put back the SIGTERM handler :func:`install_sigterm` replaced."""
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)

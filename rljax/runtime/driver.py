@@ -251,7 +251,7 @@ class Driver:
 
     # -- admission and generation (the sampler's side; a thread of its own when threaded) ----
 
-    def _next_prompt(self):
+    def _next_prompt(self) -> Any:
         if not self._ready_prompts:
             self._ready_prompts.extend(next(self._prompts))
         return self._ready_prompts.popleft()
@@ -338,7 +338,7 @@ class Driver:
         self._dispatch()
         return self._generate() if self.sampler.has_work() else None
 
-    def _place(self, trajs: list, rewards) -> None:
+    def _place(self, trajs: list, rewards: Any) -> None:
         """Occupy a scored group's seat, or release it (no signal); call under the lock."""
         rid = trajs[0].group_id
         if rid not in self._inflight:  # aborted as surplus while it was being scored

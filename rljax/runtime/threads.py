@@ -135,7 +135,7 @@ class ThreadedSchedule:
                 return
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
-        def run():
+        def run() -> None:
             try:
                 fn()
             except BaseException as e:  # surfaced by run() on the learner thread
