@@ -147,6 +147,11 @@ def _brief(error: BaseException, limit: int = 200) -> str:
     return f"{type(error).__name__}: {text}"
 
 
+def _check_step(step: Any) -> None:
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"checkpoint step={step!r} is invalid: use an int >= 0")
+
+
 class Checkpointer:
     """Saves and restores the learner state and run meta under ``directory``, one step a dir.
 
@@ -188,23 +193,38 @@ class Checkpointer:
     # -- saving ----------------------------------------------------------------------------
 
     def should_save(self, step: int, *, force: bool = False) -> bool:
-        """Whether ``save(step, force=force)`` would write (cheap; no device work)."""
-        if not self.cfg.enabled or step in self._manager.all_steps():
-            return False
-        return force or self._manager.should_save(step)
+        """Whether ``step`` is due: a multiple of ``cfg.every_steps``, a preemption notice, or
+        ``force``, and not saved yet (cheap; no device work). The one save decision."""
+        return self._writable(step) and (force or self._manager.should_save(step))
+
+    def _writable(self, step: int) -> bool:
+        """Checkpoints are on and ``step`` is not on disk yet (a step is never overwritten)."""
+        return self.cfg.enabled and step not in self._manager.all_steps()
 
     def save(self, step: int, *, params: Any, opt_state: Any, meta: dict, force: bool = False):
         """Saves the state as ``step`` if due; returns whether a save started.
 
         Due means ``step % cfg.every_steps == 0`` (or a preemption notice on multi-host TPUs),
-        or ``force``, and ``step`` not saved yet. ``meta`` must be JSON-safe (dict keys come back
-        as strings); it is copied, so the caller may mutate it afterwards. A previous async save
-        is waited for first. Building ``meta`` (buffer contents) can be costly, so callers gate
-        it on :meth:`should_save`; it is only checked on steps that save.
+        or ``force``, and ``step`` not saved yet: :meth:`should_save` decides, then
+        :meth:`write` writes. Building ``meta`` (buffer contents) can be costly, so callers
+        gate it on :meth:`should_save` and then call :meth:`write`; ``meta`` is only checked on
+        steps that save.
         """
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"checkpoint step={step!r} is invalid: use an int >= 0")
+        _check_step(step)
         if not self.should_save(step, force=force):
+            return False
+        return self.write(step, params=params, opt_state=opt_state, meta=meta)
+
+    def write(self, step: int, *, params: Any, opt_state: Any, meta: dict) -> bool:
+        """Writes the state as ``step``, which the caller found due (:meth:`should_save`);
+        returns whether a save started (not when ``step`` is on disk already, or checkpoints
+        are off).
+
+        ``meta`` must be JSON-safe (dict keys come back as strings); it is copied, so the
+        caller may mutate it afterwards. A previous async save is waited for first.
+        """
+        _check_step(step)
+        if not self._writable(step):
             return False
         meta = _json_copy(meta)
         self._settle()  # the previous async save must have landed before this one starts
