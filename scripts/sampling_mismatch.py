@@ -58,7 +58,7 @@ def mismatch(run, learner, groups: int) -> dict[str, float]:
         TrainSequence(list(t.prompt_tokens) + t.response_tokens, len(t.prompt_tokens), t.logprobs)
         for t in trajs
     ]
-    batch = run._pack(seqs, "token_mean")
+    batch = run.encoding.pack(seqs, "token_mean")
     mask = batch.arrays["mask"] > 0
     r = learner.token_logprobs(batch)[mask] - batch.arrays["old_logprobs"][mask]
     r = r.astype(np.float64)

@@ -32,6 +32,11 @@ LIVENESS_EVERY_S = 1.0
 LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
+class PodProtocolError(RuntimeError):
+    """A message this process cannot follow (a tick it cannot replay, an answer out of order):
+    the pod fails at once rather than hang."""
+
+
 class ProcessLost(RuntimeError):
     """A process of the pod died; the message names it and says how to resume."""
 

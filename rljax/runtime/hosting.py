@@ -21,73 +21,24 @@ run it is in.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import jax
-import numpy as np
 
 from rljax.config import ConfigError, RunConfig
-from rljax.engine.sampler import Sampler, Trajectory
+from rljax.engine.sampler import Sampler
+from rljax.learner.learner import Learner
 from rljax.mesh import distributed
 from rljax.mesh.weight_sync import WeightSync
 from rljax.policy.reallocation import Split
-from rljax.rewards.pool import RewardPool
-from rljax.runtime import lending, resizing, resume
+from rljax.runtime import resizing, resume
 from rljax.runtime.exchange import AllGather, Alone, Exchange
+from rljax.runtime.hosted import HostedRun
+from rljax.runtime.parts import LearnerPart, Parts
 from rljax.runtime.prompts import PromptStream, resumed_position
 from rljax.runtime.scoring import Scorer
 
-if TYPE_CHECKING:
-    from rljax.runtime.run import Run
-
 log = logging.getLogger(__name__)
-
-
-class PromptSource(Protocol):
-    """The training prompt stream the run's driver reads, a batch at a time."""
-
-    def __next__(self) -> list[dict]:
-        """The next global batch of examples (every process gets the same list)."""
-        ...
-
-    def get_state(self) -> dict[str, Any]:
-        """This process's position, as a checkpoint holds it."""
-        ...
-
-    def home(self, example: dict) -> int | None:
-        """The sampler host whose slots ``example``'s samples take (None: any slot)."""
-        ...
-
-    def stop(self) -> None:
-        """The end of a build: let go of whatever reads ahead."""
-        ...
-
-
-class ScorerPart(Protocol):
-    """Rewards for trajectories, wherever the reward functions run."""
-
-    def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
-        """(rewards of ``trajs`` in order, failures by kind over every scoring process); each
-        trajectory's ``reward`` is set too."""
-        ...
-
-    def stop(self) -> None: ...
-
-
-class Resizer(Protocol):
-    """Moves chips between the meshes: asked by the API or at the driver's step boundary."""
-
-    def resize(self, split: Split, cause: str) -> dict[str, Any] | None:
-        """Move to ``split``; the record logged, or None when nothing moved (yet)."""
-        ...
-
-    def at_boundary(self) -> None:
-        """The safe point after a learner step: resize if the schedule or the policy asks."""
-        ...
-
-    def after_step(self, metrics: dict[str, Any]) -> None:
-        """A train step was logged with ``metrics`` (a resize's record may wait for it)."""
-        ...
 
 
 class Hosting(Protocol):
@@ -102,15 +53,16 @@ class Hosting(Protocol):
         """Refuse, with a one-line error, what this hosting cannot run (before any work)."""
         ...
 
-    def build(self, run: Run) -> None:
-        """Build the run's parts on this process (learner state restored or new included)."""
+    def build(self, run: HostedRun) -> Parts | None:
+        """Build the run's parts on this process (learner state restored or new included): the
+        leader's, or None on a pod's other processes (their role's objects are the hosting's)."""
         ...
 
-    def train(self, run: Run) -> dict[str, Any]:
+    def train(self, run: HostedRun) -> dict[str, Any]:
         """Run the phases (:meth:`Run.run_phases`), or this process's share of them."""
         ...
 
-    def warm_start(self, run: Run) -> None:
+    def warm_start(self, run: HostedRun) -> None:
         """The supervised warm start (``sft.*``), wherever the learner is."""
         ...
 
@@ -122,11 +74,14 @@ class Hosting(Protocol):
         """What a checkpoint's meta holds beside the run's state (a pod's shape)."""
         ...
 
-    def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
-        """Write the learner state and ``meta`` as ``version`` (the run decided it is due)."""
+    def write_state(
+        self, run: HostedRun, version: int, meta: dict[str, Any], *, wait: bool
+    ) -> None:
+        """Write the learner state and ``meta`` as ``version`` (the run decided it is due);
+        ``wait``: a forced save (the run's last), which a pod's processes see land."""
         ...
 
-    def request_stop(self, run: Run) -> None:
+    def request_stop(self, run: HostedRun) -> None:
         """SIGTERM: stop at the next step boundary, checkpoint, return."""
         ...
 
@@ -159,7 +114,7 @@ class InPlaceResizer:
     """Resizes within the process: reshard the learner, rebuild the engine, re-publish
     (:mod:`rljax.runtime.resizing`)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: HostedRun):
         self.run = run
 
     def resize(self, split: Split, cause: str) -> dict[str, Any] | None:
@@ -199,7 +154,7 @@ class LocalHosting:
         if n > 1:
             distributed.check_same_config(cfg)
 
-    def build(self, run: Run) -> None:
+    def build(self, run: HostedRun) -> Parts:
         cfg = run.cfg
         learner_mesh = run.topology.learner
         abstract = resume.abstract_learner(cfg, learner_mesh, run.loss)
@@ -207,39 +162,43 @@ class LocalHosting:
         learner = resume.learner_for(cfg, learner_mesh, run.loss, restored, run.learners)
         run.adopt_learner(learner, None if restored is None else restored.meta, learner.graphdef)
         sampler_mesh = run.topology.sampler
-        run.engine = run.build_engine(sampler_mesh)
-        run.engines.put(sampler_mesh, run.engine)  # builds counts the resizes' cache misses
-        run.weight_sync = WeightSync(
-            run.engine.param_shardings,
+        engine = run.build_engine(sampler_mesh)
+        run.engines.put(sampler_mesh, engine)  # builds counts the resizes' cache misses
+        weight_sync = WeightSync(
+            engine.param_shardings,
             dtype=cfg.sampling.dtype,
             slices=run.topology.slices,
             adapters_only=cfg.lora.enabled,
         )
-        run.sampler = Sampler(
-            run.engine,
-            run.weight_sync.copy(run.learner.params),
-            version=run.learner.version,
+        sampler = Sampler(
+            engine,
+            weight_sync.copy(learner.params),
+            version=learner.version,
             stop_ids=sorted(run.tokenizer.stop_ids),
         )
-        run.rewards = RewardPool.from_config(run.reward, cfg.reward)
         exchange: Exchange = Alone() if self.shard_count == 1 else AllGather()
-        run.scorer = Scorer(exchange, run.rewards, run.tokenizer)
-        run.prompts = PromptStream(
+        prompts = PromptStream(
             run.train_examples,
             seed=cfg.seed,
             batch_size=cfg.learner.batch_groups,
             exchange=exchange,
             start=resumed_position(run.resumed_meta),
         )
-        run.resizer = InPlaceResizer(run)
-        run.batches = lambda groups: run.make_batch(groups)  # read late: tests wrap make_batch
-        run.lending = lending.build(run)  # lending.enabled: chips lent inside a step
+        return Parts(
+            sampler=sampler,
+            learner=learner,
+            weight_sync=weight_sync,
+            prompts=prompts,
+            scorer=Scorer(exchange, run.reward_pool(), run.tokenizer),
+            resizer=InPlaceResizer(run),
+            engine=engine,
+        )
 
-    def train(self, run: Run) -> dict[str, Any]:
+    def train(self, run: HostedRun) -> dict[str, Any]:
         return run.run_phases()
 
-    def warm_start(self, run: Run) -> None:
-        run.warm_start_learner()
+    def warm_start(self, run: HostedRun) -> None:
+        run.warm_start_learner(_local(run.learner))
 
     def check_meta(self, meta: dict[str, Any]) -> None:
         pass
@@ -247,14 +206,23 @@ class LocalHosting:
     def checkpoint_extra(self) -> dict[str, Any]:
         return {}
 
-    def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
+    def write_state(
+        self, run: HostedRun, version: int, meta: dict[str, Any], *, wait: bool
+    ) -> None:
         assert run.ckpt is not None
-        params, opt_state = run.learner.saved_params, run.learner.opt_state
-        run.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=force)
+        learner = _local(run.learner)
+        params, opt_state = learner.saved_params, learner.opt_state
+        run.ckpt.write(version, params=params, opt_state=opt_state, meta=meta)
 
-    def request_stop(self, run: Run) -> None:
+    def request_stop(self, run: HostedRun) -> None:
         if run.driver is not None:
             run.driver.stop()
 
     def fail(self, error: BaseException) -> None:
         pass
+
+
+def _local(learner: LearnerPart) -> Learner:
+    """The run's learner, which one process holds itself (a pod's leader holds a stand-in)."""
+    assert isinstance(learner, Learner), type(learner)
+    return learner

@@ -25,13 +25,19 @@ signature, fails the check.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from rljax.engine.paged import PagedEngine
     from rljax.engine.sampler import Request, Trajectory
     from rljax.mesh.weight_sync import SyncStats
+    from rljax.policy.reallocation import Split
     from rljax.policy.staleness import StalenessBuffer
+    from rljax.runtime.rollout import Group
 
 
 class SamplerPart(Protocol):
@@ -93,6 +99,18 @@ class SamplerPart(Protocol):
 
     def resume(self, request_id: int) -> None:
         """Queue a held request's samples again (they continue from their prefixes)."""
+        ...
+
+
+class RunSamplerPart(SamplerPart, Protocol):
+    """The sampler a run holds: the driver's part, plus what the run's own phases use."""
+
+    def run(self, requests: Sequence[Request]) -> list[Trajectory]:
+        """Generate ``requests`` to the end (held-out evaluation); their samples."""
+        ...
+
+    def clear(self) -> int:
+        """Drop every running and waiting sample (the driver is done); how many."""
         ...
 
 
@@ -164,3 +182,72 @@ class LenderPart(Protocol):
     def ready(self) -> None:
         """The batch is ready: take the lent chips back before the learner trains."""
         ...
+
+
+class PromptSource(Protocol):
+    """The training prompt stream the run's driver reads, a batch at a time."""
+
+    def __next__(self) -> list[dict]:
+        """The next global batch of examples (every process gets the same list)."""
+        ...
+
+    def get_state(self) -> dict[str, Any]:
+        """This process's position, as a checkpoint holds it."""
+        ...
+
+    def home(self, example: dict) -> int | None:
+        """The sampler host whose slots ``example``'s samples take (None: any slot)."""
+        ...
+
+    def stop(self) -> None:
+        """The end of a build: let go of whatever reads ahead."""
+        ...
+
+
+class ScorerPart(Protocol):
+    """Rewards for trajectories, wherever the reward functions run."""
+
+    def score(self, trajs: list[Trajectory]) -> tuple[np.ndarray, dict[str, int]]:
+        """(rewards of ``trajs`` in order, failures by kind over every scoring process); each
+        trajectory's ``reward`` is set too."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class Resizer(Protocol):
+    """Moves chips between the meshes: asked by the API or at the driver's step boundary."""
+
+    def resize(self, split: Split, cause: str) -> dict[str, Any] | None:
+        """Move to ``split``; the record logged, or None when nothing moved (yet)."""
+        ...
+
+    def at_boundary(self) -> None:
+        """The safe point after a learner step: resize if the schedule or the policy asks."""
+        ...
+
+    def after_step(self, metrics: dict[str, Any]) -> None:
+        """A train step was logged with ``metrics`` (a resize's record may wait for it)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The leader's parts of a run: what :meth:`Hosting.build <rljax.runtime.hosting.Hosting.
+    build>` returns and the :class:`~rljax.runtime.run.Run` holds as one field.
+
+    Frozen: a resize or a loan that changes a part makes new parts
+    (:meth:`~rljax.runtime.run.Run.replace_parts`); nothing writes into them.
+    """
+
+    sampler: RunSamplerPart
+    learner: LearnerPart
+    weight_sync: WeightSyncPart
+    prompts: PromptSource
+    scorer: ScorerPart
+    resizer: Resizer
+    # What the driver's learner steps on, from groups; None: the run packs its own batches (its
+    # learner is in this process), a pod's leader posts the groups themselves.
+    batches: Callable[[list[Group]], Any] | None = None
+    engine: PagedEngine | None = None  # this process's engine, where it has one
+    lender: Any = None  # lending.enabled: a rljax.runtime.lending RunLending

@@ -48,7 +48,7 @@ from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.engine.samples import Turns
 from rljax.engine.state import SlotSampling
-from rljax.mesh.control import Channel
+from rljax.mesh.control import Channel, PodProtocolError
 from rljax.mesh.topology import Topology
 from rljax.mesh.weight_sync import HISTORY, SyncStats
 from rljax.runtime.pod_weights import PodWeights
@@ -80,10 +80,6 @@ class Op(enum.Enum):
     SAVE = "save"  # every process saves (arg: version, meta, whether to wait)
     RESIZE = "resize"  # the build ends; the pod rebuilds for a split (arg: split, cause)
     END = "end"  # the build ends; the run is over
-
-
-class PodProtocolError(RuntimeError):
-    """A tick this process cannot replay: the pod fails at once rather than hang."""
 
 
 def parse_op(name: Any, tick: int) -> Op:
@@ -268,6 +264,7 @@ class PodSampler:
         weights: PodWeights,
         sync: PodWeightSync,
         envs: PodTurns | None = None,
+        on_tick: Callable[[], None] = lambda: None,
     ):
         self.real = sampler
         self.ticks = ticks
@@ -275,7 +272,7 @@ class PodSampler:
         self.sync = sync
         self.envs = envs  # a run with an env: this host's conversations (rljax.runtime.pod_envs)
         self.swapped = -1
-        self.on_tick = lambda: None  # the leader polls for stop requests here
+        self.on_tick = on_tick  # the leader polls for stop requests here
 
     # -- the real sampler's state, read by the driver ---------------------------------------
 

@@ -42,8 +42,7 @@ from typing import Any, Protocol
 
 from rljax.engine.samples import Request, Turns
 from rljax.envs.conversation import NO_TURNS, Conversation, Conversations
-from rljax.mesh.control import Channel, ChannelThread, host_key
-from rljax.runtime.pod import PodProtocolError
+from rljax.mesh.control import Channel, ChannelThread, PodProtocolError, host_key
 from rljax.runtime.prompts import owner_key, task_example
 
 # (ids or None, reward so far, counters): what a turn's answer sets on the leader's stand-in.

@@ -1,6 +1,6 @@
 """A :class:`~rljax.runtime.run.Run` on a pod: each process builds and plays one role.
 
-``rljax.Run(cfg, workdir)`` on several processes running a split topology
+``rljax.HostedRun(cfg, workdir)`` on several processes running a split topology
 (``mesh.mode='split'``) is hosted by :class:`PodHosting`; the launcher and the library need
 nothing else. The sampler leader (process 0) runs the run's phases (warm start, evaluation,
 the driver, checkpoints) through stand-ins that post each operation to the other processes
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
@@ -26,19 +26,19 @@ from rljax.checkpoint import save_shardings, use_orbax_distributed_barriers
 from rljax.config import ConfigError, RunConfig
 from rljax.engine.homes import process_homes
 from rljax.engine.sampler import Sampler
+from rljax.learner.learner import Learner
 from rljax.mesh import distributed
 from rljax.mesh.control import Channel
 from rljax.mesh.transfer import transfer
-from rljax.rewards.pool import RewardPool
+from rljax.policy.reallocation import Split
 from rljax.runtime import pod, pod_envs, pod_replay, pod_resize, prompts, resume, scoring
 from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.exchange import ChannelExchange, Server
+from rljax.runtime.hosted import HostedRun
+from rljax.runtime.parts import Parts
 from rljax.runtime.pod import Op
 from rljax.runtime.prompts import PromptStream, resumed_position
 from rljax.runtime.scoring import Scorer
-
-if TYPE_CHECKING:
-    from rljax.runtime.run import Run
 
 
 def check_pod(cfg: RunConfig) -> None:
@@ -80,15 +80,11 @@ class PodHosting:
         self.servers: list[Server] = []  # a follower's prompt reader and scorer
         self.envs: pod_envs.PodTurns | None = None  # a sampler host's conversations
         self.resizer: pod_resize.PodResizer | None = None  # the leader's
-        self.resize_to: tuple | None = None  # (split, cause, when decided): the leader's
+        self.learner: Learner | None = None  # a learner process's
 
     @property
     def is_leader(self) -> bool:
         return self.roles.is_leader if self.roles is not None else jax.process_index() == 0
-
-    @property
-    def learner_role(self) -> bool:
-        return self.roles is not None and self.roles.role == "learner"
 
     def check(self, cfg: RunConfig) -> None:
         check_pod(cfg)
@@ -98,15 +94,15 @@ class PodHosting:
     def fail(self, error: BaseException) -> None:
         self.channel.fail(error)  # the others stop waiting for this process at once
 
-    def build(self, run: Run) -> None:
+    def build(self, run: HostedRun) -> Parts | None:
         self.roles = pod.roles(run.topology)
         pod_resize.check_schedule(run)
         compile_seconds()  # from now on, count the seconds spent compiling
-        self.build_split(run)
+        return self.build_split(run)[0]
 
-    def build_split(self, run: Run) -> float:
-        """The parts that depend on the split (at start, and after each resize); returns the
-        seconds spent restoring a checkpoint."""
+    def build_split(self, run: HostedRun) -> tuple[Parts | None, float]:
+        """The parts that depend on the split (at start, and after each resize): the leader's
+        parts (None elsewhere), and the seconds spent restoring a checkpoint."""
         cfg, roles = run.cfg, self.roles
         assert roles is not None
         abstract = resume.abstract_learner(cfg, run.topology.learner, run.loss)
@@ -127,27 +123,26 @@ class PodHosting:
         restore_s = time.perf_counter() - start
         meta = None if restored is None else restored.meta
         self.learner_version = 0 if restored is None else restored.version
-        learner = None
+        self.learner = None
         if roles.role == "learner":
             mesh = run.topology.learner
-            learner = resume.learner_for(cfg, mesh, run.loss, restored, run.learners)
-        run.adopt_learner(learner, meta, abstract.graphdef)
-        if roles.role == "sampler":
-            self._build_sampler(run)
+            self.learner = resume.learner_for(cfg, mesh, run.loss, restored, run.learners)
+        run.adopt_learner(self.learner, meta, abstract.graphdef)
+        parts = self._build_sampler(run) if roles.role == "sampler" else None
         if not self.resizes:  # a resize's cost exchange is its barrier (pod_resize.rebuild)
             self.channel.barrier("built")
-        return restore_s
+        return parts, restore_s
 
-    def _build_sampler(self, run: Run) -> None:
+    def _build_sampler(self, run: HostedRun) -> Parts | None:
         cfg, roles = run.cfg, self.roles
         assert roles is not None
         mesh = run.topology.sampler
-        run.engine = run.engines.get(mesh, lambda: run.build_engine(mesh))
+        engine = run.engines.get(mesh, lambda: run.build_engine(mesh))
         # each host's prompts take its own slots (None: slots replicated over the hosts)
-        self.slot_homes = homes = process_homes(run.engine, roles.sampler)
+        self.slot_homes = homes = process_homes(engine, roles.sampler)
         # No weights until the first swap.
         sampler = Sampler(
-            run.engine,
+            engine,
             None,
             version=self.learner_version,
             stop_ids=sorted(run.tokenizer.stop_ids),
@@ -163,9 +158,8 @@ class PodHosting:
             homes=True,
             read_by=self.read_by_host,
         )
-        if run.rewards is None:  # every sampler host scores a share of the groups
-            run.rewards = RewardPool.from_config(run.reward, cfg.reward)
-        scorer = Scorer(exchange, run.rewards, run.tokenizer, scored=self.scored_by_host)
+        # every sampler host scores a share of the groups
+        scorer = Scorer(exchange, run.reward_pool(), run.tokenizer, scored=self.scored_by_host)
         # each conversation's env runs on the sampler host that read its prompt
         self.envs = pod_envs.open_envs(
             roles, self.channel, self.resizes, run.conversations, self.env_turns_by_host
@@ -176,21 +170,29 @@ class PodHosting:
                 Server(exchange, prompts.TOPIC, stream.read),
                 Server(exchange, scoring.TOPIC, scorer.score_share),
             ]
-            return
-        run.prompts, run.scorer = stream, scorer
-        run.weight_sync = sync = pod.PodWeightSync()
+            return None
+        sync = pod.PodWeightSync()
         self.ticks = self.ticks or pod.Ticks(self.channel)
-        run.sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync, self.envs)
-        run.learner = pod.RemoteLearner(run.sampler, self.channel, self.learner_version)
-        run.resizer = self.resizer = pod_resize.PodResizer(run, self)
-        run.batches = pod.make_pod_batch
+        on_tick = lambda: self._poll_stop(run)  # noqa: E731 - the leader polls for stops
+        pod_sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync, self.envs, on_tick)
+        self.resizer = pod_resize.PodResizer(run)
+        return Parts(
+            sampler=pod_sampler,
+            learner=pod.RemoteLearner(pod_sampler, self.channel, self.learner_version),
+            weight_sync=sync,
+            prompts=stream,
+            scorer=scorer,
+            resizer=self.resizer,
+            batches=pod.make_pod_batch,
+            engine=engine,
+        )
 
-    def release_role(self, run: Run) -> None:
+    def release_role(self, run: HostedRun) -> None:
         """Let go of this process's role objects before a resize (their meshes are cached)."""
-        if self.learner_role:
-            run.learner.params = run.learner.opt_state = None
-        run.learner = run.sampler = run.engine = run.driver = None
-        self.real_sampler = self.envs = None
+        if self.learner is not None:
+            self.learner.release()
+        run.adopt_parts(None)
+        self.learner = self.real_sampler = self.envs = None
         self.servers = []
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -210,25 +212,28 @@ class PodHosting:
     def checkpoint_extra(self) -> dict[str, Any]:
         return {"pod": self.shape()}
 
-    def write_state(self, run: Run, version: int, meta: dict[str, Any], *, force: bool) -> None:
+    def write_state(
+        self, run: HostedRun, version: int, meta: dict[str, Any], *, wait: bool
+    ) -> None:
         """The leader's save: every process saves at this tick (:meth:`save_state`)."""
         assert self.ticks is not None
         with self.ticks.lock:
-            self.ticks.flush(Op.SAVE, {"version": version, "meta": meta, "wait": force})
-            self.save_state(run, version, meta, wait=force)
+            self.ticks.flush(Op.SAVE, {"version": version, "meta": meta, "wait": wait})
+            self.save_state(run, version, meta, wait=wait)
 
-    def save_state(self, run: Run, version: int, meta: dict[str, Any], *, wait: bool) -> None:
+    def save_state(self, run: HostedRun, version: int, meta: dict[str, Any], *, wait: bool) -> None:
         """Every process: the learner state onto the save layout, then one orbax save."""
         assert run.ckpt is not None
-        state = (run.learner.saved_params, run.learner.opt_state) if self.learner_role else None
+        learner = self.learner
+        state = None if learner is None else (learner.saved_params, learner.opt_state)
         params, opt_state = transfer(state or self.abstract_state, self.save_layout)
-        run.ckpt.save(version, params=params, opt_state=opt_state, meta=meta, force=True)
+        run.ckpt.write(version, params=params, opt_state=opt_state, meta=meta)
         if wait:
             run.ckpt.wait()
 
     # -- stopping -------------------------------------------------------------------------------
 
-    def request_stop(self, run: Run) -> None:
+    def request_stop(self, run: HostedRun) -> None:
         """SIGTERM: the leader stops at the next step boundary; others tell the leader."""
         self.preempted = True
         if self.is_leader:
@@ -237,37 +242,37 @@ class PodHosting:
         else:
             self.channel.post(f"stop/{jax.process_index()}", {}, overwrite=True)
 
-    def _poll_stop(self, run: Run) -> None:
+    def _poll_stop(self, run: HostedRun) -> None:
         if not run.stop_requested and self.channel.keys("stop"):
             run.request_stop()
 
     # -- phases ---------------------------------------------------------------------------------
 
-    def warm_start(self, run: Run) -> None:
+    def warm_start(self, run: HostedRun) -> None:
         """The learner processes warm-start at the 'sft' tick; the leader waits for them."""
         if run.cfg.sft.steps:
             assert self.ticks is not None
             self.ticks.flush(Op.SFT)
             self.channel.get("done/sft", waiting_for="the warm start")
 
-    def train(self, run: Run) -> dict[str, Any]:
+    def train(self, run: HostedRun) -> dict[str, Any]:
         start = time.perf_counter()
         while True:
             summary, resize = self._train_split(run)
             if resize is None:
                 break
             split, cause, decided = resize
-            record = pod_resize.rebuild(run, self, split, decided)
+            record = self._rebuild(run, split, decided)
             if self.resizer is not None:  # the leader's
                 self.resizer.logged(record, cause)
-        if self.learner_role:
-            digests = pod_replay.shard_digests(run.learner.params)
+        if self.learner is not None:
+            digests = pod_replay.shard_digests(self.learner.params)
             self.channel.post(f"replicas/{jax.process_index()}", digests)
         if self.is_leader:
             summary["pod"] = self._summary(run, time.perf_counter() - start)
         return summary
 
-    def _summary(self, run: Run, wall_s: float) -> dict[str, Any]:
+    def _summary(self, run: HostedRun, wall_s: float) -> dict[str, Any]:
         roles = self.roles
         assert roles is not None
         out: dict[str, Any] = {**self.shape(), "resizes": self.resizes, "wall_s": wall_s}
@@ -289,13 +294,14 @@ class PodHosting:
         out["learner_replicas"] = check
         return out
 
-    def _train_split(self, run: Run) -> tuple[dict[str, Any], tuple | None]:
+    def _train_split(self, run: HostedRun) -> tuple[dict[str, Any], tuple | None]:
         """Run until the end or a resize: (summary, (split, cause, when decided) or None)."""
         roles = self.roles
         assert roles is not None
         if roles.role == "learner":
-            self.tick, op, arg = pod_replay.follow_learner(run, self, self.tick)
-            summary: dict[str, Any] = {"role": "learner", "steps": run.learner.version}
+            assert self.learner is not None
+            self.tick, op, arg = pod_replay.follow_learner(run, self, self.learner, self.tick)
+            summary: dict[str, Any] = {"role": "learner", "steps": self.learner.version}
         elif not roles.is_leader:
             assert self.real_sampler
             self.tick, op, arg = pod_replay.follow_sampler(run, self, self.real_sampler, self.tick)
@@ -310,21 +316,21 @@ class PodHosting:
         decided = arg.get("decided", time.perf_counter())  # a follower: when the tick came
         return summary, (pod_resize.split_of(arg), arg["cause"], decided)
 
-    def _lead(self, run: Run) -> tuple[dict[str, Any], Op, Any]:
+    def _lead(self, run: HostedRun) -> tuple[dict[str, Any], Op, Any]:
         assert self.ticks is not None
-        run.sampler.on_tick = lambda: self._poll_stop(run)
         if run.resumed_meta is not None:
             run.publish()  # the restored version, before anything samples
         summary = run.run_phases()
-        resize, self.resize_to = self.resize_to, None
-        run.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
+        assert run.parts is not None and self.resizer is not None
+        resize = self.resizer.take()
+        run.parts.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
         run.prompts.stop()
         if resize is not None and not self.preempted:
             split, cause, decided = resize
             arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}
             self.ticks.flush(Op.RESIZE, arg)
             self._stop_envs()
-            run.stop_requested = False
+            run.clear_stop()
             return summary, Op.RESIZE, {**arg, "decided": decided}
         # Only on success: after an error the others learn of it from Channel.fail and exit
         # non-zero instead of ending cleanly.
@@ -337,3 +343,45 @@ class PodHosting:
         waits for every follower's (its readers end there)."""
         if self.envs is not None:
             self.envs.stop()
+
+    # -- resizing -------------------------------------------------------------------------------
+
+    def _rebuild(self, run: HostedRun, split: Split, started: float) -> dict[str, Any]:
+        """Every process, at the ``resize`` tick: the save made durable, this process's role
+        rebuilt for ``split``, the state restored (:mod:`rljax.runtime.pod_resize`).
+
+        ``started`` is when this process learned of the resize (the leader: when it decided).
+        Returns the pod's cost record (the same on every process).
+        """
+        compiled = compile_seconds()
+        old, roles = run.topology.split, self.roles  # a pod's topology is always split
+        assert old is not None and roles is not None
+        old_hosts = (len(roles.sampler), len(roles.learner))
+        run.reopen_checkpointer()  # waits for the boundary's save: the restore reads it
+        saved = time.perf_counter()
+        self.release_role(run)
+        run.move_to(pod_resize.check_split(run, split, what="cannot resize to"))
+        self.roles = roles = pod.roles(run.topology)
+        self.resizes += 1
+        # The restore ends in a collective over every device: enter it together.
+        self.channel.barrier(f"resizing{self.resizes}")
+        parts, restore_s = self.build_split(run)
+        run.adopt_parts(parts)
+        mine = {
+            "save_s": saved - started,
+            "rebuild_s": time.perf_counter() - saved - restore_s,
+            "restore_s": restore_s,
+            "compile_s": compile_seconds() - compiled,
+        }
+        record = pod_resize.pod_costs(self.channel, f"resized{self.resizes}", roles.me, mine)
+        return {
+            "from": f"{old.sampler_chips}/{old.learner_chips}",
+            "to": f"{split.sampler_chips}/{split.learner_chips}",
+            "hosts_from": f"{old_hosts[0]}+{old_hosts[1]}",
+            "hosts_to": f"{len(roles.sampler)}+{len(roles.learner)}",
+            "sampler_devices": split.sampler_chips,
+            "learner_devices": split.learner_chips,
+            **record,
+            "seconds": time.perf_counter() - started,
+            "version": self.learner_version,
+        }

@@ -65,10 +65,10 @@ def follow_sampler(run, hosting, sampler: Sampler, k: int = 0) -> tuple[int, Op,
     )
 
 
-def follow_learner(run, hosting, k: int = 0) -> tuple[int, Op, Any]:
-    """A learner process: trains, sends weights and saves as the leader's ticks say, from tick
-    ``k``."""
-    learner, channel, roles = run.learner, hosting.channel, hosting.roles
+def follow_learner(run, hosting, learner, k: int = 0) -> tuple[int, Op, Any]:
+    """A learner process: ``learner`` trains, sends weights and saves as the leader's ticks
+    say, from tick ``k``."""
+    channel, roles = hosting.channel, hosting.roles
 
     def check_version(version: int, what: str) -> None:
         if version != learner.version:
@@ -91,7 +91,7 @@ def follow_learner(run, hosting, k: int = 0) -> tuple[int, Op, Any]:
             channel.post(f"done/{arg['version']}", _plain(metrics))
 
     def sft(_: Any) -> None:
-        run.warm_start_learner()
+        run.warm_start_learner(learner)
         if roles.is_learner_leader:
             channel.post("done/sft", {})
 

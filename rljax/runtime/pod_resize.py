@@ -28,17 +28,13 @@ and ``first_step_compile_s`` what the first learner step after it compiled).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rljax.config import ConfigError
 from rljax.mesh.resize import plan_resize
 from rljax.policy.reallocation import Split
 from rljax.runtime import pod, resizing
-from rljax.runtime.clocks import compile_seconds
-
-if TYPE_CHECKING:
-    from rljax.runtime.pod_hosting import PodHosting
-    from rljax.runtime.run import Run
+from rljax.runtime.hosted import HostedRun
 
 
 def check_shape(saved: dict[str, Any] | None, shape: dict[str, Any]) -> None:
@@ -90,10 +86,16 @@ class PodResizer:
     the driver at a step boundary as SIGTERM would, and the pod rebuilds through that boundary's
     checkpoint (:func:`rebuild`); the record is logged with the first step after it."""
 
-    def __init__(self, run: Run, hosting: PodHosting):
-        self.run, self.hosting = run, hosting
+    def __init__(self, run: HostedRun):
+        self.run = run
         self._record: dict[str, Any] | None = None
         self._asked: Split | None = None
+        self._decided: tuple[Split, str, float] | None = None  # (split, cause, when)
+
+    def take(self) -> tuple[Split, str, float] | None:
+        """The resize decided at the boundary the driver stopped at (split, cause, when), once."""
+        decided, self._decided = self._decided, None
+        return decided
 
     def resize(self, split: Split, cause: str) -> None:
         """Ask for ``split`` at the next step boundary; refused with one line when it is not
@@ -123,16 +125,15 @@ class PodResizer:
         except ConfigError as e:
             run.metrics.print(f"{e}; staying")
             return
-        self.hosting.resize_to = (split, cause, time.perf_counter())
-        run.stop_requested = True
-        run.driver.stop()
+        self._decided = (split, cause, time.perf_counter())
+        run.stop_at_boundary()
 
     def logged(self, record: dict[str, Any], cause: str) -> None:
         """The leader logs a resize (completed by the first step after it, :meth:`after_step`)."""
         run = self.run
         self._record = {**record, "cause": cause}
         if run.reallocation is not None:  # the next decision weighs the measured cost
-            run.reallocation.switch_cost_s = record["seconds"]
+            run.reallocation.resized(record["seconds"])
         run.metrics.print(
             f"resized sampler/learner chips {record['from']} -> {record['to']} (hosts "
             f"{record['hosts_from']} -> {record['hosts_to']}) in {record['seconds']:.1f} s: save "
@@ -147,49 +148,12 @@ class PodResizer:
             self.run.metrics.write(record["version"], "resize", record)
 
 
-def rebuild(run: Run, hosting: PodHosting, split: Split, started: float) -> dict[str, Any]:
-    """Every process, at the ``resize`` tick: save made durable, rebuild for ``split``, restore.
-
-    ``started`` is when this process learned of the resize (the leader: when it decided).
-    Returns the pod's cost record (the same on every process).
-    """
-    compiled = compile_seconds()
-    old = run.topology.split  # a pod's topology is always split
-    roles = hosting.roles
-    assert old is not None and roles is not None and run.ckpt is not None
-    old_hosts = (len(roles.sampler), len(roles.learner))
-    run.ckpt.close()  # waits for the boundary's save: the restore reads it
-    run.ckpt = run.open_checkpointer()
-    saved = time.perf_counter()
-    hosting.release_role(run)
-    run.topology = check_split(run, split, what="cannot resize to")
-    hosting.roles = roles = pod.roles(run.topology)
-    hosting.resizes += 1
-    # The restore ends in a collective over every device: enter it together.
-    hosting.channel.barrier(f"resizing{hosting.resizes}")
-    restore_s = hosting.build_split(run)
-    rebuilt = time.perf_counter()
-    mine = {
-        "save_s": saved - started,
-        "rebuild_s": rebuilt - saved - restore_s,
-        "restore_s": restore_s,
-        "compile_s": compile_seconds() - compiled,
-    }
-    # Posting and reading every process's costs is also the barrier before the next collective.
-    key = f"resized{hosting.resizes}"
-    hosting.channel.post(f"{key}/{roles.me}", mine)
-    count = hosting.channel.count
-    costs = [hosting.channel.get(f"{key}/{p}", waiting_for=key) for p in range(count)]
+def pod_costs(channel, key: str, me: int, mine: dict[str, float]) -> dict[str, float]:
+    """Every process's resize costs, the slowest's of each (the leader's ``save_s``: it
+    drained and saved the pipeline). Posting and reading them is also the barrier before the
+    next collective."""
+    channel.post(f"{key}/{me}", mine)
+    costs = [channel.get(f"{key}/{p}", waiting_for=key) for p in range(channel.count)]
     record = {k: max(c[k] for c in costs) for k in mine}
-    record["save_s"] = costs[0]["save_s"]  # the leader's: it drained and saved the pipeline
-    return {
-        "from": f"{old.sampler_chips}/{old.learner_chips}",
-        "to": f"{split.sampler_chips}/{split.learner_chips}",
-        "hosts_from": f"{old_hosts[0]}+{old_hosts[1]}",
-        "hosts_to": f"{len(roles.sampler)}+{len(roles.learner)}",
-        "sampler_devices": split.sampler_chips,
-        "learner_devices": split.learner_chips,
-        **record,
-        "seconds": time.perf_counter() - started,
-        "version": hosting.learner_version,
-    }
+    record["save_s"] = costs[0]["save_s"]
+    return record

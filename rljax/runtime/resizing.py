@@ -37,14 +37,15 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
     pause = driver.safe_point() if driver is not None else contextlib.nullcontext([])
     with pause as interrupted:
         detach_sampler(run.sampler)
-        run.learner = move_learner(run.learner, topology.learner, run.learners)
-        run.engine = run.engines.get(topology.sampler, lambda: run.build_engine(topology.sampler))
-        run.weight_sync.retarget(run.engine.param_shardings)
-        sync = run.weight_sync.publish(run.learner.params, run.learner.version)
-        attach_sampler(run.sampler, run.engine, *run.weight_sync.acquire())
-        run.topology = topology
+        learner = move_learner(run.learner, topology.learner, run.learners)
+        engine = run.engines.get(topology.sampler, lambda: run.build_engine(topology.sampler))
+        run.weight_sync.retarget(engine.param_shardings)
+        sync = run.weight_sync.publish(learner.params, learner.version)
+        attach_sampler(run.sampler, engine, *run.weight_sync.acquire())
+        run.replace_parts(learner=learner, engine=engine)
+        run.move_to(topology)
         if driver is not None:
-            driver.use_learner(run.learner)
+            driver.use_learner(learner)
     seconds = time.perf_counter() - start
     record = {
         "from": f"{old.sampler_chips}/{old.learner_chips}",
@@ -65,7 +66,7 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
         f"resized sampler/learner chips {record['from']} -> {record['to']} in {seconds:.2f} s"
     )
     if run.reallocation is not None:
-        run.reallocation.switch_cost_s = seconds
+        run.reallocation.resized(seconds)
     return record
 
 

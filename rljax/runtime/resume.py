@@ -19,7 +19,7 @@ import jax
 from rljax import io
 from rljax.checkpoint import Checkpointer, CheckpointError
 from rljax.config import ConfigError, RunConfig, to_config_dict
-from rljax.learner.learner import Learner
+from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.transfer import transfer
@@ -159,6 +159,9 @@ def learner_for(
             version=restored.version,
         )
     cache.put(mesh, learner)
+    check_divisible("learner.batch_groups * learner.group_size", cfg.learner.batch_size, learner.dp)
+    if cfg.sft.steps:
+        check_divisible("sft.batch_size", cfg.sft.batch_size, learner.dp)
     return learner
 
 

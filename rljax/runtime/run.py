@@ -14,7 +14,7 @@ when the run is built; everything here is the same on every kind of run.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,16 +25,13 @@ import numpy as np
 
 from rljax import io
 from rljax.checkpoint import Checkpointer
-from rljax.config import ConfigError, RunConfig
-from rljax.data.tasks import Answer, check_prompts, encode_prompt, load_task
+from rljax.config import RunConfig
+from rljax.data.tasks import check_prompts, load_task
 from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Trajectory
-from rljax.engine.state import SlotSampling
 from rljax.envs.base import Env
 from rljax.envs.conversation import Conversations
-from rljax.learner.advantages import group_advantages, resolve_scale
-from rljax.learner.batch import TrainSequence, pack_batch
-from rljax.learner.learner import Learner, check_divisible
+from rljax.learner.learner import Learner
 from rljax.learner.losses import Loss, get_loss
 from rljax.mesh.resize import MeshCache, Reallocation
 from rljax.mesh.topology import Topology, build_topology
@@ -45,19 +42,13 @@ from rljax.policy import admission
 from rljax.policy.reallocation import Split
 from rljax.rewards.pool import RewardPool, failure_metrics
 from rljax.rewards.registry import check_reward_fn, get_reward
-from rljax.runtime import agents, lending, resume, scoring
+from rljax.runtime import agents, lending, resume
+from rljax.runtime.batches import Encoding
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
-from rljax.runtime.hosting import (
-    Hosting,
-    PromptSource,
-    Resizer,
-    ScorerPart,
-    hosting_for,
-    not_leader,
-)
-from rljax.runtime.prompts import task_example
-from rljax.runtime.rollout import Group, encode_group, train_sequence
+from rljax.runtime.hosting import Hosting, hosting_for, not_leader
+from rljax.runtime.parts import LearnerPart, Parts, PromptSource, RunSamplerPart, WeightSyncPart
+from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.warm_start import warm_start
 
 RewardFn = Callable[[str, dict], float]
@@ -75,16 +66,9 @@ class Run:
     metrics: MetricsWriter
     ckpt: Checkpointer | None
     rewards: RewardPool | None  # None on a process that scores nothing (a pod's learner)
-    # The parts the hosting builds (on a pod, those of this process's role).
-    prompts: PromptSource
-    scorer: ScorerPart
-    resizer: Resizer
-    batches: Callable[[list[Group]], Any]  # what the driver's learner steps on, from groups
-    engine: PagedEngine | None
-    sampler: Any  # a SamplerPart (rljax.runtime.parts)
-    learner: Any  # a LearnerPart
-    weight_sync: Any  # a WeightSyncPart
-    lending: lending.RunLending | None  # lending.enabled: chips lent inside a step
+    # The leader's parts (Hosting.build); None before they are built, and on a pod's other
+    # processes, whose role's objects their hosting holds.
+    parts: Parts | None
 
     def __init__(
         self,
@@ -97,7 +81,7 @@ class Run:
         hosting: Hosting | None = None,
         env: Callable[[], Env] | None = None,
     ):
-        self.ckpt = self.rewards = None
+        self.ckpt = self.rewards = self.parts = None
         self.conversations: Conversations | None = None
         self.hosting: Hosting = hosting_for(cfg) if hosting is None else hosting
         try:
@@ -123,6 +107,7 @@ class Run:
         )
         # Conversations (env.name or env=): the env's steps give the reward (docs/agents.md).
         self.conversations = agents.build(cfg, self.tokenizer, self.reward, env)
+        self.encoding = Encoding(cfg, self.tokenizer, self.loss, self.conversations)
         self.env_metrics = agents.EnvMetrics()
         self.devices = list(jax.devices() if devices is None else devices)
         self.topology: Topology = build_topology(cfg.mesh, self.devices)
@@ -145,11 +130,70 @@ class Run:
         self.stop_requested = False
         self.last_metrics: dict[str, Any] = {}
         self.driver: Driver | None = None
-        self.lending = None
         self.initial_accuracy = float("nan")
         # A resumed run restores onto abstract state: the model is not loaded to be overwritten.
         self.resumed_meta: dict[str, Any] | None = None
-        self.hosting.build(self)
+        self.parts = self.hosting.build(self)
+        if cfg.lending.enabled:  # chips lent inside a step (one process: a pod refuses it)
+            self.replace_parts(lender=lending.build(self))
+
+    # -- the parts ------------------------------------------------------------------------
+
+    def _parts(self, what: str) -> Parts:
+        if self.parts is None:
+            raise not_leader(f"Run.{what}")
+        return self.parts
+
+    @property
+    def sampler(self) -> RunSamplerPart:
+        return self._parts("sampler").sampler
+
+    @property
+    def learner(self) -> LearnerPart:
+        return self._parts("learner").learner
+
+    @property
+    def weight_sync(self) -> WeightSyncPart:
+        return self._parts("weight_sync").weight_sync
+
+    @property
+    def prompts(self) -> PromptSource:
+        return self._parts("prompts").prompts
+
+    @property
+    def engine(self) -> PagedEngine | None:
+        return None if self.parts is None else self.parts.engine
+
+    @property
+    def lending(self) -> Any:
+        """``lending.enabled``: the run's RunLending (chips lent inside a step), else None."""
+        return None if self.parts is None else self.parts.lender
+
+    def replace_parts(self, **changes: Any) -> Parts:
+        """New parts with ``changes`` (a resize's new learner and engine, say); returns them."""
+        self.parts = dataclasses.replace(self._parts("replace_parts"), **changes)
+        return self.parts
+
+    def adopt_parts(self, parts: Parts | None) -> None:
+        """The parts a pod's hosting rebuilt after a resize (None off the leader, and while it
+        rebuilds); the driver of the old parts goes with them."""
+        self.parts, self.driver = parts, None
+
+    def move_to(self, topology: Topology) -> None:
+        """The topology after a resize (its parts are rebuilt or replaced alongside)."""
+        self.topology = topology
+
+    def reward_pool(self) -> RewardPool:
+        """This process's reward pool, opened on first use (a pod's learner never opens one)."""
+        if self.rewards is None:
+            self.rewards = RewardPool.from_config(self.reward, self.cfg.reward)
+        return self.rewards
+
+    def reopen_checkpointer(self) -> None:
+        """Close the checkpointer (its pending save made durable) and open it again."""
+        if self.ckpt is not None:
+            self.ckpt.close()
+        self.ckpt = self.open_checkpointer()
 
     def open_checkpointer(self) -> Checkpointer | None:
         """The run's checkpoints (None with ``checkpoint.enabled`` off)."""
@@ -160,19 +204,15 @@ class Run:
     def adopt_learner(
         self, learner: Learner | None, resumed_meta: dict[str, Any] | None, graphdef: Any
     ) -> None:
-        """Take what a hosting built: this process's learner (None on a process without one),
-        the meta it was restored from (None for a fresh run: the version, metrics and accuracy
-        resume there) and the model's graphdef (the engine's comes from it)."""
+        """Take what a hosting built: this process's learner (None on a process without one:
+        checked here, held by the hosting's parts), the meta it was restored from (None for a
+        fresh run: the version, metrics and accuracy resume there) and the model's graphdef
+        (the engine's comes from it)."""
         cfg = self.cfg
         self.resumed_meta = resumed_meta
-        self.learner = learner
         self.sampler_model = sampler_model(self.model_cfg, graphdef, cfg.sampling.dtype, cfg.lora)
         if learner is not None:
-            check_divisible(
-                "learner.batch_groups * learner.group_size", cfg.learner.batch_size, learner.dp
-            )
-            if cfg.sft.steps:
-                check_divisible("sft.batch_size", cfg.sft.batch_size, learner.dp)
+            self.encoding.use_dp(learner.dp)
         if resumed_meta is not None:
             self.initial_accuracy = resumed_meta["initial_accuracy"]
             self.metrics.rewind(resumed_meta.get("metrics_offset"))
@@ -190,38 +230,24 @@ class Run:
 
     # -- pieces -----------------------------------------------------------------------------
 
-    def encode_prompt(self, example: dict) -> list[int]:
-        return encode_prompt(self.tokenizer, self.cfg.data, example)
-
-    def completion_text(self, t: Trajectory) -> str:
-        return scoring.completion_text(self.tokenizer, t)
-
     def publish(self) -> None:
         """Hand the learner's newest weights to the sampler (across meshes, and hosts)."""
         self._lead("Run.publish")
         with self.timeline.span("weight_sync"):
             self.weight_sync.publish(self.learner.params, self.learner.version)
-            self.sampler.set_params(*self.weight_sync.acquire())
+            self._swap_to_latest()
+
+    def _swap_to_latest(self) -> None:
+        """Stage the newest published weights on the sampler, if it has older ones."""
+        latest = self.weight_sync.acquire()
+        if latest is not None and latest[1] > self.sampler.version:
+            self.sampler.set_params(*latest)
 
     def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
         """A request for ``example``; its sampling seed depends only on the run seed and id."""
         self._lead("Run.make_request")
-        prompt, turns, budget = self.encode_prompt(example), None, None
-        if self.conversations is not None:  # a fresh env per sample, reset on the example
-            prompt = self.conversations.prompt(task_example(example))
-            turns = self.conversations.turns(task_example(example), prompt)
-            budget = self.cfg.env.max_tokens or None
-        return Request(
-            prompt,
-            1 if greedy else self.cfg.learner.group_size,
-            seed=(self.cfg.seed * 1_000_003 + request_id) % (2**31 - 1),
-            sampling=SlotSampling(temperature=0.0) if greedy else None,
-            payload=example,
-            request_id=request_id,
-            home=self.prompts.home(example),
-            turns=turns,
-            max_new_tokens=budget,
-        )
+        home = self.prompts.home(example)
+        return self.encoding.request(example, request_id, greedy=greedy, home=home)
 
     def next_prompts(self) -> list[dict]:
         """The next global batch of prompts (the same list on every process that reads it)."""
@@ -231,7 +257,7 @@ class Run:
     def score(self, trajs: list[Trajectory]) -> np.ndarray:
         """Rewards for ``trajs`` (in order), wherever the hosting scores them."""
         self._lead("Run.score")
-        rewards, self.reward_failures = self.scorer.score(trajs)
+        rewards, self.reward_failures = self._parts("score").scorer.score(trajs)
         self.env_metrics.add(trajs)
         return rewards
 
@@ -240,9 +266,7 @@ class Run:
         (``heldout_rewards``, in held-out order), so two evaluations can be compared pairwise."""
         self._lead("Run.evaluate")
         examples = self.heldout_examples[: self.cfg.eval_examples]
-        latest = self.weight_sync.acquire()  # the driver's sampler swaps only when it generates
-        if latest is not None and latest[1] > self.sampler.version:
-            self.sampler.set_params(*latest)
+        self._swap_to_latest()  # the driver's sampler swaps only when it generates
         with self.timeline.span("eval"):
             requests = [self.make_request(ex, i, greedy=True) for i, ex in enumerate(examples)]
             trajs = self.sampler.run(requests)  # in the order they finished
@@ -255,30 +279,9 @@ class Run:
         self.metrics.write(step, phase, record | {"heldout_rewards": by_problem.tolist()})
         return acc
 
-    def _pack(self, seqs: list[TrainSequence], aggregation: str):
-        cfg = self.cfg
-        return pack_batch(
-            seqs,
-            row_len=cfg.learner.pack_length or cfg.sampling.max_seq_len,
-            micro_batches=cfg.learner.micro_batches,
-            row_multiple=self.learner.dp,
-            aggregation=aggregation,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-        )
-
     def make_batch(self, groups: list[Group]):
         """Group-normalised advantages, then a packed batch for the configured loss."""
-        _debug("learner", prompts=[g.example["prompt"] for g in groups])
-        adv = group_advantages(
-            np.stack([g.rewards for g in groups]),
-            scale=resolve_scale(self.cfg.learner, self.learner.loss),
-        )
-        seqs = [
-            train_sequence(t, float(a))
-            for g, row in zip(groups, adv, strict=True)
-            for t, a in zip(g.trajectories, row, strict=True)
-        ]
-        return self._pack(seqs, self.loss.aggregation)
+        return self.encoding.batch(groups)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -305,7 +308,17 @@ class Run:
                 extra={**self.hosting.checkpoint_extra(), **({"driver": driver} if driver else {})},
                 config=self.cfg,
             )
-            self.hosting.write_state(self, version, meta, force=force)
+            self.hosting.write_state(self, version, meta, wait=force)
+
+    def stop_at_boundary(self) -> None:
+        """Stop the driver at the next step boundary (a pod's resize: no preemption notice)."""
+        self.stop_requested = True
+        if self.driver is not None:
+            self.driver.stop()
+
+    def clear_stop(self) -> None:
+        """The stop was for a resize, now done: the rebuilt run goes on."""
+        self.stop_requested = False
 
     def request_stop(self, *_: Any) -> None:
         """Finish the current step, checkpoint, and return (SIGTERM lands here)."""
@@ -331,44 +344,26 @@ class Run:
         logged then, and this returns None.
         """
         self._lead("Run.resize")
-        return self.resizer.resize(split, "api")
+        return self._parts("resize").resizer.resize(split, "api")
 
     def _at_boundary(self, step: int) -> None:
         """The safe point after each learner step: step hooks, then the resizer."""
         for hook in list(self.step_hooks):
             hook(self, step)
-        self.resizer.at_boundary()
+        self._parts("at_boundary").resizer.at_boundary()
 
     # -- phases -----------------------------------------------------------------------------
 
-    def warm_start_learner(self) -> None:
-        """The ``sft.*`` warm start of this process's learner (not yet published)."""
-        if getattr(self.learner, "params", None) is None:
-            raise ConfigError(
-                "Run.warm_start_learner trains this process's learner, and this process holds "
-                "none (on a pod, process 0 posts the warm start to the learner processes): "
-                "call Run.train, which runs it where the learner is"
-            )
+    def warm_start_learner(self, learner: Learner) -> None:
+        """The ``sft.*`` warm start of ``learner``, this process's (not yet published)."""
         warm_start(
             self.cfg,
-            self.learner,
+            learner,
             self.train_examples,
-            encode=self.teacher_sequence,
-            pack=self._pack,
+            encode=self.encoding.teacher_sequence,
+            pack=self.encoding.pack,
             metrics=self.metrics,
             timeline=self.timeline,
-        )
-
-    def teacher_sequence(self, example: dict, answer: Answer) -> TrainSequence:
-        """What the warm start trains for a teacher's ``answer`` to ``example``: the prompt, then
-        the answer and its stop token, or a transcript's turns as a conversation holds them."""
-        if isinstance(answer, str):
-            c = self.conversations
-            prompt = self.encode_prompt(example) if c is None else c.prompt(example)
-            tokens = prompt + self.tokenizer.encode(answer, add_bos=False)
-            return TrainSequence(tokens + [self.tokenizer.eos_id], len(prompt))
-        return agents.transcript_sequence(
-            self.conversations, example, answer, self.tokenizer, self.cfg.env.tool_format
         )
 
     def _log_step(self, step: int, metrics: dict[str, Any]) -> None:
@@ -378,7 +373,7 @@ class Run:
         self.last_metrics = metrics
         self.metrics.write(step, "train", metrics)
         self.metrics.progress(reward=metrics["reward"], len=metrics["response_length"])
-        self.resizer.after_step(metrics)
+        self._parts("after_step").resizer.after_step(metrics)
         if self.stop_requested:
             return
         cfg = self.cfg
@@ -409,7 +404,7 @@ class Run:
             prompts=iter(self.next_prompts, None),
             make_request=self.make_request,
             score=self.score,
-            make_batch=self.batches,
+            make_batch=self._parts("driver").batches or self.make_batch,
             group_size=cfg.learner.group_size,
             num_steps=cfg.num_steps,
             lockstep=cfg.mode == "sync",
@@ -460,9 +455,7 @@ class Run:
         # Rollouts still in flight belong to versions nobody will train; evaluation needs
         # the newest weights and empty slots.
         self.sampler.clear()
-        latest = self.weight_sync.acquire()
-        if latest is not None:
-            self.sampler.set_params(*latest)
+        self._swap_to_latest()
         if self.stop_requested:
             self.save(force=True)
             if self.ckpt is not None:
@@ -503,9 +496,3 @@ def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
         return r.train()
     finally:
         r.close()
-
-
-def _debug(event: str, **fields: Any) -> None:
-    """One JSON line per data event, for --logger_levels=rljax.runtime:DEBUG."""
-    if log.isEnabledFor(logging.DEBUG):
-        log.debug("data %s %s", event, json.dumps(fields))

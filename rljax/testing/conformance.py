@@ -14,21 +14,26 @@ from rljax.learner.learner import Learner
 from rljax.mesh.weight_sync import WeightSync
 from rljax.runtime.driver import Driver
 from rljax.runtime.exchange import AllGather, Alone, ChannelExchange, Exchange
-from rljax.runtime.hosting import (
-    Hosting,
-    InPlaceResizer,
-    LocalHosting,
-    PromptSource,
-    Resizer,
-    ScorerPart,
-)
+from rljax.runtime.hosted import HostedRun
+from rljax.runtime.hosting import Hosting, InPlaceResizer, LocalHosting
 from rljax.runtime.lending import Lending, LendingLearner, RunLending
 from rljax.runtime.lending.replicas import ReplicaSet
-from rljax.runtime.parts import DriverView, LearnerPart, LenderPart, SamplerPart, WeightSyncPart
+from rljax.runtime.parts import (
+    DriverView,
+    LearnerPart,
+    LenderPart,
+    PromptSource,
+    Resizer,
+    RunSamplerPart,
+    SamplerPart,
+    ScorerPart,
+    WeightSyncPart,
+)
 from rljax.runtime.pod import PodSampler, PodWeightSync, RemoteLearner
 from rljax.runtime.pod_hosting import PodHosting
 from rljax.runtime.pod_resize import PodResizer
 from rljax.runtime.prompts import PromptStream
+from rljax.runtime.run import Run
 from rljax.runtime.scoring import Scorer
 from rljax.testing.fake_lending import FakeLending
 from rljax.testing.fakes import FakeLearner, FakeSampler, FakeWeightSync
@@ -57,7 +62,8 @@ def driver_parts(
     syncs: list[WeightSyncPart] = [weight_sync, pod_weight_sync, fake_weight_sync]
     lenders: list[LenderPart] = [lending, run_lending, fake_lending]
     drivers: list[DriverView] = [driver]
-    del samplers, learners, syncs, lenders, drivers
+    run_samplers: list[RunSamplerPart] = [sampler, pod_sampler]
+    del run_samplers, samplers, learners, syncs, lenders, drivers
 
 
 def hosting_parts(
@@ -70,6 +76,7 @@ def hosting_parts(
     alone: Alone,
     all_gather: AllGather,
     channel: ChannelExchange,
+    run: Run,
 ) -> None:
     """Never called: what differs between one process and a pod (:mod:`rljax.runtime.hosting`),
     and the transports the parts written once run over (:mod:`rljax.runtime.exchange`)."""
@@ -78,4 +85,5 @@ def hosting_parts(
     scorers: list[ScorerPart] = [scorer]
     resizers: list[Resizer] = [in_place, pod_resizer]
     exchanges: list[Exchange] = [alone, all_gather, channel]
-    del hostings, sources, scorers, resizers, exchanges
+    hosted: list[HostedRun] = [run]  # what the hostings see of the run
+    del hostings, sources, scorers, resizers, exchanges, hosted

@@ -8,7 +8,7 @@ from rljax.configs import arith_tiny
 from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, replace
 from rljax.rewards.pool import RewardPool
-from rljax.runtime import Run, lending
+from rljax.runtime import Run, hosting
 
 
 def _count_closes(monkeypatch, cls) -> list:
@@ -49,7 +49,7 @@ def test_a_run_refused_late_closes_its_reward_workers(tmp_path, monkeypatch):
         assert run.rewards is not None  # the last part built: everything before it is open
         raise ConfigError("refused after the reward pool was built")
 
-    monkeypatch.setattr(lending, "build", refuse)
+    monkeypatch.setattr(hosting, "InPlaceResizer", refuse)
     cfg = replace(arith_tiny.recipe("small"), **{"checkpoint.enabled": True})
     with pytest.raises(ConfigError, match="refused after the reward pool"):
         Run(cfg, str(tmp_path))

@@ -263,8 +263,8 @@ def test_one_run_preempted_killed_and_resumed_in_process(tmp_path):
     def preempt_during_warm_start(run):
         warm_start = run.warm_start_learner
 
-        def preempted():
-            warm_start()
+        def preempted(learner):
+            warm_start(learner)
             run.request_stop()  # what the SIGTERM handler does
 
         run.warm_start_learner = preempted
