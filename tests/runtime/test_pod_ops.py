@@ -79,10 +79,11 @@ def _leader_run(hosting, tmp_path, version: int) -> Run:
     state = {"w": jnp.arange(4.0)}
     run.cfg, run.hosting, run.driver = cfg, hosting, None
     run.ckpt = Preempted(tmp_path / "ckpt", cfg.checkpoint)
-    run.learner = types.SimpleNamespace(
+    learner = types.SimpleNamespace(
         version=version, params=state, saved_params=state, opt_state=state
     )
-    run.prompts = types.SimpleNamespace(get_state=lambda: {"position": 7})
+    prompts = types.SimpleNamespace(get_state=lambda: {"position": 7})
+    run.parts = types.SimpleNamespace(learner=learner, prompts=prompts)
     run.metrics = types.SimpleNamespace(offset=lambda: None)
     run.timeline, run.initial_accuracy = Timeline(), 0.5
     return run
@@ -129,7 +130,7 @@ def _pod_leader_for_resize(monkeypatch, running: bool):
     sides = {"mesh.sampler_devices": 4, "mesh.learner_devices": 4, "learner.group_size": 6}
     cfg = replace(cfg, **sides)  # 24 sequences a step: a learner of 4 or 6 splits them
     stops = []
-    driver = types.SimpleNamespace(running=running, stop=lambda: stops.append(True))
+    driver = types.SimpleNamespace(running=running)
     run = types.SimpleNamespace(
         cfg=cfg,
         devices=jax.devices(),
@@ -137,19 +138,19 @@ def _pod_leader_for_resize(monkeypatch, running: bool):
         topology=types.SimpleNamespace(split=Split(4, 4)),
         learner=types.SimpleNamespace(version=1),
         stop_requested=False,
+        stop_at_boundary=lambda: stops.append(True),
     )
-    hosting = types.SimpleNamespace(resize_to=None)
-    return PodResizer(run, hosting), run, hosting, stops
+    return PodResizer(run), run, stops
 
 
 def test_run_resize_on_a_pod_goes_through_the_next_step_boundary(monkeypatch):
-    resizer, run, hosting, stops = _pod_leader_for_resize(monkeypatch, running=True)
+    resizer, run, stops = _pod_leader_for_resize(monkeypatch, running=True)
     assert resizer.resize(Split(2, 6), "api") is None  # logged when the pod has moved
-    assert hosting.resize_to is None and not stops  # nothing moves mid-step
+    assert not stops  # nothing moves mid-step
     resizer.at_boundary()
-    split, cause, _ = hosting.resize_to
-    assert (split, cause) == (Split(2, 6), "api")
-    assert run.stop_requested and stops == [True]  # the driver stops; the pod rebuilds
+    split, cause, _ = resizer.take()
+    assert (split, cause) == (Split(2, 6), "api") and resizer.take() is None
+    assert stops == [True]  # the driver stops at the boundary; the pod rebuilds
 
 
 def test_run_resize_on_a_pod_that_is_not_training_is_refused_in_one_line(monkeypatch):
@@ -159,10 +160,10 @@ def test_run_resize_on_a_pod_that_is_not_training_is_refused_in_one_line(monkeyp
 
 
 def test_run_resize_on_a_pod_to_a_split_that_cannot_work_is_refused_at_once(monkeypatch):
-    resizer, _, hosting, _ = _pod_leader_for_resize(monkeypatch, running=True)
+    resizer, _, stops = _pod_leader_for_resize(monkeypatch, running=True)
     with pytest.raises(ConfigError, match=r"^Run.resize: 5/3: .*is not whole hosts"):
         resizer.resize(Split(5, 3), "api")
-    assert hosting.resize_to is None
+    assert resizer.take() is None and not stops
 
 
 @pytest.mark.parametrize(
@@ -196,7 +197,7 @@ def test_an_error_in_a_pod_process_fails_the_pod_at_once():
     hosting.roles = pod.Roles(sampler=(0, 1), learner=(2,), me=1)  # a sampler follower
     hosting.weights = None
     hosting.real_sampler = types.SimpleNamespace(interrupt=None, resume=None, abort=None)
-    hosting.score_server = hosting.feeder = types.SimpleNamespace(join=lambda: None)
+    hosting.servers = []
     run = Run.__new__(Run)
     run.hosting = hosting
     with pytest.raises(PodProtocolError, match="unknown pod operation 'sumbit'"):
