@@ -235,12 +235,13 @@ class Run:
         self._lead("Run.publish")
         with self.timeline.span("weight_sync"):
             self.weight_sync.publish(self.learner.params, self.learner.version)
-            self._swap_to_latest()
+            self._swap_to_latest(newer=False)
 
-    def _swap_to_latest(self) -> None:
-        """Stage the newest published weights on the sampler, if it has older ones."""
+    def _swap_to_latest(self, *, newer: bool = True) -> None:
+        """Stage the newest published weights on the sampler (``newer``: only if it has older
+        ones; a publish stages its own weights whatever the sampler's version says)."""
         latest = self.weight_sync.acquire()
-        if latest is not None and latest[1] > self.sampler.version:
+        if latest is not None and (not newer or latest[1] > self.sampler.version):
             self.sampler.set_params(*latest)
 
     def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
@@ -455,7 +456,7 @@ class Run:
         # Rollouts still in flight belong to versions nobody will train; evaluation needs
         # the newest weights and empty slots.
         self.sampler.clear()
-        self._swap_to_latest()
+        self._swap_to_latest(newer=False)
         if self.stop_requested:
             self.save(force=True)
             if self.ckpt is not None:
