@@ -13,7 +13,7 @@ decoding goes on. None ends the conversation.
 apply now (request id, sample index, ids or None), and ``Sampler.step(answers=...)`` applies
 exactly those instead of polling. One process polls (``step()`` applies its own snapshot); a
 pod's sampler followers apply the snapshot the leader took and posted with the step
-(:mod:`rljax.runtime.pod_envs`), so every replica continues the same conversations at the same
+(:mod:`rljax.runtime.env_answers`), so every replica continues the same conversations at the same
 step whenever each host's env futures happen to resolve.
 
 **What a waiting conversation holds: its slot and its pages.** The slot is paused

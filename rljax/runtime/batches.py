@@ -52,21 +52,19 @@ class Encoding:
         return encode_prompt(self.tokenizer, self.cfg.data, example)
 
     def request(self, example: dict, request_id: int, *, greedy: bool, home: int | None) -> Request:
-        """A request for ``example``: G samples, or one greedy sample for evaluation."""
-        cfg, turns, budget = self.cfg, None, None
-        prompt = self.prompt(example)
-        if self.conversations is not None:  # a fresh env per sample, reset on the example
-            turns = self.conversations.turns(task_example(example), prompt)
-            budget = cfg.env.max_tokens or None
+        """A request for ``example``: G samples, or one greedy sample for evaluation. A
+        conversation's Turns are bound where it runs (:mod:`rljax.runtime.env_answers`)."""
+        cfg = self.cfg
+        # a conversation's token budget over all its turns (0: max_new_tokens alone)
+        budget = (cfg.env.max_tokens or None) if self.conversations is not None else None
         return Request(
-            prompt,
+            self.prompt(example),
             1 if greedy else cfg.learner.group_size,
             seed=(cfg.seed * 1_000_003 + request_id) % (2**31 - 1),
             sampling=SlotSampling(temperature=0.0) if greedy else None,
             payload=example,
             request_id=request_id,
             home=home,
-            turns=turns,
             max_new_tokens=budget,
         )
 

@@ -131,7 +131,16 @@ class Driver:
         self._lockstep_admitted = 0  # requests admitted at the current version (lock-step ids)
         self._learner_thread: threading.Thread | None = None
         self._running = False
-        self._points = SafePoints(
+        self._points, self._schedule = self._own_threads(lender)
+        if lender is not None:  # it reads the buffer, and wakes the learner to serve its replica
+            lender.bind(self)
+
+    def _own_threads(self, lender: LenderPart | None) -> tuple[SafePoints, ThreadedSchedule]:
+        """The two parts the driver owns and calls: its safe points (the calls queued for the
+        step boundary, the sampler thread's parking) and its threaded schedule (the sampler
+        and reward threads, the learner's wait), both working on the driver's lock and
+        calling back into its steps."""
+        points = SafePoints(
             self._cond,
             self.clocks,
             running=lambda: self._running,
@@ -146,17 +155,16 @@ class Driver:
             learner=lambda: self._learner,
             stop=self.stop,
         )
-        self._schedule = ThreadedSchedule(
+        schedule = ThreadedSchedule(
             work,
             cond=self._cond,
             stop=self._stop,
             clocks=self.clocks,
-            points=self._points,
+            points=points,
             rewards=self._rewards_q,
             lender=lender,
         )
-        if lender is not None:  # it reads the buffer, and wakes the learner to serve its replica
-            lender.bind(self)
+        return points, schedule
 
     # -- control ----------------------------------------------------------------------------
 

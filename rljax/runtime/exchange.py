@@ -21,6 +21,7 @@ process that read a prompt scores its group and runs its envs, on every transpor
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -58,6 +59,26 @@ class Exchange(Protocol):
         """No more ``topic`` calls: a pod follower's server for it returns."""
         ...
 
+    # A stream: messages a participant sends the leader as they come (env answers), in order.
+    def post(self, topic: str, value: Any) -> None:
+        """Send the leader ``value`` on ``topic`` (a participant other than the leader; any
+        thread). After :meth:`end`, nothing is sent."""
+        ...
+
+    def listen(self, topic: str, heard: Callable[[int, Any], None]) -> None:
+        """The leader's: call ``heard(participant, value)`` for each value posted on ``topic``,
+        each participant's in order, on threads of this exchange."""
+        ...
+
+    def check(self, topic: str) -> None:
+        """Raise what failed while listening on ``topic``."""
+        ...
+
+    def end(self, topic: str) -> None:
+        """The end of ``topic``'s stream: a participant sends its last; the leader waits for
+        every participant's last (and raises what failed)."""
+        ...
+
 
 def owners(keys: Sequence[int], count: int) -> list[int]:
     """The participant that owns each item: its key modulo ``count``."""
@@ -91,7 +112,29 @@ def serve(exchange: Exchange, topic: str, work: Work) -> None:
         exchange.share(topic, work(mine))
 
 
-class Alone:
+class _Leader:
+    """A transport whose only participant that streams is the leader itself: nothing to hear
+    (one process, or an SPMD program, whose processes decide alike and stream nothing)."""
+
+    index: int
+
+    def post(self, topic: str, value: Any) -> None:
+        raise RuntimeError(
+            f"participant {self.index} posted on '{topic}', a stream only a pod's followers "
+            "send (a bug)"
+        )
+
+    def listen(self, topic: str, heard: Callable[[int, Any], None]) -> None:
+        pass
+
+    def check(self, topic: str) -> None:
+        pass
+
+    def end(self, topic: str) -> None:
+        pass
+
+
+class Alone(_Leader):
     """One process: it owns every item; nothing moves."""
 
     count = 1
@@ -108,7 +151,7 @@ class Alone:
         pass
 
 
-class AllGather:
+class AllGather(_Leader):
     """The processes of one SPMD program: each works on its share, an all-gather (a collective:
     every process calls it in the same order) hands every share to every process."""
 
@@ -143,6 +186,10 @@ class ChannelExchange:
         self.count, self.index = len(self.processes), self.processes.index(me)
         self._sent: dict[str, int] = {}  # the leader's calls per topic, or a follower's served
         self._shared: dict[str, int] = {}
+        self._lock = threading.Lock()  # a stream's posts come from any thread
+        self._posted: dict[str, int] = {}
+        self._ended: set[str] = set()
+        self._readers: dict[str, list[_Reader]] = {}
 
     def _next(self, counts: dict[str, int], topic: str) -> int:
         n = counts.get(topic, 0)
@@ -183,6 +230,37 @@ class ChannelExchange:
         for host in range(1, self.count):
             self.channel.post(host_key(topic, self.epoch, host, n), None)
 
+    def post(self, topic: str, value: Any) -> None:
+        with self._lock:
+            if topic not in self._ended:
+                self._post(topic, value)
+
+    def _post(self, topic: str, value: Any) -> None:
+        key = host_key(topic, self.epoch, self.index, self._next(self._posted, topic))
+        try:
+            self.channel.post(key, value)
+        except BaseException as e:  # maybe on an env's thread: the leader would wait for ever
+            self.channel.fail(e)
+            raise
+
+    def listen(self, topic: str, heard: Callable[[int, Any], None]) -> None:
+        self._readers[topic] = [_Reader(self, topic, h, heard) for h in range(1, self.count)]
+
+    def check(self, topic: str) -> None:
+        for reader in self._readers.get(topic, []):
+            if reader.error is not None:
+                raise reader.error
+
+    def end(self, topic: str) -> None:
+        if self.index == 0:
+            for reader in self._readers.pop(topic, []):  # each ends on its follower's null
+                reader.join()
+            return
+        with self._lock:
+            if topic not in self._ended:
+                self._post(topic, None)
+                self._ended.add(topic)
+
 
 class Server(ChannelThread):
     """A pod follower's thread serving one topic (:func:`serve`) until the leader closes it.
@@ -195,3 +273,31 @@ class Server(ChannelThread):
 
     def _serve(self) -> None:
         serve(self.exchange, self.topic, self.work)
+
+
+class _Reader(ChannelThread):
+    """The leader's thread hearing one follower's stream on a topic, until its null. An error
+    here fails the pod (:meth:`Channel.fail`)."""
+
+    def __init__(
+        self,
+        exchange: ChannelExchange,
+        topic: str,
+        host: int,
+        heard: Callable[[int, Any], None],
+    ):
+        super().__init__(exchange.channel, f"pod-{topic}-{host}")
+        self.exchange, self.topic, self.host, self.heard = exchange, topic, host, heard
+        self.start()
+
+    def _serve(self) -> None:
+        x, n = self.exchange, 0
+        while True:
+            key = host_key(self.topic, x.epoch, self.host, n)
+            what = f"sampler host {x.processes[self.host]}'s '{self.topic}' messages"
+            value = x.channel.get(key, waiting_for=what)
+            x.channel.delete(key)
+            if value is None:
+                return
+            self.heard(self.host, value)
+            n += 1

@@ -32,6 +32,7 @@ from rljax.mesh import distributed
 from rljax.mesh.weight_sync import WeightSync
 from rljax.policy.reallocation import Split
 from rljax.runtime import resizing, resume
+from rljax.runtime.env_answers import EnvAnswers
 from rljax.runtime.exchange import AllGather, Alone, Exchange
 from rljax.runtime.hosted import HostedRun
 from rljax.runtime.parts import LearnerPart, Parts
@@ -191,6 +192,7 @@ class LocalHosting:
             prompts=prompts,
             scorer=Scorer(exchange, run.reward_pool(), run.tokenizer),
             resizer=InPlaceResizer(run),
+            answers=EnvAnswers(run.conversations, exchange),
             engine=engine,
         )
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from rljax.mesh.weight_sync import SyncStats
     from rljax.policy.reallocation import Split
     from rljax.policy.staleness import StalenessBuffer
+    from rljax.runtime.env_answers import EnvAnswers
     from rljax.runtime.rollout import Group
 
 
@@ -246,6 +247,7 @@ class Parts:
     prompts: PromptSource
     scorer: ScorerPart
     resizer: Resizer
+    answers: EnvAnswers  # each conversation's Turns, and its env's answers where they run
     # What the driver's learner steps on, from groups; None: the run packs its own batches (its
     # learner is in this process), a pod's leader posts the groups themselves.
     batches: Callable[[list[Group]], Any] | None = None

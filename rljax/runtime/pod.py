@@ -8,13 +8,13 @@ hosts), each process owns devices of one mesh only, so each plays one role:
   with the same policies as one host. It takes every decision once: which requests enter the
   sampler, when weights swap and to which version, which groups the buffer hands the learner,
   when to checkpoint and stop. It writes the metrics, and shares each scoring call with the
-  other sampler hosts (:mod:`rljax.runtime.pod_scoring`).
+  other sampler hosts (:mod:`rljax.runtime.scoring`).
 - **Sampler followers** replay the leader's sampler operations in the same order (submit,
   swap, generate, interrupt, ...), so their engine state stays identical; each generate is one
   program over the whole sampler mesh. Each reads its stride of the prompt stream
-  (:mod:`rljax.runtime.pod_prompts`), whose groups take its slots, and scores them. With an
+  (:mod:`rljax.runtime.prompts`), whose groups take its slots, and scores them. With an
   env, it steps those groups' conversations, and each step applies the env answers the
-  leader posted with it (:mod:`rljax.runtime.pod_envs`).
+  leader posted with it (:mod:`rljax.runtime.env_answers`).
 - **Learner processes** replay the learner operations: train on the groups the leader chose,
   send weights, save checkpoints (orbax on the learner processes only).
 
@@ -55,7 +55,7 @@ from rljax.runtime.pod_weights import PodWeights
 from rljax.runtime.rollout import encode_group
 
 if TYPE_CHECKING:
-    from rljax.runtime.pod_envs import PodTurns
+    from rljax.runtime.env_answers import EnvAnswers
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def decode_request(
     d: dict[str, Any], turns: Callable[[Request], Callable[[int], Turns]] | None = None
 ) -> Request:
     """The request ``d`` encodes; a conversation's turns are ``turns(request)`` (this host's
-    :meth:`~rljax.runtime.pod_envs.PodTurns.turns`)."""
+    :meth:`~rljax.runtime.env_answers.EnvAnswers.turns`)."""
     sampling = None if d["sampling"] is None else SlotSampling(**d["sampling"])
     r = Request(
         d["prompt_tokens"],
@@ -263,14 +263,14 @@ class PodSampler:
         ticks: Ticks,
         weights: PodWeights,
         sync: PodWeightSync,
-        envs: PodTurns | None = None,
+        answers: EnvAnswers | None = None,
         on_tick: Callable[[], None] = lambda: None,
     ):
         self.real = sampler
         self.ticks = ticks
         self.weights = weights
         self.sync = sync
-        self.envs = envs  # a run with an env: this host's conversations (rljax.runtime.pod_envs)
+        self.answers = answers  # this host's conversations (rljax.runtime.env_answers)
         self.swapped = -1
         self.on_tick = on_tick  # the leader polls for stop requests here
 
@@ -312,8 +312,6 @@ class PodSampler:
         return self.real.has_work()
 
     def submit(self, requests) -> list[int]:
-        if self.envs is not None:
-            requests = [self.envs.bind(r) for r in requests]
         with self.ticks.lock:
             ids = self.real.submit(requests)
             self.ticks.queue(Op.SUBMIT, [encode_request(r) for r in requests])
@@ -346,10 +344,10 @@ class PodSampler:
 
     def step(self):
         """One step everywhere, with the env answers ready now: posted with the step, so the
-        followers continue the same conversations (:mod:`rljax.runtime.pod_envs`)."""
+        followers continue the same conversations (:mod:`rljax.runtime.env_answers`)."""
         self.on_tick()  # outside the tick lock: it may take the driver's
-        if self.envs is not None:
-            self.envs.check()
+        if self.answers is not None and self.answers.conversations is not None:
+            self.answers.check()
             self.real.wait_for_turns(WAIT_FOR_ENV_S)
         with self.ticks.lock:
             answers = self.real.ready_turns()

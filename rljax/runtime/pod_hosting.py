@@ -31,8 +31,9 @@ from rljax.mesh import distributed
 from rljax.mesh.control import Channel
 from rljax.mesh.transfer import transfer
 from rljax.policy.reallocation import Split
-from rljax.runtime import pod, pod_envs, pod_replay, pod_resize, prompts, resume, scoring
+from rljax.runtime import pod, pod_replay, pod_resize, prompts, resume, scoring
 from rljax.runtime.clocks import compile_seconds
+from rljax.runtime.env_answers import EnvAnswers
 from rljax.runtime.exchange import ChannelExchange, Server
 from rljax.runtime.hosted import HostedRun
 from rljax.runtime.parts import Parts
@@ -78,7 +79,7 @@ class PodHosting:
         # a sampler follower's parts (the leader's are the run's)
         self.real_sampler: Sampler | None = None
         self.servers: list[Server] = []  # a follower's prompt reader and scorer
-        self.envs: pod_envs.PodTurns | None = None  # a sampler host's conversations
+        self.answers: EnvAnswers | None = None  # a sampler host's conversations
         self.resizer: pod_resize.PodResizer | None = None  # the leader's
         self.learner: Learner | None = None  # a learner process's
 
@@ -161,9 +162,7 @@ class PodHosting:
         # every sampler host scores a share of the groups
         scorer = Scorer(exchange, run.reward_pool(), run.tokenizer, scored=self.scored_by_host)
         # each conversation's env runs on the sampler host that read its prompt
-        self.envs = pod_envs.open_envs(
-            roles, self.channel, self.resizes, run.conversations, self.env_turns_by_host
-        )
+        self.answers = answers = EnvAnswers(run.conversations, exchange, self.env_turns_by_host)
         if not roles.is_leader:  # the leader's stream and scorer ask; these serve
             self.real_sampler = sampler
             self.servers = [
@@ -174,7 +173,7 @@ class PodHosting:
         sync = pod.PodWeightSync()
         self.ticks = self.ticks or pod.Ticks(self.channel)
         on_tick = lambda: self._poll_stop(run)  # noqa: E731 - the leader polls for stops
-        pod_sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync, self.envs, on_tick)
+        pod_sampler = pod.PodSampler(sampler, self.ticks, self.weights, sync, answers, on_tick)
         self.resizer = pod_resize.PodResizer(run)
         return Parts(
             sampler=pod_sampler,
@@ -183,6 +182,7 @@ class PodHosting:
             prompts=stream,
             scorer=scorer,
             resizer=self.resizer,
+            answers=answers,
             batches=pod.make_pod_batch,
             engine=engine,
         )
@@ -192,7 +192,7 @@ class PodHosting:
         if self.learner is not None:
             self.learner.release()
         run.adopt_parts(None)
-        self.learner = self.real_sampler = self.envs = None
+        self.learner = self.real_sampler = self.answers = None
         self.servers = []
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -341,8 +341,8 @@ class PodHosting:
     def _stop_envs(self) -> None:
         """After END or RESIZE: a follower posts the null after its last env answer; the leader
         waits for every follower's (its readers end there)."""
-        if self.envs is not None:
-            self.envs.stop()
+        if self.answers is not None:
+            self.answers.stop()
 
     # -- resizing -------------------------------------------------------------------------------
 

@@ -44,9 +44,10 @@ def replay(
 def follow_sampler(run, hosting, sampler: Sampler, k: int = 0) -> tuple[int, Op, Any]:
     """A sampler follower: replays the leader's sampler operations from tick ``k``. A step
     applies the env answers the leader took (never this host's own futures), and a
-    conversation's turns are made here (:mod:`rljax.runtime.pod_envs`)."""
+    conversation's turns are made here (:mod:`rljax.runtime.env_answers`)."""
     weights = hosting.weights
-    turns = None if hosting.envs is None else hosting.envs.turns
+    answers = hosting.answers
+    turns = None if answers is None or answers.conversations is None else answers.turns
     return replay(
         hosting.channel,
         k,

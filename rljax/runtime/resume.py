@@ -135,11 +135,7 @@ def learner_for(
     if restored is None:
         learner = new_learner(cfg, mesh, loss)
     elif (cached := cache.peek(mesh)) is not None:
-        params = restored.params
-        if cached.lora:  # the checkpoint holds the adapters; the base is the cached learner's
-            params = lora.join(lora.split_adapters(cached.params)[1], params)
-        cached.params, cached.opt_state = params, restored.opt_state
-        cached.version = restored.version
+        cached.load_state(restored.params, restored.opt_state, restored.version)
         learner = cached
     else:
         graphdef = abstract_params(initial_model_config(cfg), mesh, lora=cfg.lora)[0]

@@ -248,7 +248,8 @@ class Run:
         """A request for ``example``; its sampling seed depends only on the run seed and id."""
         self._lead("Run.make_request")
         home = self.prompts.home(example)
-        return self.encoding.request(example, request_id, greedy=greedy, home=home)
+        request = self.encoding.request(example, request_id, greedy=greedy, home=home)
+        return self._parts("make_request").answers.bind(request)
 
     def next_prompts(self) -> list[dict]:
         """The next global batch of prompts (the same list on every process that reads it)."""

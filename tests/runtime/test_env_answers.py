@@ -1,11 +1,10 @@
-"""runtime.pod_envs, in one process (threads and an in-memory channel): a conversation's env
-runs on its home host only; the home's answers reach the leader's stand-in in order, with the
-env's reward and counters; the hosts' conversation serials agree; a build's end stops the
-answers and leaves nothing in the store."""
+"""runtime.env_answers over a pod's transport, in one process (threads and an in-memory
+channel): a conversation's env runs on its home host only; the home's answers reach the
+leader's stand-in in order, with the env's reward and counters; the hosts' conversation serials
+agree; a build's end stops the answers and leaves nothing in the store. On one process every
+conversation is its own."""
 
 from __future__ import annotations
-
-import types
 
 import pytest
 
@@ -13,9 +12,10 @@ from rljax.engine.samples import Request
 from rljax.envs import Conversations, LookupEnv
 from rljax.envs.conversation import NO_TURNS
 from rljax.envs.render import ChatRenderer
+from rljax.mesh.control import PodProtocolError
 from rljax.models.tokenizer import Tokenizer
-from rljax.runtime.pod import PodProtocolError
-from rljax.runtime.pod_envs import AnswerBook, HomeTurns, RemoteTurns, open_envs
+from rljax.runtime.env_answers import AnswerBook, EnvAnswers, HomeTurns, RemoteTurns
+from rljax.runtime.exchange import Alone, ChannelExchange
 from rljax.runtime.prompts import POSITION
 from rljax.testing.pod import MemoryChannel
 
@@ -41,12 +41,11 @@ def _conversations():
 
 def _request(request_id: int, example: dict, conversations) -> Request:
     prompt = conversations.prompt(example)
-    turns = conversations.turns(example, prompt)
-    return Request(prompt, 2, request_id=request_id, payload=example, turns=turns)
+    return Request(prompt, 2, request_id=request_id, payload=example)
 
 
-def _roles(me: int):
-    return types.SimpleNamespace(sampler=(0, 1), me=me, is_leader=me == 0)
+def _answers(channel, me: int, conversations, counts=None, epoch: int = 3) -> EnvAnswers:
+    return EnvAnswers(conversations, ChannelExchange(channel, (0, 1), me, epoch), counts)
 
 
 EXAMPLE = {"prompt": "37+*=", "hidden": "45", "answer": "82"}
@@ -56,9 +55,7 @@ def test_a_conversation_steps_its_env_on_its_home_host_and_the_leader_hears_it()
     CountedLookup.steps = []
     channel, counts = MemoryChannel(), {}
     convs = _conversations()
-    leader = open_envs(_roles(0), channel, 3, convs, counts)
-    follower = open_envs(_roles(1), channel, 3, convs, {})
-    assert leader is not None and follower is not None
+    leader, follower = _answers(channel, 0, convs, counts), _answers(channel, 1, convs)
     # Position 5 was read by host 1 (5 % 2); an evaluation prompt (no position) of request 4
     # belongs to host 0 (4 % 2).
     remote, own = {**EXAMPLE, POSITION: 5}, dict(EXAMPLE)
@@ -112,14 +109,27 @@ def test_the_hosts_number_their_conversations_alike_and_check_it():
 
 def test_a_request_without_turns_is_left_as_it_is_and_serials_follow_the_making_order():
     convs = _conversations()
-    envs = open_envs(_roles(1), MemoryChannel(), 0, convs, {})
-    assert envs is not None
+    envs = _answers(MemoryChannel(), 1, convs)
     plain = Request([5, 6], 2, request_id=0)
     assert envs.bind(plain) is plain
     bound = envs.bind(_request(7, {**EXAMPLE, POSITION: 3}, convs))  # host 1's
     assert bound.turns is not None
     made = [bound.turns(i) for i in (1, 0)]
     assert [t.serial for t in made] == [0, 1]
-    assert open_envs(_roles(0), MemoryChannel(), 0, None, {}) is None
+    without_env = _answers(MemoryChannel(), 0, None)
+    assert without_env.bind(bound) is bound  # a run without an env binds nothing
     envs.stop()
+    convs.close()
+
+
+def test_on_one_process_every_conversation_is_its_own():
+    CountedLookup.steps = []
+    convs, counts = _conversations(), {}
+    answers = EnvAnswers(convs, Alone(), counts)
+    bound = answers.bind(_request(5, {**EXAMPLE, POSITION: 9}, convs))
+    turns = bound.turns(0)
+    assert isinstance(turns, HomeTurns)
+    assert turns.next_turn(LOOKUP).result(timeout=30) == TOK.encode("45=")
+    assert counts == {0: 1} and CountedLookup.steps == ["*"]
+    answers.stop()
     convs.close()
