@@ -158,7 +158,9 @@ def _weight(s: TrainSequence, aggregation: str, n_resp: int, n_seqs: int, max_ne
     return 1.0 / (n_seqs * max_new)
 
 
-def _write(arrays, row: int, start: int, seg: int, s: TrainSequence, weight: float) -> None:
+def _write(
+    arrays: dict[str, np.ndarray], row: int, start: int, seg: int, s: TrainSequence, weight: float
+) -> None:
     n, p = len(s.tokens), s.prompt_len
     sl = slice(start, start + n)
     arrays["tokens"][row, sl] = s.tokens

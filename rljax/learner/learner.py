@@ -394,7 +394,37 @@ class Learner:
         """The pieces a checkpoint saves."""
         return {"params": self.saved_params, "opt_state": self.opt_state, "version": self.version}
 
-    def release(self) -> None:
+    def load_state(self, params: Any, opt_state: Any, version: int) -> None:
+        """Continue from a checkpoint's state, restored onto this learner's shardings: what
+        :meth:`state_dict` saved (with LoRA the adapters alone, joined here to this learner's
+        base, which a checkpoint never holds)."""
+        if self.lora:
+            params = lora.join(lora.split_adapters(self.params)[1], params)
+        self.params, self.opt_state, self.version = params, opt_state, version
+
+    def take_state(self, source: Learner, *, params: bool = True) -> None:
+        """Continue from ``source`` (a learner on another mesh): its optimiser state, version,
+        params and reference params, each resharded with ``jax.device_put``. ``params=False``
+        when this learner was just built from ``source``'s params (its constructor copied them
+        and the reference). ``source`` then lets go of its arrays, so the chips it leaves are
+        free for the sampler."""
+        if params:
+            self.params = jax.device_put(source.params, self.param_shardings, may_alias=False)
+            if source.ref_params is not None:
+                self.ref_params = jax.device_put(
+                    source.ref_params, self.param_shardings, may_alias=False
+                )
+        # The same shardings the train step was compiled for, so its jit cache still hits.
+        self.opt_state = jax.device_put(source.opt_state, self._opt_shardings(), may_alias=False)
+        self.version = source.version
+        jax.block_until_ready((self.params, self.opt_state, self.ref_params))
+        source.release(reference=True)
+
+    def release(self, *, reference: bool = False) -> None:
         """Drop the params and optimiser state (a pod host changing role frees its memory; the
-        state lives on in the checkpoint the resize restores)."""
+        state lives on in the checkpoint the resize restores), and with ``reference`` the
+        reference params too (a move hands them to the learner on the new mesh; a pod host
+        keeps them for the cached learner a restore reuses)."""
         self.params = self.opt_state = None
+        if reference:
+            self.ref_params = None

@@ -72,7 +72,7 @@ class Loss:
     scale_advantages: bool = True
     sampled: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.proximal not in ("always", "with_is", "never"):
             raise ValueError(
                 f"Loss.proximal={self.proximal!r}; expected 'always', 'with_is' or 'never'"
@@ -125,7 +125,9 @@ def _proximal(x: LossInputs, cfg: LearnerConfig) -> jax.Array:
     return current  # one update per batch: the current params are pi_prox's
 
 
-def _clipped_surrogate(ratio, advantages, cfg: LearnerConfig):
+def _clipped_surrogate(
+    ratio: jax.Array, advantages: jax.Array, cfg: LearnerConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """PPO's clipped surrogate, and verl's dual clip: for A < 0 the loss is at most -c A."""
     clipped = jnp.clip(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
     unclipped_obj = ratio * advantages
@@ -140,26 +142,29 @@ def _clipped_surrogate(ratio, advantages, cfg: LearnerConfig):
     return loss, metrics
 
 
-def _policy_gradient(x: LossInputs, cfg: LearnerConfig, *, decoupled: bool):
-    metrics = {}
+def _policy_gradient(
+    x: LossInputs, cfg: LearnerConfig, *, decoupled: bool
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    metrics: dict[str, jax.Array] = {}
+    weight: jax.Array | float = 1.0
     if decoupled or cfg.truncated_is > 0:
         prox = _proximal(x, cfg)
         ratio = jnp.exp(x.logprobs - prox)
-        weight: jax.Array | float = jnp.exp(prox - x.old_logprobs)
+        is_weight = jnp.exp(prox - x.old_logprobs)
         if cfg.truncated_is > 0:
-            weight = jnp.minimum(weight, cfg.truncated_is)
-        weight = jax.lax.stop_gradient(weight)
-        metrics["is_weight"] = weight
+            is_weight = jnp.minimum(is_weight, cfg.truncated_is)
+        weight = metrics["is_weight"] = jax.lax.stop_gradient(is_weight)
     else:
         ratio = jnp.exp(x.logprobs - x.old_logprobs)
-        weight = 1.0
     loss, clip_metrics = _clipped_surrogate(ratio, x.advantages, cfg)
     loss = weight * loss
     metrics.update(ratio=ratio, **clip_metrics)
     return _with_kl(loss, metrics, x, cfg)
 
 
-def _with_kl(loss, metrics, x: LossInputs, cfg: LearnerConfig):
+def _with_kl(
+    loss: jax.Array, metrics: dict[str, jax.Array], x: LossInputs, cfg: LearnerConfig
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     if x.ref_logprobs is not None:
         kl = kl_k3(x.logprobs, x.ref_logprobs)
         metrics["kl"] = kl
@@ -168,17 +173,17 @@ def _with_kl(loss, metrics, x: LossInputs, cfg: LearnerConfig):
     return loss, metrics
 
 
-def grpo(x: LossInputs, cfg: LearnerConfig):
+def grpo(x: LossInputs, cfg: LearnerConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO: PPO-clipped surrogate on group advantages, optional k3 KL to a reference."""
     return _policy_gradient(x, cfg, decoupled=False)
 
 
-def decoupled_ppo(x: LossInputs, cfg: LearnerConfig):
+def decoupled_ppo(x: LossInputs, cfg: LearnerConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
     """AReaL's decoupled PPO: clip against the proximal policy, IS-weight by the behaviour."""
     return _policy_gradient(x, cfg, decoupled=True)
 
 
-def gspo(x: LossInputs, cfg: LearnerConfig):
+def gspo(x: LossInputs, cfg: LearnerConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GSPO: one length-normalised ratio per sequence, clipped at the sequence level."""
     r, t = x.mask.shape
     ids = (jnp.arange(r)[:, None] * (t + 1) + x.segment_ids).reshape(-1)
@@ -191,7 +196,7 @@ def gspo(x: LossInputs, cfg: LearnerConfig):
     return _with_kl(loss, {"ratio": ratio, **clip_metrics}, x, cfg)
 
 
-def sft(x: LossInputs, cfg: LearnerConfig):
+def sft(x: LossInputs, cfg: LearnerConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Cross-entropy on the masked tokens (supervised fine-tuning / warm start)."""
     del cfg
     return -x.logprobs, {"entropy": x.entropy}
@@ -301,7 +306,7 @@ def check_loss(loss: Loss, cfg: LearnerConfig, rows: int = 2, length: int = 3) -
             )
 
 
-def _describe(value) -> str:
+def _describe(value: Any) -> str:
     if isinstance(value, jax.ShapeDtypeStruct):
         return f"shape {list(value.shape)}"
     if isinstance(value, tuple | list):

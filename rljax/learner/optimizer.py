@@ -8,6 +8,8 @@ checkpoint and a resize place a restored or moved optimiser state with
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import optax
 
@@ -17,7 +19,9 @@ from rljax.config import LearnerConfig
 _STATIC_ADAMW_ARGS = ("b1", "b2", "eps", "eps_root", "weight_decay")
 
 
-def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
+def make_optimizer(
+    cfg: LearnerConfig, learning_rate: float | None = None
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW with linear warmup, optional cosine decay, and global-norm clipping.
 
     The rate goes through ``optax.inject_hyperparams``, so the optimiser state holds the rate
@@ -40,12 +44,14 @@ def make_optimizer(cfg: LearnerConfig, learning_rate: float | None = None):
     return optax.chain(*parts), schedule
 
 
-def applied_learning_rate(opt_state) -> jax.Array:
+def applied_learning_rate(opt_state: Any) -> jax.Array:
     """The learning rate the optimiser's last update applied (read from its state)."""
     return optax.tree_utils.tree_get(opt_state, "hyperparams")["learning_rate"]
 
 
-def optimizer_shardings(tx, params, param_shardings, replicated):
+def optimizer_shardings(
+    tx: optax.GradientTransformation, params: Any, param_shardings: Any, replicated: Any
+) -> Any:
     """Moment buffers follow their parameter's sharding; step counts are replicated.
 
     Explicit, because a sharding left to propagation differs between the first and later
@@ -56,7 +62,7 @@ def optimizer_shardings(tx, params, param_shardings, replicated):
         for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]
     }
 
-    def pick(path, leaf):
+    def pick(path: tuple, leaf: jax.ShapeDtypeStruct) -> Any:
         # Optimiser leaves end in '.value' (the nnx Variable); parameter paths do not.
         key = jax.tree_util.keystr(path).removesuffix(".value")
         matches = [s for p, s in by_path.items() if key.endswith(p)]

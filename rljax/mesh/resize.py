@@ -162,17 +162,7 @@ def move_learner(
             kernel_impl=current.gradients.kernel_impl,
         ),
     )
-    if not fresh:  # a new learner copied them in its constructor
-        target.params = jax.device_put(current.params, target.param_shardings, may_alias=False)
-        if current.ref_params is not None:
-            target.ref_params = jax.device_put(
-                current.ref_params, target.param_shardings, may_alias=False
-            )
-    # The same shardings the learner's step was compiled for, so its jit cache still hits.
-    target.opt_state = jax.device_put(current.opt_state, target._opt_shardings(), may_alias=False)
-    target.version = current.version
-    jax.block_until_ready((target.params, target.opt_state, target.ref_params))
-    current.params = current.opt_state = current.ref_params = None
+    target.take_state(current, params=not fresh)  # a new learner copied them in its constructor
     return target
 
 
