@@ -25,12 +25,7 @@ MAX_FUNCTION_LINES = 80
 
 # Breaches still in the tree (issue 41 is being worked through); each names what it is.
 KNOWN_LONG_FILES: set[str] = set()
-KNOWN_LONG_FUNCTIONS: set[str] = {
-    "rljax.kernels.flash_attention.kernel:flash_attention_fwd_kernel",
-    "rljax.kernels.flash_attention.kernel_bwd:flash_attention_bwd_kernel",
-    "rljax.kernels.paged_attention.kernel:_kernel",
-    "rljax.runtime.driver:__init__",
-}
+KNOWN_LONG_FUNCTIONS: set[str] = set()
 KNOWN_CIRCLES: set[frozenset[str]] = set()
 
 

@@ -56,59 +56,104 @@ def _last_kv_block(q_block, block_q, block_kv):
     return jax.lax.div((q_block + 1) * block_q - 1, jnp.int32(block_kv))
 
 
-def _kernel(*refs, sm_scale, causal, has_segments, kv_len, padded_len, block_q, block_kv):
-    if has_segments:
+def _init_scratch(m_sc, l_sc, acc_sc) -> None:
+    """Empty running statistics before a query tile's first kv tile."""
+    m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
+    l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+    acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+
+def _masked_scores(q, k, qi, kj, qseg_ref, kvseg_ref, *, cfg):
+    """Scaled scores of one [block_q, block_kv] tile, MASK_VALUE where a query may not look:
+    above the diagonal (causal), at padded keys, across segments."""
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s = s * cfg["sm_scale"]
+    mask = None
+    col = kj * cfg["block_kv"] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    if cfg["causal"]:
+        row = qi * cfg["block_q"] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+        mask = col <= row
+    if cfg["kv_len"] < cfg["padded_len"]:
+        in_range = col < cfg["kv_len"]
+        mask = in_range if mask is None else mask & in_range
+    if qseg_ref is not None:
+        same = qseg_ref[:, :1] == kvseg_ref[:1, :]
+        mask = same if mask is None else mask & same
+    if mask is not None:
+        s = jnp.where(mask, s, MASK_VALUE)
+    return s
+
+
+def _online_softmax_update(s, v_ref, m_sc, l_sc, acc_sc) -> None:
+    """Folds one tile's scores into the running max, sum and accumulator (rescaled by
+    alpha = exp(m_prev - m_new))."""
+    m_prev = m_sc[...]
+    m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+    alpha = jnp.exp(m_prev - m_new)
+    p = jnp.exp(s - m_new)
+    l_sc[...] = alpha * l_sc[...] + p.sum(axis=-1, keepdims=True)
+    v = v_ref[...]
+    pv = jax.lax.dot_general(
+        p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    acc_sc[...] = alpha * acc_sc[...] + pv
+    m_sc[...] = m_new
+
+
+def _finalise(o_ref, lse_ref, m_sc, l_sc, acc_sc) -> None:
+    """Writes the normalised output and the row log-sum-exp after the last kv tile."""
+    row_sum = l_sc[...]
+    o_ref[...] = (acc_sc[...] / row_sum).astype(o_ref.dtype)
+    lse_ref[...] = m_sc[...] + jnp.log(row_sum)
+
+
+def _kernel(*refs, cfg):
+    if cfg["has_segments"]:
         q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
     else:
         q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
+        qseg_ref = kvseg_ref = None
     qi = pl.program_id(2)
     kj = pl.program_id(3)
     num_kv_blocks = pl.num_programs(3)
 
     @pl.when(kj == 0)
     def _():
-        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
-        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
-        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+        _init_scratch(m_sc, l_sc, acc_sc)
 
-    run = kj <= _last_kv_block(qi, block_q, block_kv) if causal else True
+    run = kj <= _last_kv_block(qi, cfg["block_q"], cfg["block_kv"]) if cfg["causal"] else True
 
     @pl.when(run)
     def _():
-        q = q_ref[...]
-        k = k_ref[...]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        s = s * sm_scale
-        mask = None
-        col = kj * block_kv + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-        if causal:
-            row = qi * block_q + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
-            mask = col <= row
-        if kv_len < padded_len:
-            in_range = col < kv_len
-            mask = in_range if mask is None else mask & in_range
-        if has_segments:
-            same = qseg_ref[:, :1] == kvseg_ref[:1, :]
-            mask = same if mask is None else mask & same
-        if mask is not None:
-            s = jnp.where(mask, s, MASK_VALUE)
-        m_prev = m_sc[...]
-        m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)
-        p = jnp.exp(s - m_new)
-        l_sc[...] = alpha * l_sc[...] + p.sum(axis=-1, keepdims=True)
-        v = v_ref[...]
-        pv = jax.lax.dot_general(
-            p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        acc_sc[...] = alpha * acc_sc[...] + pv
-        m_sc[...] = m_new
+        s = _masked_scores(q_ref[...], k_ref[...], qi, kj, qseg_ref, kvseg_ref, cfg=cfg)
+        _online_softmax_update(s, v_ref, m_sc, l_sc, acc_sc)
 
     @pl.when(kj == num_kv_blocks - 1)
     def _():
-        row_sum = l_sc[...]
-        o_ref[...] = (acc_sc[...] / row_sum).astype(o_ref.dtype)
-        lse_ref[...] = m_sc[...] + jnp.log(row_sum)
+        _finalise(o_ref, lse_ref, m_sc, l_sc, acc_sc)
+
+
+def segment_args(segment_ids, padded_len: int) -> list:
+    """A kernel's segment-id inputs: query ids lane-broadcast to [B, Tp, 128], key ids
+    sublane-broadcast to [B, 8, Tp] (the layouts TPU tiling accepts for a per-row and a
+    per-column vector); [] without segments."""
+    if segment_ids is None:
+        return []
+    b = segment_ids.shape[0]
+    seg = segment_ids.astype(jnp.int32)
+    return [
+        jnp.broadcast_to(seg[:, :, None], (b, padded_len, _LANES)),
+        jnp.broadcast_to(seg[:, None, :], (b, _SUBLANES, padded_len)),
+    ]
+
+
+def segment_specs(block_q: int, block_kv: int, *, qi_of, kj_of) -> list:
+    """The BlockSpecs of :func:`segment_args`, on a grid whose first index is the batch;
+    ``qi_of(*grid_index)`` and ``kj_of(*grid_index)`` give the query and key tiles."""
+    return [
+        pl.BlockSpec((None, block_q, _LANES), lambda *ix: (ix[0], qi_of(*ix), 0)),
+        pl.BlockSpec((None, _SUBLANES, block_kv), lambda *ix: (ix[0], 0, kj_of(*ix))),
+    ]
 
 
 def flash_attention_fwd_kernel(
@@ -139,8 +184,7 @@ def flash_attention_fwd_kernel(
       (out [B, N, Tp, H] in q's dtype, lse [B, N, Tp, 1] f32).
     """
     b, n, tp, h = q_bnth.shape
-    kv_heads = k_bkth.shape[1]
-    group = n // kv_heads
+    group = n // k_bkth.shape[1]
     bq, bk = block_sizes.block_q, block_sizes.block_kv
     check_lane_tile("block_kv", bk, tp, interpret)
 
@@ -152,30 +196,16 @@ def flash_attention_fwd_kernel(
     q_spec = pl.BlockSpec((None, None, bq, h), lambda bi, ni, qi, kj: (bi, ni, qi, 0))
     kv_spec = pl.BlockSpec((None, None, bk, h), kv_index)
     in_specs = [q_spec, kv_spec, kv_spec]
-    args = [q_bnth, k_bkth, v_bkth]
-    has_segments = segment_ids is not None
-    if has_segments:
-        seg = segment_ids.astype(jnp.int32)
-        args.append(jnp.broadcast_to(seg[:, :, None], (b, tp, _LANES)))
-        args.append(jnp.broadcast_to(seg[:, None, :], (b, _SUBLANES, tp)))
-        in_specs.append(pl.BlockSpec((None, bq, _LANES), lambda bi, ni, qi, kj: (bi, qi, 0)))
-        in_specs.append(
-            pl.BlockSpec(
-                (None, _SUBLANES, bk), lambda bi, ni, qi, kj: (bi, 0, kv_index(bi, ni, qi, kj)[2])
-            )
+    if segment_ids is not None:
+        in_specs += segment_specs(
+            bq, bk, qi_of=lambda *ix: ix[2], kj_of=lambda *ix: kv_index(*ix)[2]
         )
-    kernel = functools.partial(
-        _kernel,
-        sm_scale=sm_scale,
-        causal=causal,
-        has_segments=has_segments,
-        kv_len=kv_len,
-        padded_len=tp,
-        block_q=bq,
-        block_kv=bk,
-    )
+    cfg = dict(
+        sm_scale=sm_scale, causal=causal, has_segments=segment_ids is not None, kv_len=kv_len,
+        padded_len=tp, block_q=bq, block_kv=bk,
+    )  # fmt: skip
     return pl.pallas_call(
-        kernel,
+        functools.partial(_kernel, cfg=cfg),
         grid=(b, n, tp // bq, tp // bk),
         in_specs=in_specs,
         out_specs=[
@@ -196,4 +226,4 @@ def flash_attention_fwd_kernel(
         ),
         interpret=interpret,
         name="rljax_flash_attention_fwd",
-    )(*args)
+    )(q_bnth, k_bkth, v_bkth, *segment_args(segment_ids, tp))

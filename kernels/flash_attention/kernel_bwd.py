@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from rljax.kernels.flash_attention.block_sizes import BlockSizes
-from rljax.kernels.flash_attention.kernel import _LANES, _SUBLANES, check_lane_tile
+from rljax.kernels.flash_attention.kernel import check_lane_tile, segment_args, segment_specs
 
 _DIMS_T = (((1,), (1,)), ((), ()))  # a @ b.T
 _DIMS_N = (((1,), (0,)), ((), ()))  # a @ b
@@ -152,9 +152,7 @@ def flash_attention_bwd_kernel(
     Returns:
       (dq, dk, dv) in the dtypes of q, k, v.
     """
-    b, n, tp, h = q_bnth.shape
-    kv_heads = k_bkth.shape[1]
-    group = n // kv_heads
+    tp = q_bnth.shape[2]
     bq, bk = block_sizes.block_q, block_sizes.block_kv_bwd
     check_lane_tile("block_kv_bwd", bk, tp, interpret)
     delta = jnp.sum(
@@ -165,39 +163,45 @@ def flash_attention_bwd_kernel(
         scale=sm_scale, bq=bq, bk=bk, kv_len=kv_len, causal=causal,
         has_segments=segment_ids is not None,
     )  # fmt: skip
-    seg_args = []
-    if segment_ids is not None:
-        seg = segment_ids.astype(jnp.int32)
-        seg_args = [
-            jnp.broadcast_to(seg[:, :, None], (b, tp, _LANES)),
-            jnp.broadcast_to(seg[:, None, :], (b, _SUBLANES, tp)),
-        ]
-    args = [q_bnth, k_bkth, v_bkth, dout, lse_bnt1, delta, *seg_args]
+    args = [q_bnth, k_bkth, v_bkth, dout, lse_bnt1, delta, *segment_args(segment_ids, tp)]
+    dk, dv = _dkv_call(args, cfg=cfg, interpret=interpret)
+    dq = _dq_call(args, cfg=cfg, interpret=interpret)
+    return dq, dk, dv
 
-    def specs(q_index, kv_index):
-        """BlockSpecs for args, given index maps returning (b, q_head, q_tile), (b, kv_head,
-        kv_tile)."""
-        q_tile = lambda *ix: (*q_index(*ix), 0)
-        kv_tile = lambda *ix: (*kv_index(*ix), 0)
-        row = pl.BlockSpec((None, None, bq, h), q_tile)
-        stat = pl.BlockSpec((None, None, bq, 1), q_tile)
-        kv = pl.BlockSpec((None, None, bk, h), kv_tile)
-        out = [row, kv, kv, row, stat, stat]
-        if segment_ids is not None:
-            qi_of = lambda *ix: q_index(*ix)[2]
-            kj_of = lambda *ix: kv_index(*ix)[2]
-            out.append(pl.BlockSpec((None, bq, _LANES), lambda *ix: (ix[0], qi_of(*ix), 0)))
-            out.append(pl.BlockSpec((None, _SUBLANES, bk), lambda *ix: (ix[0], 0, kj_of(*ix))))
-        return out, kv, row
 
-    # dK/dV: grid (B, K, kv tile, G, q tile).
-    def dkv_q_index(bi, ki, kj, g, qi):
-        if causal:  # Clamp fully masked leading query tiles onto the first needed one.
+def _block_specs(q_index, kv_index, *, head_dim: int, cfg):
+    """BlockSpecs for the kernels' inputs, given index maps returning (b, q_head, q_tile) and
+    (b, kv_head, kv_tile); also the kv-tile and query-row specs, for the outputs."""
+    bq, bk = cfg["bq"], cfg["bk"]
+    q_tile = lambda *ix: (*q_index(*ix), 0)
+    kv_tile = lambda *ix: (*kv_index(*ix), 0)
+    row = pl.BlockSpec((None, None, bq, head_dim), q_tile)
+    stat = pl.BlockSpec((None, None, bq, 1), q_tile)
+    kv = pl.BlockSpec((None, None, bk, head_dim), kv_tile)
+    out = [row, kv, kv, row, stat, stat]
+    if cfg["has_segments"]:
+        qi_of = lambda *ix: q_index(*ix)[2]
+        kj_of = lambda *ix: kv_index(*ix)[2]
+        out += segment_specs(bq, bk, qi_of=qi_of, kj_of=kj_of)
+    return out, kv, row
+
+
+def _dkv_call(args, *, cfg, interpret):
+    """dK and dV: grid (B, K, kv tile, G, q tile)."""
+    q_bnth, k_bkth, v_bkth = args[:3]
+    b, n, tp, h = q_bnth.shape
+    kv_heads = k_bkth.shape[1]
+    group = n // kv_heads
+    bq, bk = cfg["bq"], cfg["bk"]
+
+    def q_index(bi, ki, kj, g, qi):
+        if cfg["causal"]:  # Clamp fully masked leading query tiles onto the first needed one.
             qi = jnp.maximum(qi, _div(kj * bk, bq))
         return bi, ki * group + g, qi
 
-    in_specs, kv_spec, _ = specs(dkv_q_index, lambda bi, ki, kj, g, qi: (bi, ki, kj))
-    dk, dv = pl.pallas_call(
+    kv_index = lambda bi, ki, kj, g, qi: (bi, ki, kj)
+    in_specs, kv_spec, _ = _block_specs(q_index, kv_index, head_dim=h, cfg=cfg)
+    return pl.pallas_call(
         functools.partial(_dkv_kernel, cfg=cfg),
         grid=(b, kv_heads, tp // bk, group, tp // bq),
         in_specs=in_specs,
@@ -214,14 +218,22 @@ def flash_attention_bwd_kernel(
         name="rljax_flash_attention_dkv",
     )(*args)
 
-    # dQ: grid (B, N, q tile, kv tile).
-    def dq_kv_index(bi, ni, qi, kj):
-        if causal:
+
+def _dq_call(args, *, cfg, interpret):
+    """dQ: grid (B, N, q tile, kv tile), the forward's iteration order."""
+    q_bnth, k_bkth = args[:2]
+    b, n, tp, h = q_bnth.shape
+    group = n // k_bkth.shape[1]
+    bq, bk = cfg["bq"], cfg["bk"]
+
+    def kv_index(bi, ni, qi, kj):
+        if cfg["causal"]:
             kj = jnp.minimum(kj, _div((qi + 1) * bq - 1, bk))
         return bi, _div(ni, group), kj
 
-    in_specs, _, row_spec = specs(lambda bi, ni, qi, kj: (bi, ni, qi), dq_kv_index)
-    dq = pl.pallas_call(
+    q_index = lambda bi, ni, qi, kj: (bi, ni, qi)
+    in_specs, _, row_spec = _block_specs(q_index, kv_index, head_dim=h, cfg=cfg)
+    return pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(b, n, tp // bq, tp // bk),
         in_specs=in_specs,
@@ -234,4 +246,3 @@ def flash_attention_bwd_kernel(
         interpret=interpret,
         name="rljax_flash_attention_dq",
     )(*args)
-    return dq, dk, dv

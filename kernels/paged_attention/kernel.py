@@ -12,13 +12,76 @@ are never read: a decode step's cost follows the slot's length, not the table's 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from rljax.kernels.paged_attention.block_sizes import BlockSizes
+
+
+@dataclasses.dataclass(frozen=True)
+class _PageCopies:
+    """The DMAs of one (slot, kv head)'s K/V pages from HBM into the VMEM double buffer."""
+
+    page_table_ref: Any  # [B * pages_per_seq] int32 in SMEM
+    k_hbm: Any  # [K, P, S, H] in HBM
+    v_hbm: Any
+    k_buf: Any  # [2, pages_per_block, S, H] in VMEM
+    v_buf: Any
+    sems: Any  # [2 (k/v), 2 (slot), pages_per_block]
+    b: Any  # this program's slot and kv head (traced)
+    kv_head: Any
+    num_pages: Any  # the slot's valid pages (traced)
+    pages_per_seq: int
+    pages_per_block: int
+
+    def _copies(self, block, slot, j) -> tuple:
+        page = self.page_table_ref[self.b * self.pages_per_seq + block * self.pages_per_block + j]
+        k_src, v_src = self.k_hbm.at[self.kv_head, page], self.v_hbm.at[self.kv_head, page]
+        return (
+            pltpu.make_async_copy(k_src, self.k_buf.at[slot, j], self.sems.at[0, slot, j]),
+            pltpu.make_async_copy(v_src, self.v_buf.at[slot, j], self.sems.at[1, slot, j]),
+        )
+
+    def for_valid_pages(self, block, slot, action) -> None:
+        """``action(copy)`` for each K and V page copy of ``block`` into buffer ``slot``,
+        guarded so pages at or past the slot's valid count are never read."""
+        for j in range(self.pages_per_block):
+
+            @pl.when(block * self.pages_per_block + j < self.num_pages)
+            def _(j=j):
+                for copy in self._copies(block, slot, j):
+                    action(copy)
+
+
+def _online_softmax_step(q, k, v, start, length, carry):
+    """Folds one block of keys (positions ``start`` on) into the running max, sum and
+    accumulator; keys at or past ``length`` are masked."""
+    m_prev, l_prev, acc_prev = carry
+    tokens_per_block = k.shape[0]
+    pos = start + jax.lax.broadcasted_iota(jnp.int32, (1, tokens_per_block), 1)
+    valid = pos < length  # [1, T_blk]; pages past num_pages hold stale or garbage data.
+    s = jax.lax.dot_general(
+        q, k.astype(jnp.float32), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    s = jnp.where(valid, s, -jnp.inf)
+    m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+    alpha = jnp.exp(m_prev - m_new)
+    p = jnp.exp(s - m_new)
+    l_new = alpha * l_prev + p.sum(axis=-1, keepdims=True)
+    # Zero invalid V rows too: 0 * NaN garbage would poison the accumulator.
+    v = jnp.where(valid.reshape(tokens_per_block, 1), v.astype(jnp.float32), 0.0)
+    pv = jax.lax.dot_general(p, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return m_new, l_new, alpha * acc_prev + pv
+
+
+def _normalised(l_fin, acc):
+    """acc / l; l == 0 only when length == 0, and the output is then defined as zeros."""
+    return jnp.where(l_fin > 0, acc / jnp.where(l_fin > 0, l_fin, 1.0), 0.0)
 
 
 def _kernel(
@@ -48,57 +111,30 @@ def _kernel(
     num_pages = pl.cdiv(length, page_size)
     num_blocks = pl.cdiv(num_pages, pages_per_block)
     tokens_per_block = pages_per_block * page_size
-
-    def page_copies(block, slot, j):
-        page = page_table_ref[b * pages_per_seq + block * pages_per_block + j]
-        return (
-            pltpu.make_async_copy(k_hbm.at[kv_head, page], k_buf.at[slot, j], sems.at[0, slot, j]),
-            pltpu.make_async_copy(v_hbm.at[kv_head, page], v_buf.at[slot, j], sems.at[1, slot, j]),
-        )
-
-    def for_valid_pages(block, slot, action):
-        for j in range(pages_per_block):
-
-            @pl.when(block * pages_per_block + j < num_pages)
-            def _(j=j):
-                for copy in page_copies(block, slot, j):
-                    action(copy)
+    pages = _PageCopies(
+        page_table_ref, k_hbm, v_hbm, k_buf, v_buf, sems, b, kv_head, num_pages,
+        pages_per_seq, pages_per_block,
+    )  # fmt: skip
 
     @pl.when(num_blocks > 0)
     def _():
-        for_valid_pages(0, 0, lambda c: c.start())
+        pages.for_valid_pages(0, 0, lambda c: c.start())
 
     q = q_ref[...].astype(jnp.float32) * sm_scale
     group, head_dim = q.shape
 
     def body(block, carry):
-        m_prev, l_prev, acc_prev = carry
         slot = block % 2
 
         # Prefetch the next block into the other slot while this one is scored.
         @pl.when(block + 1 < num_blocks)
         def _():
-            for_valid_pages(block + 1, 1 - slot, lambda c: c.start())
+            pages.for_valid_pages(block + 1, 1 - slot, lambda c: c.start())
 
-        for_valid_pages(block, slot, lambda c: c.wait())
+        pages.for_valid_pages(block, slot, lambda c: c.wait())
         k = k_buf[slot].reshape(tokens_per_block, head_dim)
         v = v_buf[slot].reshape(tokens_per_block, head_dim)
-        pos = block * tokens_per_block + jax.lax.broadcasted_iota(
-            jnp.int32, (1, tokens_per_block), 1
-        )
-        valid = pos < length  # [1, T_blk]; pages past num_pages hold stale or garbage data.
-        s = jax.lax.dot_general(
-            q, k.astype(jnp.float32), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
-        s = jnp.where(valid, s, -jnp.inf)
-        m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)
-        p = jnp.exp(s - m_new)
-        l_new = alpha * l_prev + p.sum(axis=-1, keepdims=True)
-        # Zero invalid V rows too: 0 * NaN garbage would poison the accumulator.
-        v = jnp.where(valid.reshape(tokens_per_block, 1), v.astype(jnp.float32), 0.0)
-        pv = jax.lax.dot_general(p, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        return m_new, l_new, alpha * acc_prev + pv
+        return _online_softmax_step(q, k, v, block * tokens_per_block, length, carry)
 
     init = (
         jnp.full((group, 1), -jnp.inf, jnp.float32),
@@ -106,9 +142,7 @@ def _kernel(
         jnp.zeros((group, head_dim), jnp.float32),
     )
     _, l_fin, acc = jax.lax.fori_loop(0, num_blocks, body, init)
-    # l == 0 only when length == 0: the output is then defined as zeros.
-    out = jnp.where(l_fin > 0, acc / jnp.where(l_fin > 0, l_fin, 1.0), 0.0)
-    o_ref[...] = out.astype(o_ref.dtype)
+    o_ref[...] = _normalised(l_fin, acc).astype(o_ref.dtype)
 
 
 def paged_decode_attention_kernel(

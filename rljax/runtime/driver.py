@@ -136,10 +136,7 @@ class Driver:
             lender.bind(self)
 
     def _own_threads(self, lender: LenderPart | None) -> tuple[SafePoints, ThreadedSchedule]:
-        """The two parts the driver owns and calls: its safe points (the calls queued for the
-        step boundary, the sampler thread's parking) and its threaded schedule (the sampler
-        and reward threads, the learner's wait), both working on the driver's lock and
-        calling back into its steps."""
+        """The two parts the driver owns (module docstring), on its lock, calling its steps."""
         points = SafePoints(
             self._cond,
             self.clocks,
