@@ -30,6 +30,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,39 @@ class SyncStats:
     stage_bytes: int = 0  # multislice: bytes of stage 1, the copy that crosses slices
 
 
+class AdapterMoves:
+    """The adapters-only move of a LoRA run, over any way of moving a params tree (a
+    ``device_put`` here, a pod's union transfer in :mod:`rljax.runtime.pod_weights`): the first
+    move carries the whole params and leaves the frozen base on the sampler; every later one
+    carries the adapters alone, joined to that base on arrival. Off (``enabled`` False), every
+    move carries everything."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.base: Any = None  # the base the first move left (None leaves off the sampler)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the next move carries the whole params."""
+        return self.base is None
+
+    def outgoing(self, params: Any) -> Any:
+        """What the next move carries of ``params`` (None: a process that sends nothing)."""
+        return params if self.whole or params is None else split_adapters(params)[0]
+
+    def arrived(self, moved: Any) -> Any:
+        """The sampler's params from what a move delivered: a whole move's base is kept."""
+        if self.whole:
+            if self.enabled and not _adapters_alone(moved):
+                self.base = split_adapters(moved)[1]
+            return moved
+        return join(self.base, moved)
+
+    def forget(self) -> None:
+        """The base lives on a mesh that is gone (a resize): the next move carries it again."""
+        self.base = None
+
+
 class WeightSync:
     """Holds the newest sampler-side copy of the learner's params."""
 
@@ -80,16 +114,18 @@ class WeightSync:
         self._stage_bytes = 0
         self._lock = threading.Lock()
         self._latest: tuple[object, int] | None = None
-        self.adapters_only = adapters_only
-        self._base = None  # adapters_only: the frozen base on the sampler shardings
+        self.adapters = AdapterMoves(adapters_only)
         # The newest publishes only (one a step; a long run must not grow host memory).
         self.history: collections.deque[SyncStats] = collections.deque(maxlen=HISTORY)
 
-    def copy(self, params):
+    def copy(self, params: Any) -> Any:
         """``params`` cast to the sampler's dtype and copied onto its shardings; not published.
 
         Always a copy, never an alias: the learner donates its buffers to its next step.
         """
+        return self.adapters.arrived(self._move(self.adapters.outgoing(params)))
+
+    def _move(self, params: Any) -> Any:
         needs_cast = self.dtype is not None and any(
             jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.dtype
             for x in jax.tree.leaves(params)
@@ -100,8 +136,6 @@ class WeightSync:
         else:
             out, staged = fan_out(src, self._target_shardings(src), self.slices)
             self._stage_bytes = stage_bytes(staged)
-        if self.adapters_only and self._base is None and not _adapters_alone(params):
-            self._base = split_adapters(out)[1]
         return out
 
     def retarget(self, target_shardings: Callable) -> None:
@@ -113,7 +147,7 @@ class WeightSync:
         with self._lock:
             self._target_shardings = target_shardings
             self._latest = None
-            self._base = None
+            self.adapters.forget()
 
     def due(self, version: int) -> bool:
         """Whether ``version`` should be published: every learner step is (the sampler serves
@@ -123,15 +157,11 @@ class WeightSync:
     def publish(self, params, version: int, *, block: bool = True) -> SyncStats:
         """Copy ``params`` to the sampler shardings and make them the newest version."""
         start = time.perf_counter()
-        base = self._base
-        if base is not None:  # adapters_only, with the base on the sampler already
-            params = split_adapters(params)[0]
-        copy = self.copy(params)
+        moved = self._move(self.adapters.outgoing(params))
         if block:
-            jax.block_until_ready(copy)
-        nbytes = sum(x.nbytes for x in jax.tree.leaves(copy))
-        if base is not None:
-            copy = join(base, copy)
+            jax.block_until_ready(moved)
+        nbytes = sum(x.nbytes for x in jax.tree.leaves(moved))  # what crossed
+        copy = self.adapters.arrived(moved)
         stats = SyncStats(version, nbytes, time.perf_counter() - start, self._stage_bytes)
         with self._lock:
             if self._latest is None or version > self._latest[1]:

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from rljax.mesh.fan_out import stage_bytes, stage_shardings
 from rljax.mesh.slices import SliceMap, count
 from rljax.mesh.transfer import sharding_leaves, transfer
-from rljax.mesh.weight_sync import cast_floating
-from rljax.models.lora import join, split_adapters
+from rljax.mesh.weight_sync import AdapterMoves, cast_floating
+from rljax.models.lora import split_adapters
 from rljax.models.sharding import SAMPLER_RULES, state_shardings
 
 
@@ -44,10 +44,10 @@ class PodWeights:
         adapters_only: bool = False,
     ):
         self._full = _Plan(abstract, sampler_mesh, dtype, slices)
+        self.adapters = AdapterMoves(adapters_only)
         self._adapters = None
         if adapters_only:
             self._adapters = _Plan(split_adapters(abstract)[0], sampler_mesh, dtype, slices)
-        self._base = None  # adapters_only: the base the first move left (None leaves off it)
         self._last = self._full
 
     # The whole params' plan, as before LoRA: what scripts and tests read of it.
@@ -73,16 +73,9 @@ class PodWeights:
 
     def move(self, params=None):
         """The sampler's copy (None leaves on learner processes); see :meth:`_Plan.move`."""
-        if self._adapters is None or self._base is None:
-            self._last = self._full
-            out = self._full.move(params)
-            if self._adapters is not None:
-                self._base = split_adapters(out)[1]
-            return out
-        self._last = self._adapters
-        return join(
-            self._base, self._adapters.move(None if params is None else split_adapters(params)[0])
-        )
+        self._last = self._full if self.adapters.whole else self._adapters
+        assert self._last is not None
+        return self.adapters.arrived(self._last.move(self.adapters.outgoing(params)))
 
 
 class _Plan:
