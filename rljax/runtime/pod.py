@@ -38,21 +38,21 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
 
 from rljax.config import ConfigError
 from rljax.engine.paged import PagedEngine
-from rljax.engine.sampler import Request, Sampler
+from rljax.engine.sampler import Request, Sampler, Trajectory
 from rljax.engine.samples import Turns
 from rljax.engine.state import SlotSampling
 from rljax.mesh.control import Channel, PodProtocolError
 from rljax.mesh.topology import Topology
 from rljax.mesh.weight_sync import HISTORY, SyncStats
 from rljax.runtime.pod_weights import PodWeights
-from rljax.runtime.rollout import encode_group
+from rljax.runtime.rollout import Group, encode_group
 
 if TYPE_CHECKING:
     from rljax.runtime.env_answers import EnvAnswers
@@ -311,13 +311,13 @@ class PodSampler:
     def has_work(self) -> bool:
         return self.real.has_work()
 
-    def submit(self, requests) -> list[int]:
+    def submit(self, requests: Sequence[Request]) -> list[int]:
         with self.ticks.lock:
             ids = self.real.submit(requests)
             self.ticks.queue(Op.SUBMIT, [encode_request(r) for r in requests])
             return ids
 
-    def set_params(self, _params, version: int) -> None:
+    def set_params(self, _params: Any, version: int) -> None:
         """Swap to the learner's ``version``: one union transfer, entered by every process."""
         with self.ticks.lock:
             if version <= self.swapped:
@@ -342,7 +342,7 @@ class PodSampler:
         if latest > self.swapped:
             self.set_params(None, latest)
 
-    def step(self):
+    def step(self) -> list[Trajectory]:
         """One step everywhere, with the env answers ready now: posted with the step, so the
         followers continue the same conversations (:mod:`rljax.runtime.env_answers`)."""
         self.on_tick()  # outside the tick lock: it may take the driver's
@@ -354,7 +354,7 @@ class PodSampler:
             self.ticks.flush(Op.STEP, answers or None)
             return self.real.step(answers)
 
-    def run(self, requests=()):
+    def run(self, requests: Sequence[Request] = ()) -> list[Trajectory]:
         self.submit(requests)
         out = []
         while self.has_work():
@@ -390,7 +390,7 @@ class PodWeightSync:
     transfer here; :meth:`publish` returns the newest such record.
     """
 
-    def __init__(self, every: int = 1):
+    def __init__(self, every: int = 1) -> None:
         self.every = every
         self.history: list[SyncStats] = []
         self._latest = -1
@@ -399,7 +399,7 @@ class PodWeightSync:
     def due(self, version: int) -> bool:
         return version % self.every == 0
 
-    def publish(self, _params, version: int, *, block: bool = True) -> SyncStats:
+    def publish(self, _params: Any, version: int, *, block: bool = True) -> SyncStats:
         with self._lock:
             self._latest = max(self._latest, version)
             return self.history[-1] if self.history else SyncStats(version, 0, 0.0)
@@ -408,7 +408,7 @@ class PodWeightSync:
         with self._lock:
             self.history = [*self.history[-(HISTORY - 1) :], stats]
 
-    def acquire(self):
+    def acquire(self) -> tuple[Any, int] | None:
         with self._lock:
             return None if self._latest < 0 else (None, self._latest)
 
@@ -446,7 +446,7 @@ class RemoteLearner:
         return metrics
 
 
-def make_pod_batch(groups) -> PodBatch:
+def make_pod_batch(groups: list[Group]) -> PodBatch:
     tokens = sum(
         len(t.prompt_tokens) + len(t.response_tokens) for g in groups for t in g.trajectories
     )

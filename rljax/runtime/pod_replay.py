@@ -11,16 +11,40 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from rljax.engine.sampler import Sampler
+from rljax.learner.learner import Learner
 from rljax.mesh.control import Channel
 from rljax.runtime.clocks import compile_seconds
-from rljax.runtime.pod import Op, PodProtocolError, decode_request, parse_op, report_progress
+from rljax.runtime.env_answers import EnvAnswers
+from rljax.runtime.hosted import HostedRun
+from rljax.runtime.pod import (
+    Op,
+    PodProtocolError,
+    Roles,
+    decode_request,
+    parse_op,
+    report_progress,
+)
+from rljax.runtime.pod_weights import PodWeights
 from rljax.runtime.rollout import decode_group
+
+
+class ReplayHost(Protocol):
+    """What a replaying process reads of its hosting (rljax.runtime.pod_hosting.PodHosting)."""
+
+    channel: Channel
+    roles: Roles | None
+    weights: PodWeights
+    answers: EnvAnswers | None
+
+    def save_state(
+        self, run: HostedRun, version: int, meta: dict[str, Any], *, wait: bool
+    ) -> None: ...
 
 
 def replay(
@@ -41,7 +65,9 @@ def replay(
         k += 1
 
 
-def follow_sampler(run, hosting, sampler: Sampler, k: int = 0) -> tuple[int, Op, Any]:
+def follow_sampler(
+    run: HostedRun, hosting: ReplayHost, sampler: Sampler, k: int = 0
+) -> tuple[int, Op, Any]:
     """A sampler follower: replays the leader's sampler operations from tick ``k``. A step
     applies the env answers the leader took (never this host's own futures), and a
     conversation's turns are made here (:mod:`rljax.runtime.env_answers`)."""
@@ -66,10 +92,13 @@ def follow_sampler(run, hosting, sampler: Sampler, k: int = 0) -> tuple[int, Op,
     )
 
 
-def follow_learner(run, hosting, learner, k: int = 0) -> tuple[int, Op, Any]:
+def follow_learner(
+    run: HostedRun, hosting: ReplayHost, learner: Learner, k: int = 0
+) -> tuple[int, Op, Any]:
     """A learner process: ``learner`` trains, sends weights and saves as the leader's ticks
     say, from tick ``k``."""
     channel, roles = hosting.channel, hosting.roles
+    assert roles is not None
 
     def check_version(version: int, what: str) -> None:
         if version != learner.version:
@@ -110,7 +139,7 @@ def follow_learner(run, hosting, learner, k: int = 0) -> tuple[int, Op, Any]:
     )
 
 
-def shard_digests(params) -> dict[str, list[str]]:
+def shard_digests(params: Any) -> dict[str, list[str]]:
     """This process's shards of ``params``: {leaf path and shard index: [sha256 per device]}."""
     out: dict[str, list[str]] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:

@@ -31,7 +31,9 @@ import time
 from typing import Any
 
 from rljax.config import ConfigError
+from rljax.mesh.control import Channel
 from rljax.mesh.resize import plan_resize
+from rljax.mesh.topology import Topology
 from rljax.policy.reallocation import Split
 from rljax.runtime import pod, resizing
 from rljax.runtime.hosted import HostedRun
@@ -52,7 +54,7 @@ def check_shape(saved: dict[str, Any] | None, shape: dict[str, Any]) -> None:
     )
 
 
-def check_split(run, split: Split, *, what: str) -> Any:
+def check_split(run: HostedRun, split: Split, *, what: str) -> Topology:
     """The topology of ``split`` if every process can play a role in it; else a one-line error."""
     try:
         topology = plan_resize(run.cfg.mesh, split, run.devices, batch=run.cfg.learner.batch_size)
@@ -62,7 +64,7 @@ def check_split(run, split: Split, *, what: str) -> Any:
     return topology
 
 
-def check_schedule(run) -> None:
+def check_schedule(run: HostedRun) -> None:
     """Every split of ``mesh.resize_schedule`` is whole hosts, refused at start on every process."""
     for version, sides in run.cfg.mesh.scheduled_splits().items():
         check_split(run, Split(*sides), what=f"config key 'mesh.resize_schedule' at {version}:")
@@ -148,7 +150,7 @@ class PodResizer:
             self.run.metrics.write(record["version"], "resize", record)
 
 
-def pod_costs(channel, key: str, me: int, mine: dict[str, float]) -> dict[str, float]:
+def pod_costs(channel: Channel, key: str, me: int, mine: dict[str, float]) -> dict[str, float]:
     """Every process's resize costs, the slowest's of each (the leader's ``save_s``: it
     drained and saved the pipeline). Posting and reading them is also the barrier before the
     next collective."""

@@ -14,8 +14,11 @@ order, so all agree on which plan the next move runs without a word exchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from rljax.mesh.fan_out import stage_bytes, stage_shardings
 from rljax.mesh.slices import SliceMap, count
@@ -36,8 +39,8 @@ class PodWeights:
 
     def __init__(
         self,
-        abstract,
-        sampler_mesh,
+        abstract: Any,
+        sampler_mesh: Mesh,
         dtype: str,
         slices: SliceMap = (),
         *,
@@ -52,15 +55,15 @@ class PodWeights:
 
     # The whole params' plan, as before LoRA: what scripts and tests read of it.
     @property
-    def source(self):
+    def source(self) -> Any:
         return self._full.source
 
     @property
-    def targets(self):
+    def targets(self) -> Any:
         return self._full.targets
 
     @property
-    def stages(self):
+    def stages(self) -> Any:
         return self._full.stages
 
     @property
@@ -71,20 +74,20 @@ class PodWeights:
     def stage_bytes(self) -> int:
         return self._last.stage_bytes
 
-    def move(self, params=None):
+    def move(self, params: Any = None) -> Any:
         """The sampler's copy (None leaves on learner processes); see :meth:`_Plan.move`."""
-        self._last = self._full if self.adapters.whole else self._adapters
-        assert self._last is not None
-        return self.adapters.arrived(self._last.move(self.adapters.outgoing(params)))
+        plan = self._full if self.adapters.whole or self._adapters is None else self._adapters
+        self._last = plan
+        return self.adapters.arrived(plan.move(self.adapters.outgoing(params)))
 
 
 class _Plan:
     """One transfer plan of a params tree from the learner's shardings to the sampler's."""
 
-    def __init__(self, abstract, sampler_mesh, dtype: str, slices: SliceMap = ()):
+    def __init__(self, abstract: Any, sampler_mesh: Mesh, dtype: str, slices: SliceMap = ()):
         self.dtype = jnp.dtype(dtype)
 
-        def cast(x):
+        def cast(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
             floating = jnp.issubdtype(x.dtype, jnp.floating)
             dtype = self.dtype if floating else x.dtype
             return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
@@ -103,7 +106,7 @@ class _Plan:
         me = jax.process_index()
         self._samples = any(d.process_index == me for d in sampler_mesh.devices.flat)
 
-    def move(self, params=None):
+    def move(self, params: Any = None) -> Any:
         """The sampler's copy (None leaves on learner processes).
 
         One union transfer, or with several slices two: onto one sampler replica per slice
@@ -118,8 +121,8 @@ class _Plan:
             leaves, treedef = jax.tree.flatten(staged, is_leaf=lambda x: x is None)
             if self._samples:
                 leaves = [s if x is None else x for x, s in zip(leaves, self._staged, strict=True)]
-                out = transfer(treedef.unflatten(leaves), self.targets)
+                out = transfer(jax.tree.unflatten(treedef, leaves), self.targets)
             else:
-                out = treedef.unflatten([None] * len(leaves))
+                out = jax.tree.unflatten(treedef, [None] * len(leaves))
         jax.block_until_ready([x for x in jax.tree.leaves(out) if x is not None])
         return out

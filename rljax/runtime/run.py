@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from rljax import io
 from rljax.checkpoint import Checkpointer
@@ -31,6 +32,7 @@ from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Trajectory
 from rljax.envs.base import Env
 from rljax.envs.conversation import Conversations
+from rljax.learner.batch import TrainBatch
 from rljax.learner.learner import Learner
 from rljax.learner.losses import Loss, get_loss
 from rljax.mesh.resize import MeshCache, Reallocation
@@ -91,7 +93,15 @@ class Run:
             self.close()  # a refused start leaves no checkpoint manager or worker running
             raise
 
-    def _build(self, cfg, workdir, reward_fn, loss, devices, env) -> None:
+    def _build(
+        self,
+        cfg: RunConfig,
+        workdir: str,
+        reward_fn: RewardFn | None,
+        loss: str | Loss | None,
+        devices: Sequence[jax.Device] | None,
+        env: Callable[[], Env] | None,
+    ) -> None:
         self.hosting.check(cfg)
         self.cfg = cfg
         self.workdir = str(io.ensure_writable_dir(workdir))
@@ -220,7 +230,7 @@ class Run:
             # A run killed before its first checkpoint starts afresh, and so do its metrics.
             self.metrics.rewind(0)
 
-    def build_engine(self, mesh) -> PagedEngine:
+    def build_engine(self, mesh: Mesh) -> PagedEngine:
         """The engine of this run's sampler on ``mesh``."""
         cfg = self.cfg
         model_cfg, graphdef = self.sampler_model
@@ -281,7 +291,7 @@ class Run:
         self.metrics.write(step, phase, record | {"heldout_rewards": by_problem.tolist()})
         return acc
 
-    def make_batch(self, groups: list[Group]):
+    def make_batch(self, groups: list[Group]) -> TrainBatch:
         """Group-normalised advantages, then a packed batch for the configured loss."""
         return self.encoding.batch(groups)
 
