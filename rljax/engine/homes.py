@@ -9,7 +9,13 @@ have no homes (one host, or slots replicated over hosts), takes any free slot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import jax
+from jax.sharding import NamedSharding
+
+from rljax.engine.paged import PagedEngine
 
 
 class SlotHomes:
@@ -52,12 +58,15 @@ class SlotHomes:
 
 
 def process_homes(
-    engine, processes: Sequence[int], process_of=lambda d: d.process_index
+    engine: PagedEngine,
+    processes: Sequence[int],
+    process_of: Callable[[jax.Device], int] = lambda d: d.process_index,
 ) -> list[int] | None:
     """Each slot's home on a multi-process sampler mesh: the index in ``processes`` of the one
     process whose devices hold the slot's rows of the decode state, or None when some slot is
     held by several processes (replicated slots have no home)."""
-    table = engine.decode_state_shardings().page_table
+    # A DecodeState of shardings: its page_table leaf is the table's NamedSharding.
+    table = cast(NamedSharding, engine.decode_state_shardings().page_table)
     shape = (engine.max_concurrent_decodes, engine.pages_per_slot)
     holders: list[set[int]] = [set() for _ in range(shape[0])]
     for device, index in table.devices_indices_map(shape).items():

@@ -17,18 +17,55 @@ token with its own key, as in ``prefill_multisampling``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.engine.state import Prefix, ResultTokens, SlotSampling
+from rljax.config import SamplingConfig
+from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
+from rljax.engine.steps import Sampler as LogitsSampler
+from rljax.engine.steps import Steps
 
-# The functions here take the rljax.engine.paged.PagedEngine they serve as ``engine: Any``: that
-# module imports this one, and naming its class back would close an import circle.
-LogitsSampler = Callable[[jax.Array], jax.Array] | None
+
+class PrefillHost(Protocol):
+    """What the functions here use of the engine they serve: its buckets, keys and steps,
+    and (for :func:`warm_up`) its slots.
+
+    :class:`~rljax.engine.paged.PagedEngine` is the one implementation; it imports this
+    module, so naming it here would close an import circle.
+    """
+
+    sampling_cfg: SamplingConfig
+    steps: Steps
+    buckets: tuple[int, ...]
+    max_seq_len: int
+    page_size: int
+
+    @property
+    def max_concurrent_decodes(self) -> int: ...
+
+    def bucket_for(self, length: int) -> int: ...
+
+    def sample_keys(self, rng: jax.Array | None, n: int) -> jax.Array: ...
+
+    def prefill_multisampling(
+        self, *, params: Any, padded_tokens: Any, true_length: int, num_samples: int = 1
+    ) -> tuple[Prefix, ResultTokens]: ...
+
+    def init_decode_state(self) -> DecodeState: ...
+
+    def bulk_insert(
+        self, prefix: Prefix, decode_state: DecodeState, slots: Sequence[int]
+    ) -> DecodeState: ...
+
+    def generate(
+        self, params: Any, decode_state: DecodeState
+    ) -> tuple[DecodeState, ResultTokens]: ...
+
+    def free_resource(self, slot: int) -> None: ...
 
 
 @dataclasses.dataclass
@@ -60,7 +97,7 @@ def sample_keys(rng: jax.Array, n: int) -> jax.Array:
 
 
 def prefill_one(
-    engine: Any,
+    engine: PrefillHost,
     params: Any,
     padded_tokens: Any,
     true_length: int,
@@ -68,7 +105,7 @@ def prefill_one(
     rng: jax.Array | None = None,
     num_samples: int = 1,
     sampling: SlotSampling | None = None,
-    sampler: LogitsSampler = None,
+    sampler: LogitsSampler | None = None,
     step: int = 0,
 ) -> tuple[Prefix, ResultTokens]:
     """``PagedEngine.prefill_multisampling``: one prompt, ``num_samples`` first tokens.
@@ -113,11 +150,11 @@ def prefill_one(
 
 
 def prefill_batch(
-    engine: Any,
+    engine: PrefillHost,
     params: Any,
     requests: Sequence[PrefillRequest],
     *,
-    sampler: LogitsSampler = None,
+    sampler: LogitsSampler | None = None,
 ) -> list[tuple[Prefix, ResultTokens]]:
     """One ``(Prefix, ResultTokens)`` per request, like ``prefill_multisampling`` of each."""
     if not requests:
@@ -184,7 +221,7 @@ def prefill_batch(
     return out
 
 
-def warm_up(engine: Any, params: Any, *, num_samples: int = 1) -> int:
+def warm_up(engine: PrefillHost, params: Any, *, num_samples: int = 1) -> int:
     """Compile every prefill shape (prompt counts x buckets), insert width and generate.
 
     Returns the number of prefill shapes compiled. Afterwards a sampler whose groups have
@@ -225,7 +262,7 @@ def warm_up(engine: Any, params: Any, *, num_samples: int = 1) -> int:
         batch = min(batch * 2, engine.sampling_cfg.prefill_batch)
 
 
-def extend_buckets(engine: Any) -> tuple[int, ...]:
+def extend_buckets(engine: PrefillHost) -> tuple[int, ...]:
     """The chunk lengths an extend is padded to: powers of two from ``page_size`` up to the
     longest chunk a slot can take, so at most log2(max_seq_len) shapes compile."""
     out = [pow2(engine.page_size)]
@@ -234,7 +271,7 @@ def extend_buckets(engine: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-def extend_chunk(engine: Any, tokens: Sequence[int]) -> np.ndarray:
+def extend_chunk(engine: PrefillHost, tokens: Sequence[int]) -> np.ndarray:
     """``tokens`` (an extend's new tokens) padded to the first of :func:`extend_buckets` that
     holds them."""
     n = len(tokens)

@@ -126,7 +126,7 @@ class ResultTokens:
         """The rows of several slots, in order (one sample per slot)."""
         return self._rows(np.asarray(slots))
 
-    def _rows(self, rows) -> SlotData:
+    def _rows(self, rows: slice | np.ndarray) -> SlotData:
         data = self.data
         return SlotData(
             tokens=data[rows, self.tokens_idx[0] : self.tokens_idx[1]],
@@ -181,7 +181,7 @@ def decode_state_shardings(
     """Where each DecodeState array lives: the pool over kv heads and (with several
     ``kv_shards``) pages, the per-slot arrays over the 'batch' axes with their slots."""
 
-    def sharding(*logical) -> NamedSharding:
+    def sharding(*logical: str | None) -> NamedSharding:
         return NamedSharding(mesh, rules.spec(logical))
 
     if kv_shards > 1:

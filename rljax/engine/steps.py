@@ -15,17 +15,66 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.typing import ArrayLike
 
+from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine import sampling
 from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
+from rljax.engine.weights import ServingLayout
+from rljax.models.sharding import ShardingRules
 
 Sampler = Callable[[jax.Array], jax.Array]  # logits [rows, V] -> tokens [rows]
 
 
-def draw(logits_sv, keys_s, temperature, top_k, top_p, min_p, steps_s, live_s, sampler):
+class StepsHost(Protocol):
+    """What the steps read of the engine they are built for: its layout and shardings.
+
+    :class:`~rljax.engine.paged.PagedEngine` is the one implementation; it imports this
+    module, so naming it here would close an import circle.
+    """
+
+    model_cfg: ModelConfig
+    sampling_cfg: SamplingConfig
+    layout: ServingLayout
+    rules: ShardingRules
+    impl: str
+    max_seq_len: int
+    page_size: int
+    pages_per_slot: int
+    kv_shards: int
+    slots_per_shard: int
+    pages_per_shard: int
+    num_pages: int
+
+    @property
+    def mesh(self) -> Mesh: ...
+
+    @property
+    def max_concurrent_decodes(self) -> int: ...
+
+    def replicated(self) -> NamedSharding: ...
+
+    def decode_state_shardings(self) -> DecodeState: ...
+
+    def get_prefix_destination_sharding(self) -> Prefix: ...
+
+
+def draw(
+    logits_sv: jax.Array,
+    keys_s: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    min_p: jax.Array,
+    steps_s: jax.Array,
+    live_s: jax.Array,
+    sampler: Sampler | None,
+) -> tuple[jax.Array, jax.Array]:
     """Tokens and log-probs for rows of logits, each with its own key, step and settings.
 
     ``sampler`` (a callable or None) replaces rljax's sampling; ``live_s`` marks the rows whose
@@ -56,31 +105,34 @@ class Steps:
     """The compiled pieces of one engine."""
 
     make_state: Callable[[], DecodeState]
-    prefill: Callable
-    prefill_many: Callable
-    insert: Callable
-    generate: Callable  # generate(sampler) -> jitted (params, state) step
-    extend: Callable  # extend(sampler) -> jitted step continuing one slot (_extend_step)
+    prefill: jax.stages.Wrapped  # _prefill_step
+    prefill_many: jax.stages.Wrapped  # _prefill_many_step
+    insert: jax.stages.Wrapped  # _insert_step
+    # generate(sampler) -> jitted (params, state) step
+    generate: Callable[[Sampler | None], jax.stages.Wrapped]
+    # extend(sampler) -> jitted step continuing one slot (_extend_step)
+    extend: Callable[[Sampler | None], jax.stages.Wrapped]
 
-    def lower_generate(self, params, state):
+    def lower_generate(self, params: Any, state: DecodeState) -> jax.stages.Lowered:
+        """The generate step (rljax's own sampling) lowered for ``params`` and ``state``."""
         return self.generate(None).lower(params, state)
 
 
-def build_steps(engine) -> Steps:
+def build_steps(engine: StepsHost) -> Steps:
     """Jit ``engine``'s device steps with its shardings (see Engine for the layout)."""
     state_sh = engine.decode_state_shardings()
     rep = engine.replicated()
     max_seq_len = engine.max_seq_len
 
-    generates: dict = {}
-    extends: dict = {}
+    generates: dict[Sampler | None, jax.stages.Wrapped] = {}
+    extends: dict[Sampler | None, jax.stages.Wrapped] = {}
 
-    def generate(sampler: Sampler | None):
+    def generate(sampler: Sampler | None) -> jax.stages.Wrapped:
         if sampler not in generates:
             generates[sampler] = _generate_step(engine, state_sh, rep, max_seq_len, sampler)
         return generates[sampler]
 
-    def extend(sampler: Sampler | None):
+    def extend(sampler: Sampler | None) -> jax.stages.Wrapped:
         if sampler not in extends:
             extends[sampler] = _extend_step(engine, state_sh, rep, sampler)
         return extends[sampler]
@@ -95,7 +147,7 @@ def build_steps(engine) -> Steps:
     return Steps(make_state, prefill, prefill_many, insert, generate, extend)
 
 
-def _prefill_step(engine):
+def _prefill_step(engine: StepsHost) -> jax.stages.Wrapped:
     """One prompt's prefill, its outputs placed where a Prefix lives."""
     prefix_sh, rep = engine.get_prefix_destination_sharding(), engine.replicated()
     model_of = engine.layout.model  # the decoder over the weights in the engine's layout
@@ -104,7 +156,16 @@ def _prefill_step(engine):
     @functools.partial(
         jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
     )
-    def prefill(params, tokens_1t, length, keys_s2, floats, top_k, step, sampler=None):
+    def prefill(
+        params: Any,
+        tokens_1t: jax.Array,
+        length: jax.Array,
+        keys_s2: jax.Array,
+        floats: jax.Array,
+        top_k: jax.Array,
+        step: jax.Array,
+        sampler: Sampler | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         """Cache the whole prompt; draw each sample's token ``step`` (0 for a fresh prompt, the
         tokens it has for a resumed one) from its last logits."""
         t = tokens_1t.shape[1]
@@ -136,7 +197,7 @@ def _prefill_step(engine):
     return prefill
 
 
-def _prefill_many_step(engine):
+def _prefill_many_step(engine: StepsHost) -> jax.stages.Wrapped:
     """N prompts' prefill in one forward pass, its outputs placed where a Prefix lives."""
     prefix_sh, rep = engine.get_prefix_destination_sharding(), engine.replicated()
     model_of = engine.layout.model  # the decoder over the weights in the engine's layout
@@ -147,8 +208,16 @@ def _prefill_many_step(engine):
         jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
     )
     def prefill_many(
-        params, tokens_nt, lengths_n, rows_s, keys_s2, floats_s3, top_k_s, steps_s, sampler=None
-    ):
+        params: Any,
+        tokens_nt: jax.Array,
+        lengths_n: jax.Array,
+        rows_s: jax.Array,
+        keys_s2: jax.Array,
+        floats_s3: jax.Array,
+        top_k_s: jax.Array,
+        steps_s: jax.Array,
+        sampler: Sampler | None = None,
+    ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array, jax.Array]:
         """Cache N prompts in one forward pass; sample s draws from prompt ``rows_s[s]``.
 
         Returns each prompt's keys and values as a tuple of N arrays [L, T, K, H], and the
@@ -181,11 +250,18 @@ def _prefill_many_step(engine):
     return prefill_many
 
 
-def _insert_step(engine, state_sh):
+def _insert_step(engine: StepsHost, state_sh: DecodeState) -> jax.stages.Wrapped:
     """Copying a prefix into slots of the decode state, which it donates."""
 
     @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
-    def insert(state, prefix: Prefix, rows_wm, slots_w, cols_w, fold_w):
+    def insert(
+        state: DecodeState,
+        prefix: Prefix,
+        rows_wm: jax.Array,
+        slots_w: jax.Array,
+        cols_w: jax.Array,
+        fold_w: jax.Array,
+    ) -> DecodeState:
         """Copy the prefix into each slot's pages; slot w feeds sample ``cols_w[w]``."""
         z = state.k_pages.shape[3]
         pos_t = jnp.arange(prefix.k.shape[1])
@@ -212,11 +288,12 @@ def _insert_step(engine, state_sh):
         keys = jnp.where(fold_w[:, None] > 0, folded, keys)
         w = slots_w.shape[0]
 
-        def put(arr, val):
+        def put(arr: jax.Array, val: ArrayLike) -> jax.Array:
             val = jnp.broadcast_to(val, (w, *arr.shape[1:])).astype(arr.dtype)
             return arr.at[slots_w].set(val, mode="drop")
 
-        return state.replace(
+        return dataclasses.replace(
+            state,
             k_pages=kp,
             v_pages=vp,
             tokens=put(state.tokens, prefix.tokens[cols_w]),
@@ -234,13 +311,19 @@ def _insert_step(engine, state_sh):
     return insert
 
 
-def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
+def _generate_step(
+    engine: StepsHost,
+    state_sh: DecodeState,
+    rep: NamedSharding,
+    max_seq_len: int,
+    sampler: Sampler | None,
+) -> jax.stages.Wrapped:
     """One token for every live slot: active and holding fewer than ``max_seq_len`` tokens."""
 
     # What the host reads back is replicated: with the slots sharded over 'data', a
     # multi-process sampler could not fetch rows that live on another host's devices.
     @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
-    def generate(params, state):
+    def generate(params: Any, state: DecodeState) -> tuple[DecodeState, jax.Array, jax.Array]:
         model = engine.layout.model(params)
         live = state.active & (state.positions < max_seq_len)
         # A full slot decodes onto its shard's null page, so it never writes past its pages.
@@ -266,7 +349,8 @@ def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
             sampler,
         )
         tokens = jnp.where(live, tokens, state.tokens)
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             k_pages=kp,
             v_pages=vp,
             tokens=tokens,
@@ -279,7 +363,9 @@ def _generate_step(engine, state_sh, rep, max_seq_len, sampler):
     return generate
 
 
-def _extend_step(engine, state_sh, rep, sampler):
+def _extend_step(
+    engine: StepsHost, state_sh: DecodeState, rep: NamedSharding, sampler: Sampler | None
+) -> jax.stages.Wrapped:
     """One slot's next chunk of tokens prefilled onto its pages, and the token after it drawn.
 
     The chunk is C rows of one forward pass through the decoder's paged path: row c writes its
@@ -295,7 +381,16 @@ def _extend_step(engine, state_sh, rep, sampler):
     shard = (engine.mesh, engine.rules) if one_shard else None
 
     @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
-    def extend(params, state, tokens_c, n, start, row_m, slot, step):
+    def extend(
+        params: Any,
+        state: DecodeState,
+        tokens_c: jax.Array,
+        n: jax.Array,
+        start: jax.Array,
+        row_m: jax.Array,
+        slot: jax.Array,
+        step: jax.Array,
+    ) -> tuple[DecodeState, jax.Array, jax.Array]:
         """Cache ``tokens_c[:n]`` at ``start..start+n`` of ``slot`` (``row_m``: its page row
         in global page ids, the null page past its pages) and draw its token ``step``."""
         model = engine.layout.model(params)
@@ -326,7 +421,8 @@ def _extend_step(engine, state_sh, rep, sampler):
             jnp.ones(1, bool),
             sampler,
         )
-        new = state.replace(
+        new = dataclasses.replace(
+            state,
             k_pages=kp,
             v_pages=vp,
             tokens=state.tokens.at[slot].set(tokens[0]),
@@ -340,7 +436,7 @@ def _extend_step(engine, state_sh, rep, sampler):
     return extend
 
 
-def _empty_state(engine) -> DecodeState:
+def _empty_state(engine: StepsHost) -> DecodeState:
     cfg, b = engine.model_cfg, engine.max_concurrent_decodes
     shape = (cfg.num_layers, cfg.num_kv_heads, engine.num_pages, engine.page_size, cfg.head_dim)
     dtype = jnp.dtype(cfg.dtype)

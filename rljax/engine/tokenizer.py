@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class EngineTokenizer:
         prefill_lengths: Sequence[int] | None = None,
         max_prefill_length: int | None = None,
         jax_padding: bool = True,
-        **kwargs,
+        **kwargs: Any,
     ) -> tuple[np.ndarray | jax.Array, int]:
         """``(padded ids, true length)``: ``s``'s ids, BOS first when ``is_bos``, padded."""
         del kwargs  # JetStream passes tokenizer-specific options; none apply here
@@ -110,7 +110,7 @@ class EngineTokenizer:
             return jnp.asarray(padded), len(ids)
         return padded, len(ids)
 
-    def decode(self, token_ids: Sequence[int], **kwargs) -> str:
+    def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str:
         """The text of ``token_ids`` (special tokens dropped)."""
         del kwargs  # e.g. is_streaming: every id here decodes on its own
         return self.tokenizer.decode([int(t) for t in np.asarray(token_ids).reshape(-1)])

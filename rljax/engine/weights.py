@@ -74,7 +74,7 @@ class StackedServing:
     def __init__(
         self,
         model_cfg: ModelConfig,
-        graphdef,
+        graphdef: nnx.GraphDef,
         mesh: Mesh,
         rules: ShardingRules,
         *,
@@ -89,7 +89,7 @@ class StackedServing:
             self._graphdef = base[0]
             shardings = state_shardings(base[1], mesh, rules)
 
-            def merge(params):
+            def merge(params: nnx.State) -> nnx.State:
                 model = nnx.merge(graphdef, params)
                 merged = lora.merged_layers(model._layers(), model.lora_scale)
                 state = lora.split_adapters(params)[1]
@@ -123,7 +123,7 @@ class PerLayerServing:
     def __init__(
         self,
         model_cfg: ModelConfig,
-        graphdef,
+        graphdef: nnx.GraphDef,
         mesh: Mesh,
         rules: ShardingRules,
         *,
@@ -177,7 +177,7 @@ def lora_merged(lora_cfg: LoRAConfig | None, mesh: Mesh) -> bool:
 def serving_layout(
     name: str,
     model_cfg: ModelConfig,
-    graphdef,
+    graphdef: nnx.GraphDef,
     mesh: Mesh,
     rules: ShardingRules,
     *,

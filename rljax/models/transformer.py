@@ -145,6 +145,9 @@ class CallPaths:
     def _final_norm(self) -> jax.Array:
         raise NotImplementedError
 
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        raise NotImplementedError  # a subclass's head over its weights
+
     def _project(self, x, p, name: str, spec: str) -> jax.Array:
         """``x`` times weight ``name``, plus its LoRA adapters' product when ``p`` holds them."""
         y = self.layout.project(x, p, name, spec)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,11 +44,11 @@ class TinyEngine:
         return np.asarray(self._last_logits(self.state, jnp.asarray(buf), len(seq)))
 
     @functools.cached_property
-    def _last_logits(self):
+    def _last_logits(self) -> Callable[[nnx.State, jax.Array, int], jax.Array]:
         width = self.engine.max_seq_len
 
         @jax.jit
-        def last(params, tokens, length):
+        def last(params: nnx.State, tokens: jax.Array, length: jax.Array) -> jax.Array:
             model = nnx.merge(self.graphdef, params)
             pos = jnp.arange(width)[None]
             seg = (pos < length).astype(jnp.int32)
@@ -65,11 +67,11 @@ class TinyEngine:
 def tiny_engine(
     *,
     model: ModelConfig = TINY_MODEL,
-    devices=None,
+    devices: Sequence[jax.Device] | None = None,
     seed: int = 0,
     impl: str = "auto",
     data: int = 1,
-    **sampling,
+    **sampling: Any,
 ) -> TinyEngine:
     """A TinyEngine; ``sampling`` overrides SamplingConfig fields.
 
