@@ -118,8 +118,8 @@ def run_once(args, mode: str) -> dict:
     workdir = tempfile.mkdtemp(prefix=f"bench_lending_{mode}_")
     run = Run(cfg, workdir)
     try:
-        if run.lending is not None:
-            run.lending.force = FORCED.get(mode)  # None: the policy decides
+        if run.parts.lender is not None:
+            run.parts.lender.force = FORCED.get(mode)  # None: the policy decides
         run.train()
     finally:
         run.close()

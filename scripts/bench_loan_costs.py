@@ -77,7 +77,7 @@ def measure(model: str, repeats: int, chips: int) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         run = Run(config(model), workdir)
         try:
-            lending = run.lending
+            lending = run.parts.lender
             lending.force = LendingDecision(LendDirection.ROLLOUT_ON_TRAIN, chips, 0.5, 0.0, "")
             params = run.learner.params
             nbytes = float(sum(x.nbytes for x in jax.tree.leaves(params)))

@@ -49,11 +49,11 @@ def _worker(model: str, runs: int, slices: int, sampler_data: int) -> None:
     import numpy as np
 
     from rljax.config import MeshConfig
+    from rljax.mesh.pod_weights import PodWeights
     from rljax.mesh.topology import build_topology
     from rljax.mesh.transfer import transfer
     from rljax.mesh.weight_sync import cast_floating
     from rljax.models.loading import abstract_params, initial_model_config
-    from rljax.runtime.pod_weights import PodWeights
 
     cfg = importlib.import_module(f"rljax.configs.{MODELS[model]}").recipe()
     devices = jax.devices()

@@ -64,7 +64,7 @@ class SyncStats:
 
 class AdapterMoves:
     """The adapters-only move of a LoRA run, over any way of moving a params tree (a
-    ``device_put`` here, a pod's union transfer in :mod:`rljax.runtime.pod_weights`): the first
+    ``device_put`` here, a pod's union transfer in :mod:`rljax.mesh.pod_weights`): the first
     move carries the whole params and leaves the frozen base on the sampler; every later one
     carries the adapters alone, joined to that base on arrival. Off (``enabled`` False), every
     move carries everything."""

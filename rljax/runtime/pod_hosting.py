@@ -29,6 +29,8 @@ from rljax.engine.sampler import Sampler
 from rljax.learner.learner import Learner
 from rljax.mesh import distributed
 from rljax.mesh.control import Channel
+from rljax.mesh.roles import Roles
+from rljax.mesh.roles import roles as roles_of
 from rljax.mesh.transfer import transfer
 from rljax.policy.reallocation import Split
 from rljax.runtime import pod, pod_replay, pod_resize, prompts, resume, scoring
@@ -67,7 +69,7 @@ class PodHosting:
 
     def __init__(self, channel: Channel | None = None):
         self.channel = Channel() if channel is None else channel
-        self.roles: pod.Roles | None = None
+        self.roles: Roles | None = None
         self.preempted = False
         self.resizes = 0  # builds since the start: the epoch of every per-build key
         self.tick = 0  # the next tick this process reads (a follower)
@@ -96,7 +98,7 @@ class PodHosting:
         self.channel.fail(error)  # the others stop waiting for this process at once
 
     def build(self, run: HostedRun) -> Parts | None:
-        self.roles = pod.roles(run.topology)
+        self.roles = roles_of(run.topology)
         pod_resize.check_schedule(run)
         compile_seconds()  # from now on, count the seconds spent compiling
         return self.build_split(run)[0]
@@ -357,11 +359,11 @@ class PodHosting:
         old, roles = run.topology.split, self.roles  # a pod's topology is always split
         assert old is not None and roles is not None
         old_hosts = (len(roles.sampler), len(roles.learner))
-        run.reopen_checkpointer()  # waits for the boundary's save: the restore reads it
+        run.open_checkpointer()  # closing the last waits for its save: the restore reads it
         saved = time.perf_counter()
         self.release_role(run)
         run.move_to(pod_resize.check_split(run, split, what="cannot resize to"))
-        self.roles = roles = pod.roles(run.topology)
+        self.roles = roles = roles_of(run.topology)
         self.resizes += 1
         # The restore ends in a collective over every device: enter it together.
         self.channel.barrier(f"resizing{self.resizes}")

@@ -19,18 +19,18 @@ import numpy as np
 from rljax.engine.sampler import Sampler
 from rljax.learner.learner import Learner
 from rljax.mesh.control import Channel
+from rljax.mesh.pod_weights import PodWeights
+from rljax.mesh.roles import Roles
 from rljax.runtime.clocks import compile_seconds
 from rljax.runtime.env_answers import EnvAnswers
 from rljax.runtime.hosted import HostedRun
 from rljax.runtime.pod import (
     Op,
     PodProtocolError,
-    Roles,
     decode_request,
     parse_op,
     report_progress,
 )
-from rljax.runtime.pod_weights import PodWeights
 from rljax.runtime.rollout import decode_group
 
 

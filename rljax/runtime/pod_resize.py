@@ -12,7 +12,7 @@ collectives change, so the pod does what a preemption and a relaunch would do, i
    the learner state (written by every process), the buffer, the prompts in flight (to be
    dispatched again) and the prompt stream's position, so nothing in flight is lost.
 3. **Rebuild**: every process closes its checkpointer (the save is durable), lets go of its
-   role's arrays, recomputes the topology and :func:`~rljax.runtime.pod.roles` for the new
+   role's arrays, recomputes the topology and :func:`~rljax.mesh.roles.roles` for the new
    split, and builds the parts of its (possibly new) role. Engines and learners are kept per
    mesh, so a return to a split used before compiles nothing new.
 4. **Restore**: every process restores that checkpoint (the save layout spans every device, so
@@ -33,9 +33,10 @@ from typing import Any
 from rljax.config import ConfigError
 from rljax.mesh.control import Channel
 from rljax.mesh.resize import plan_resize
+from rljax.mesh.roles import roles as roles_of
 from rljax.mesh.topology import Topology
 from rljax.policy.reallocation import Split
-from rljax.runtime import pod, resizing
+from rljax.runtime import resizing
 from rljax.runtime.hosted import HostedRun
 
 
@@ -58,7 +59,7 @@ def check_split(run: HostedRun, split: Split, *, what: str) -> Topology:
     """The topology of ``split`` if every process can play a role in it; else a one-line error."""
     try:
         topology = plan_resize(run.cfg.mesh, split, run.devices, batch=run.cfg.learner.batch_size)
-        pod.roles(topology)
+        roles_of(topology)
     except ConfigError as e:
         raise ConfigError(f"{what} {split.sampler_chips}/{split.learner_chips}: {e}") from None
     return topology

@@ -125,7 +125,7 @@ class Run:
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
         )
-        self.ckpt = self.open_checkpointer()
+        self.open_checkpointer()
         # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
         self.engines, self.learners = MeshCache(), MeshCache()
         # Called as hook(run, step) on the learner thread at each step boundary (see resize).
@@ -170,15 +170,6 @@ class Run:
     def prompts(self) -> PromptSource:
         return self._parts("prompts").prompts
 
-    @property
-    def engine(self) -> PagedEngine | None:
-        return None if self.parts is None else self.parts.engine
-
-    @property
-    def lending(self) -> Any:
-        """``lending.enabled``: the run's RunLending (chips lent inside a step), else None."""
-        return None if self.parts is None else self.parts.lender
-
     def replace_parts(self, **changes: Any) -> Parts:
         """New parts with ``changes`` (a resize's new learner and engine, say); returns them."""
         self.parts = dataclasses.replace(self._parts("replace_parts"), **changes)
@@ -199,17 +190,14 @@ class Run:
             self.rewards = RewardPool.from_config(self.reward, self.cfg.reward)
         return self.rewards
 
-    def reopen_checkpointer(self) -> None:
-        """Close the checkpointer (its pending save made durable) and open it again."""
+    def open_checkpointer(self) -> None:
+        """Open the run's checkpoints (None with ``checkpoint.enabled`` off); an open
+        checkpointer is closed first (its pending save made durable: a pod's resize)."""
         if self.ckpt is not None:
             self.ckpt.close()
-        self.ckpt = self.open_checkpointer()
-
-    def open_checkpointer(self) -> Checkpointer | None:
-        """The run's checkpoints (None with ``checkpoint.enabled`` off)."""
-        if not self.cfg.checkpoint.enabled:
-            return None
-        return Checkpointer(io.join(self.workdir, "checkpoints"), self.cfg.checkpoint)
+        enabled = self.cfg.checkpoint.enabled
+        path = io.join(self.workdir, "checkpoints")
+        self.ckpt = Checkpointer(path, self.cfg.checkpoint) if enabled else None
 
     def adopt_learner(
         self, learner: Learner | None, resumed_meta: dict[str, Any] | None, graphdef: Any

@@ -154,7 +154,7 @@ def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compile
     assert run.engines.builds == run.learners.builds == 1
     assert len(run.engines) == len(run.learners) == 2
     # Compiled once each, by the first 6/2 engine and learner, though used again after 4/4.
-    assert run.engine.steps.generate(None)._cache_size() == 1
+    assert run.parts.engine.steps.generate(None)._cache_size() == 1
     assert run.learner._step_fn._cache_size() == 1
     resizes = _records(tmp_path / "resized", "resize")
     assert [(r["from"], r["to"], r["step"]) for r in resizes] == [
@@ -260,7 +260,7 @@ def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles)
 def test_resize_round_trip_before_training_reuses_mesh_objects(tmp_path):
     run = Run(_cfg(**{"mode": "sync", "learner.beta": 0.05}), str(tmp_path))
     try:
-        engine, learner = run.engine, run.learner
+        engine, learner = run.parts.engine, run.learner
         params, opt = _host(learner.params), _host(learner.opt_state)
         ref = _host(learner.ref_params)
         record = run.resize(Split(4, 4))
@@ -274,10 +274,12 @@ def test_resize_round_trip_before_training_reuses_mesh_objects(tmp_path):
             for x in jax.tree.leaves(run.sampler.params)
         )
         assert run.learner is not learner and learner.params is None  # old chips let go
-        assert run.sampler.engine is run.engine is not engine
+        assert run.sampler.engine is run.parts.engine is not engine
         assert run.resize(Split(4, 4)) is None  # already there
         run.resize(Split(6, 2))
-        assert run.engine is engine and run.learner is learner and run.sampler.engine is engine
+        assert (
+            run.parts.engine is engine and run.learner is learner and run.sampler.engine is engine
+        )
         assert run.engines.builds == run.learners.builds == 1
         for a, b in zip(_host(run.learner.params), params, strict=True):
             np.testing.assert_array_equal(a, b)

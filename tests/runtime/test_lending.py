@@ -43,7 +43,7 @@ def _train(cfg, workdir, force: LendingDecision | None = None):
     watchdog.start()
     try:
         if force is not None:
-            run.lending.force = force
+            run.parts.lender.force = force
         run.train()
     finally:
         watchdog.cancel()
@@ -106,10 +106,10 @@ def test_rollout_on_trainpool_loses_nothing_and_keeps_eta(tmp_path):
     # No group completed twice (a duplicate would be discarded as surplus without overprovision).
     assert train[-1]["surplus_discarded"] == 0
     # The lent replica served, and what it held at each release went back to the sampler.
-    replicas = run.lending.replicas
+    replicas = run.parts.lender.replicas
     assert replicas.stats["served_tokens"] > 0 and replicas.stats["routed_groups"] > 0
     assert sum(r["lending/served_tokens"] for r in train) == replicas.stats["served_tokens"]
-    assert replicas.stats["lends"] == run.lending.stats["rollout_lends"] >= 1
+    assert replicas.stats["lends"] == run.parts.lender.stats["rollout_lends"] >= 1
     handed = replicas.stats["handed_over_samples"]
     assert handed == replicas.stats["adopted_samples"] + replicas.returning_samples
 

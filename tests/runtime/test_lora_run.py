@@ -41,7 +41,7 @@ def _cfg(**changes):
 def _train(cfg, workdir, stop_after=None, lend=None):
     run = Run(cfg, str(workdir), reward_fn=_length_reward)
     if lend is not None:
-        run.lending.force = lend
+        run.parts.lender.force = lend
     if stop_after is not None:
         run.step_hooks.append(lambda r, step: r.request_stop() if step == stop_after else None)
     try:

@@ -17,6 +17,7 @@ from rljax.configs import arith_async
 
 from rljax.checkpoint import Checkpointer
 from rljax.config import ConfigError, replace
+from rljax.mesh.roles import Roles
 from rljax.metrics import Timeline
 from rljax.policy.reallocation import Split
 from rljax.runtime import pod, pod_replay
@@ -103,7 +104,7 @@ def test_a_pod_leader_saves_when_the_checkpointer_says_so(tmp_path, version, due
     """The pod's save decision is the one process's: a preemption notice at step 3 saves, on
     every process (the SAVE tick), with the pod's shape in the meta."""
     hosting = PodHosting(MemoryChannel(blocking=False))
-    hosting.roles = pod.Roles(sampler=(0,), learner=(1,), me=0)
+    hosting.roles = Roles(sampler=(0,), learner=(1,), me=0)
     hosting.ticks = pod.Ticks(hosting.channel)
     written = []
     hosting.save_state = lambda run, v, meta, *, wait: written.append((v, meta, wait))
@@ -181,7 +182,7 @@ def test_run_resize_on_a_pod_to_a_split_that_cannot_work_is_refused_at_once(monk
 )
 def test_the_leaders_operations_are_refused_on_the_other_processes(call, what):
     hosting = PodHosting(MemoryChannel(blocking=False))
-    hosting.roles = pod.Roles(sampler=(0,), learner=(1,), me=1)  # a learner process
+    hosting.roles = Roles(sampler=(0,), learner=(1,), me=1)  # a learner process
     run = Run.__new__(Run)
     run.hosting = hosting
     with pytest.raises(ConfigError, match=rf"^{what} runs on the pod's leader .*process 0$"):
@@ -194,7 +195,7 @@ def test_an_error_in_a_pod_process_fails_the_pod_at_once():
     channel = MemoryChannel(blocking=False)
     channel.post("tick/0", [["sumbit", []]])
     hosting = PodHosting(channel)
-    hosting.roles = pod.Roles(sampler=(0, 1), learner=(2,), me=1)  # a sampler follower
+    hosting.roles = Roles(sampler=(0, 1), learner=(2,), me=1)  # a sampler follower
     hosting.weights = None
     hosting.real_sampler = types.SimpleNamespace(interrupt=None, resume=None, abort=None)
     hosting.servers = []

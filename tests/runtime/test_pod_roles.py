@@ -13,6 +13,7 @@ from rljax.config import ConfigError, MeshConfig
 from rljax.engine.engine import SlotSampling
 from rljax.engine.sampler import Request
 from rljax.mesh import topology
+from rljax.mesh.roles import roles
 from rljax.policy.reallocation import Split
 from rljax.runtime import pod, pod_replay, pod_resize, resizing
 from rljax.testing.turns import scripted
@@ -27,22 +28,22 @@ def _topology(sampler_hosts, learner_hosts, per_host=2):
 
 
 def test_roles_follow_the_hosts_of_each_mesh():
-    r = pod.roles(_topology([0, 1], [2, 3]), process_count=4, me=2, per_host=2)
+    r = roles(_topology([0, 1], [2, 3]), process_count=4, me=2, per_host=2)
     assert (r.sampler, r.learner, r.role) == ((0, 1), (2, 3), "learner")
     assert r.is_learner_leader and not r.is_leader
-    leader = pod.roles(_topology([0], [1, 2, 3]), process_count=4, me=0, per_host=2)
+    leader = roles(_topology([0], [1, 2, 3]), process_count=4, me=0, per_host=2)
     assert leader.is_leader and leader.role == "sampler"
 
 
 def test_a_host_outside_both_meshes_is_refused():
     with pytest.raises(ConfigError, match=r"^process 3 owns no device of either mesh; make") as e:
-        pod.roles(_topology([0, 1], [2]), process_count=4, me=0, per_host=2)
+        roles(_topology([0, 1], [2]), process_count=4, me=0, per_host=2)
     assert "\n" not in str(e.value)
 
 
 def test_process_0_must_sample():
     with pytest.raises(ConfigError, match="process 0 must own sampler devices"):
-        pod.roles(_topology([2, 3], [0, 1]), process_count=4, me=0, per_host=2)
+        roles(_topology([2, 3], [0, 1]), process_count=4, me=0, per_host=2)
 
 
 def test_requests_cross_the_wire_unchanged():
@@ -81,7 +82,7 @@ def test_a_conversation_crosses_the_wire_as_its_example_and_each_host_makes_its_
 def test_a_side_that_is_not_whole_hosts_is_refused():
     # 3 processes x 2 devices, 2 sampler + 3 learner devices: host 2 would idle a device.
     with pytest.raises(ConfigError, match=r"'mesh.learner_devices' = 3 is not whole hosts") as e:
-        pod.roles(_topology([0, 0], [1, 1, 2], per_host=1), process_count=3, me=0, per_host=2)
+        roles(_topology([0, 0], [1, 1, 2], per_host=1), process_count=3, me=0, per_host=2)
     assert "use a multiple of 2" in str(e.value) and "\n" not in str(e.value)
 
 
