@@ -65,8 +65,6 @@ def check_pod(cfg: RunConfig) -> None:
 class PodHosting:
     """This process's part in a pod run: its role's objects, rebuilt at each resize."""
 
-    gather_data = False  # the leader alone holds the stream's position
-
     def __init__(self, channel: Channel | None = None):
         self.channel = Channel() if channel is None else channel
         self.roles: Roles | None = None
@@ -305,9 +303,9 @@ class PodHosting:
             self.tick, op, arg = pod_replay.follow_learner(run, self, self.learner, self.tick)
             summary: dict[str, Any] = {"role": "learner", "steps": self.learner.version}
         elif not roles.is_leader:
-            assert self.real_sampler
+            assert self.real_sampler and self.answers
             self.tick, op, arg = pod_replay.follow_sampler(run, self, self.real_sampler, self.tick)
-            self._stop_envs()
+            self.answers.stop()  # after END or RESIZE: its last env answer posted
             for server in self.servers:  # the leader closed their topics before this tick
                 server.join()
             summary = {"role": "sampler"}
@@ -323,7 +321,7 @@ class PodHosting:
         if run.resumed_meta is not None:
             run.publish()  # the restored version, before anything samples
         summary = run.run_phases()
-        assert run.parts is not None and self.resizer is not None
+        assert run.parts is not None and self.resizer is not None and self.answers is not None
         resize = self.resizer.take()
         run.parts.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first
         run.prompts.stop()
@@ -331,20 +329,14 @@ class PodHosting:
             split, cause, decided = resize
             arg = {"split": [split.sampler_chips, split.learner_chips], "cause": cause}
             self.ticks.flush(Op.RESIZE, arg)
-            self._stop_envs()
+            self.answers.stop()  # the followers' last env answers heard
             run.clear_stop()
             return summary, Op.RESIZE, {**arg, "decided": decided}
         # Only on success: after an error the others learn of it from Channel.fail and exit
         # non-zero instead of ending cleanly.
         self.ticks.flush(Op.END)
-        self._stop_envs()
+        self.answers.stop()
         return summary, Op.END, None
-
-    def _stop_envs(self) -> None:
-        """After END or RESIZE: a follower posts the null after its last env answer; the leader
-        waits for every follower's (its readers end there)."""
-        if self.answers is not None:
-            self.answers.stop()
 
     # -- resizing -------------------------------------------------------------------------------
 
