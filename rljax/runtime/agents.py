@@ -18,10 +18,14 @@ from rljax.envs.registry import env_factory
 from rljax.envs.render import ChatRenderer
 from rljax.envs.tool_calls import tool_call_text
 from rljax.learner.batch import TrainSequence
+from rljax.models.tokenizer import Tokenizer
 
 
 def build(
-    cfg: RunConfig, tokenizer, reward: Callable[[str, dict], float], env: Callable[[], Env] | None
+    cfg: RunConfig,
+    tokenizer: Tokenizer,
+    reward: Callable[[str, dict], float],
+    env: Callable[[], Env] | None,
 ) -> Conversations | None:
     """The run's conversations: ``env`` (a factory) or ``env.name``'s; None without either."""
     if env is None and not cfg.env.name:
@@ -48,7 +52,7 @@ def transcript_sequence(
     conversations: Conversations | None,
     example: dict,
     transcript: list[dict],
-    tokenizer,
+    tokenizer: Tokenizer,
     tool_format: str = "hermes",
 ) -> TrainSequence:
     """A teacher's conversation as the engine would hold it: the env's prompt, each assistant

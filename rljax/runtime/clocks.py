@@ -11,12 +11,15 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rljax.policy import meter as phase_meter
 from rljax.runtime.parts import SamplerPart
+
+if TYPE_CHECKING:
+    from rljax.mesh.weight_sync import SyncStats
 
 
 class RoleClocks:
@@ -36,7 +39,7 @@ class RoleClocks:
         if self.meter is not None:  # the meter's first phase starts with the run, not at 0
             self.meter.phase_start = self._since
 
-    def _record(self, event) -> None:
+    def _record(self, event: phase_meter.Event) -> None:
         if self.meter is not None:
             self.meter.record(event)
 
@@ -116,7 +119,9 @@ class RoleClocks:
         self._record(phase_meter.StepEnd(time.perf_counter()))
 
 
-def step_metrics(groups: list, staleness: collections.Counter, clocks: dict, sync) -> dict:
+def step_metrics(
+    groups: list, staleness: collections.Counter, clocks: dict, sync: SyncStats | None
+) -> dict:
     """The driver's part of a step's metric record: the same keys in every mode."""
     rewards = np.concatenate([g.rewards for g in groups])
     lengths = [len(t.response_tokens) for g in groups for t in g.trajectories]

@@ -215,7 +215,9 @@ class EnvAnswers:
 
         return make
 
-    def _report(self, serial: int, index: int, ids: list[int] | None, reward: float, info: dict):
+    def _report(
+        self, serial: int, index: int, ids: list[int] | None, reward: float, info: dict
+    ) -> None:
         if self.exchange.index == 0:
             self._count(0)
         else:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
+from rljax.learner.learner import Learner
 from rljax.mesh.resize import attach_sampler, detach_sampler, move_learner, plan_resize
+from rljax.mesh.weight_sync import WeightSync
 from rljax.policy.reallocation import Split
+from rljax.runtime.hosted import HostedRun
 
 
-def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
+def resize(run: HostedRun, split: Split, cause: str) -> dict[str, Any] | None:
     """Move ``run`` to ``split`` at a safe point; returns the record logged, or None if no-op.
 
     In-flight requests are interrupted and resumed as partial rollouts; learner params,
@@ -32,16 +35,24 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
     old = run.topology.split
     if split == old:
         return None
+    assert old is not None  # plan_resize refused a colocated run (no split to move from)
+    # One process's parts (a pod resizes through rljax.runtime.pod_resize): the hosting built
+    # a Learner and a WeightSync, whose arrays move here.
+    weight_sync = cast(WeightSync, run.weight_sync)
     start = time.perf_counter()
     # The driver's in-flight requests need interrupting even once its threads have stopped.
-    pause = driver.safe_point() if driver is not None else contextlib.nullcontext([])
+    pause: contextlib.AbstractContextManager[list[int]] = (
+        driver.safe_point() if driver is not None else contextlib.nullcontext([])
+    )
     with pause as interrupted:
         detach_sampler(run.sampler)
-        learner = move_learner(run.learner, topology.learner, run.learners)
+        learner = move_learner(cast(Learner, run.learner), topology.learner, run.learners)
         engine = run.engines.get(topology.sampler, lambda: run.build_engine(topology.sampler))
-        run.weight_sync.retarget(engine.param_shardings)
-        sync = run.weight_sync.publish(learner.params, learner.version)
-        attach_sampler(run.sampler, engine, *run.weight_sync.acquire())
+        weight_sync.retarget(engine.param_shardings)
+        sync = weight_sync.publish(learner.params, learner.version)
+        published = weight_sync.acquire()
+        assert published is not None  # the publish above
+        attach_sampler(run.sampler, engine, *published)
         run.replace_parts(learner=learner, engine=engine)
         run.move_to(topology)
         if driver is not None:
@@ -70,13 +81,13 @@ def resize(run, split: Split, cause: str) -> dict[str, Any] | None:
     return record
 
 
-def maybe_reallocate(run) -> dict[str, Any] | None:
+def maybe_reallocate(run: HostedRun) -> dict[str, Any] | None:
     """At a step boundary: resize if the schedule or the reallocation policy asks for a split."""
     proposal = propose(run)
     return None if proposal is None else resize(run, *proposal)
 
 
-def propose(run) -> tuple[Split, str] | None:
+def propose(run: HostedRun) -> tuple[Split, str] | None:
     """(split, cause) that ``mesh.resize_schedule`` or the reallocation policy asks for at this
     step boundary, validated by :func:`plan_resize`; None to stay. A pod's leader asks too."""
     if run.driver is None:
@@ -91,8 +102,10 @@ def propose(run) -> tuple[Split, str] | None:
         return None
     # Until a resize is measured: moving params and two Adam moments once (>= 3 syncs).
     history = run.weight_sync.history
+    current = run.topology.split
+    assert current is not None  # reallocation needs split meshes (the config refuses otherwise)
     stats = r.phase(
-        split=run.topology.split,
+        split=current,
         slots=run.sampler.num_slots,
         buffer_rows=run.driver.buffer_rows(),
         batch_groups=run.cfg.learner.batch_groups,

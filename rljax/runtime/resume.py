@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from flax import nnx
+from jax.sharding import Mesh
 
 from rljax import io
 from rljax.checkpoint import Checkpointer, CheckpointError
@@ -61,13 +63,13 @@ def can_resume(ckpt: Checkpointer | None) -> bool:
     return ckpt is not None and ckpt.latest_step() is not None
 
 
-def new_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
+def new_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
     """The learner of a fresh run, from ``cfg.init``."""
     _, graphdef, params = load_initial_params(cfg, mesh)
     return make_learner(cfg, graphdef, params, mesh, loss, ref_params=params)
 
 
-def abstract_learner(cfg: RunConfig, mesh, loss: Loss) -> Learner:
+def abstract_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
     """The learner state's shapes, dtypes and shardings on ``mesh``: the restore target."""
     graphdef, abstract = abstract_params(initial_model_config(cfg), mesh, lora=cfg.lora)
     return Learner.abstract(
@@ -128,7 +130,7 @@ class Restored:
 
 
 def learner_for(
-    cfg: RunConfig, mesh, loss: Loss, restored: Restored | None, cache: MeshCache
+    cfg: RunConfig, mesh: Mesh, loss: Loss, restored: Restored | None, cache: MeshCache
 ) -> Learner:
     """The run's learner on ``mesh``: new, or the restored state (into the learner cached for
     ``mesh``, compiled already, when the run learned on it before)."""
@@ -189,15 +191,22 @@ def check_lora_base(meta: dict[str, Any], cfg: RunConfig, *, where: str = "") ->
         )
 
 
-def _on(x, sharding):
+def _on(x: Any, sharding: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-def _sharding(x):
+def _sharding(x: Any) -> Any:
     return x.sharding
 
 
-def make_learner(cfg: RunConfig, graphdef, params, mesh, loss, **kwargs) -> Learner:
+def make_learner(
+    cfg: RunConfig,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    mesh: Mesh,
+    loss: Loss,
+    **kwargs: Any,
+) -> Learner:
     """The RL learner of ``cfg`` on ``mesh``."""
     ref = kwargs.pop("ref_params", None)
     return Learner(
@@ -241,7 +250,9 @@ def checkpoint_meta(
     }
 
 
-def driver_state(meta: dict[str, Any] | None, cfg: RunConfig, *, version: int):
+def driver_state(
+    meta: dict[str, Any] | None, cfg: RunConfig, *, version: int
+) -> tuple[StalenessBuffer, list[Any], int]:
     """(buffer, prompts to re-dispatch, next request id) for the driver of a (resumed) run.
 
     Checkpoints before the one driver held the threaded driver's state under ``'async'``, and

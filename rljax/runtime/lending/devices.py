@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
+from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Sampler
+from rljax.learner.learner import Learner
 from rljax.learner.loan import GradLoan
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.weight_sync import WeightSync
 from rljax.models.sharding import make_mesh
 from rljax.policy.lending import lent_units
+from rljax.runtime.driver import Driver
+from rljax.runtime.hosted import HostedRun
 from rljax.runtime.lending.hooks import Lending, LendingLearner
 
 # Of the memory a lent device reports free, the part the lent replica's KV pool may take.
@@ -33,17 +38,19 @@ class _Replica:
     sync: WeightSync
 
 
-def build(run) -> RunLending | None:
+def build(run: HostedRun) -> RunLending | None:
     """The run's lending (None with ``lending.enabled`` off)."""
     return RunLending(run) if run.cfg.lending.enabled else None
 
 
-def driver_parts(run) -> dict[str, Any]:
+def driver_parts(run: HostedRun) -> dict[str, Any]:
     """``Driver(...)``'s ``sampler``, ``learner``, ``meter`` and ``lender`` for ``run``: with
-    ``lending.enabled``, those of ``run.lending`` (:meth:`Lending.driver_parts`); else the run's
-    own sampler and learner, reporting to the reallocation's meter if it reallocates."""
-    if run.lending is not None:
-        return run.lending.driver_parts(lambda: run.learner)
+    ``lending.enabled``, those of ``run.parts.lender`` (:meth:`Lending.driver_parts`); else
+    the run's own sampler and learner, reporting to the reallocation's meter if it
+    reallocates."""
+    lender = run.parts.lender if run.parts is not None else None
+    if lender is not None:
+        return lender.driver_parts(lambda: run.learner)
     meter = run.reallocation.meter if run.reallocation is not None else None
     return {"sampler": run.sampler, "learner": run.learner, "meter": meter, "lender": None}
 
@@ -54,10 +61,10 @@ class RunLending(Lending):
     :class:`~rljax.learner.learner.GradLoan` on the sampler's; the run calls :meth:`at_boundary`
     after every step."""
 
-    def __init__(self, run):
+    def __init__(self, run: HostedRun):
         super().__init__(
             run.cfg.lending,
-            run.sampler,
+            _engine_sampler(run),
             mode=run.cfg.mode,
             max_new_tokens=run.cfg.sampling.max_new_tokens,
             held_threshold=run.cfg.reallocator.held_threshold,
@@ -69,14 +76,16 @@ class RunLending(Lending):
 
     def _rewire(self) -> None:
         """A resize hands the driver the bare learner; lending wraps it again."""
-        driver = self.driver
+        # Lending is one process's (a pod refuses it), where the driver it binds is the Driver.
+        driver = cast(Driver | None, self.driver)
         if driver is not None and not isinstance(driver.learner, LendingLearner):
             driver.use_learner(LendingLearner(self, lambda: self.run.learner))
 
-    def at_boundary(self, run, step: int) -> None:
+    def at_boundary(self, run: HostedRun, step: int) -> None:
         """Close the step's phase and decide what to lend in the next one."""
         self._rewire()
         split = run.topology.split
+        assert split is not None  # lending needs split meshes (the config refuses it otherwise)
         stats = self.meter.stats(
             split=split,
             slots=run.sampler.num_slots,
@@ -88,7 +97,7 @@ class RunLending(Lending):
         param_bytes = float(sum(x.nbytes for x in jax.tree.leaves(run.learner.params)))
         self.decide(stats, split, param_bytes)
 
-    def waiting(self, learner) -> None:
+    def waiting(self, learner: Any) -> None:
         self._rewire()
         super().waiting(self.run.learner)  # the Learner itself: a lent replica takes its mesh
 
@@ -99,20 +108,20 @@ class RunLending(Lending):
             self.run.timeline.add("lent_generate", start, time.perf_counter(), track="learner")
         return served
 
-    def _open_replica(self, learner, units: int) -> Sampler:
+    def _open_replica(self, learner: Learner, units: int) -> Sampler:
         replica = self._replica(list(learner.mesh.devices.flat)[: units * self.tp])
         params = replica.sync.copy(learner.params)
-        stop_ids = sorted(self.run.sampler.stop_ids)
+        stop_ids = sorted(_engine_sampler(self.run).stop_ids)
         return Sampler(replica.engine, params, version=learner.version, stop_ids=stop_ids)
 
     def _close_replica(self, replica: Sampler) -> None:
         replica.close()
 
-    def _replica(self, devices: list) -> _Replica:
+    def _replica(self, devices: list[Any]) -> _Replica:
         mesh = make_mesh(devices, {"data": len(devices), "tensor": 1})
         return self._engines.get(mesh, lambda: self._build_replica(mesh))
 
-    def _build_replica(self, mesh) -> _Replica:
+    def _build_replica(self, mesh: Mesh) -> _Replica:
         cfg = self.run.cfg
         model_cfg, graphdef = self.run.sampler_model
         sampling = dataclasses.replace(
@@ -126,14 +135,22 @@ class RunLending(Lending):
         )
         return _Replica(engine, sync)
 
-    def _lent_step(self, learner, batch, chips: int, micro_batches: int) -> dict[str, Any]:
+    def _lent_step(
+        self, learner: Learner, batch: Any, chips: int, micro_batches: int
+    ) -> dict[str, Any]:
         # The gradients run beside the sampler on its devices (nothing is parked): at least one.
         units = lent_units(chips, self.tp)
         devices = list(self.run.topology.sampler.devices.flat)[: units * self.tp]
         return learner.step(batch, loan=GradLoan(tuple(devices), micro_batches))
 
 
-def kv_pages(model_cfg, sampling, mesh) -> int:
+def _engine_sampler(run: HostedRun) -> Sampler:
+    """The run's sampler as lending moves requests off it: one process's engine Sampler (a pod
+    refuses lending, :func:`rljax.runtime.pod_hosting.check_pod`)."""
+    return cast(Sampler, run.sampler)
+
+
+def kv_pages(model_cfg: ModelConfig, sampling: SamplingConfig, mesh: Mesh) -> int:
     """KV pages for a replica on ``mesh``: what its devices report free, or ``sampling``'s own.
 
     The pool is split into one shard per device when the slots divide evenly (else every device

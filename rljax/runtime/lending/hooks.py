@@ -22,7 +22,8 @@ from rljax.policy.lending import (
 from rljax.policy.lending_policy import LendingPolicy
 from rljax.policy.meter import PhaseMeter
 from rljax.policy.reallocation import PhaseStats, Split
-from rljax.runtime.lending.replicas import ReplicaSet
+from rljax.runtime.lending.replicas import MovableSampler, ReplicaSet
+from rljax.runtime.parts import DriverView
 
 NONE = LendingDecision(LendDirection.NONE, 0, 0.0, 0.0, "nothing measured yet")
 
@@ -43,7 +44,7 @@ class LendingLearner:
     def params(self) -> Any:
         return self._learner().params
 
-    def step(self, batch) -> dict[str, Any]:
+    def step(self, batch: Any) -> dict[str, Any]:
         metrics = self._lending.learn(self._learner(), batch)
         metrics.update(self._lending.metrics())
         return metrics
@@ -68,12 +69,15 @@ class Lending:
       held_threshold: ``reallocator.held_threshold``, which the policy reads too.
       tp: chips per unit a loan is lent in (a replica of the fakes' sampler; 1 on a run's
         devices); loans are rounded to whole units by :func:`rljax.policy.lending.lent_units`.
+
+    The hooks' ``learner`` is typed ``Any``: each subclass lends from its own kind (a
+    :class:`~rljax.learner.learner.Learner`, a ``FakeLearner``) and overrides the hooks with it.
     """
 
     def __init__(
         self,
         config: LendingConfig,
-        sampler,
+        sampler: MovableSampler,
         *,
         mode: str = "async",
         max_new_tokens: int | None = None,
@@ -85,9 +89,11 @@ class Lending:
         self.tp = tp
         self.meter = PhaseMeter()
         self.policy = LendingPolicy(config, held_threshold=held_threshold)
-        self.replicas = ReplicaSet(sampler, max_new_tokens=max_new_tokens)
-        self.replicas.on_routed = self._wake_driver
-        self.driver = None  # the driver lending through this; it binds itself when built
+        self.replicas = ReplicaSet(
+            sampler, max_new_tokens=max_new_tokens, on_routed=self._wake_driver
+        )
+        # The driver lending through this; it binds itself when built.
+        self.driver: DriverView | None = None
         self.force: LendingDecision | None = None
         self.decision = NONE
         self.decisions: list[LendingDecision] = []
@@ -104,7 +110,7 @@ class Lending:
         lent = LendingLearner(self, learner)
         return {"sampler": self.replicas, "learner": lent, "meter": self.meter, "lender": self}
 
-    def bind(self, driver) -> None:
+    def bind(self, driver: DriverView) -> None:
         """Called by ``Driver(lender=self)``: the driver whose buffer a loan reads and whose
         learner thread a group routed to the lent replica wakes."""
         self.driver = driver
@@ -137,7 +143,7 @@ class Lending:
 
     # -- Rollout-on-TrainPool ---------------------------------------------------------------
 
-    def waiting(self, learner) -> None:
+    def waiting(self, learner: Any) -> None:
         """The learner starts waiting for a batch: lend its chips to rollout if so decided."""
         d = self._current.loan(LendDirection.ROLLOUT_ON_TRAIN)
         if d is None or self.replicas.lent is not None or self._batch_ready(learner):
@@ -157,7 +163,7 @@ class Lending:
 
     # -- Trainer-on-RollPool ----------------------------------------------------------------
 
-    def learn(self, learner, batch) -> dict[str, Any]:
+    def learn(self, learner: Any, batch: Any) -> dict[str, Any]:
         """The learner's step, with a share of its micro-batches on the sampler's chips if so
         decided."""
         d = self._current.loan(LendDirection.TRAIN_ON_ROLL)
@@ -171,23 +177,25 @@ class Lending:
 
     # -- how a loan is carried out (subclasses) -----------------------------------------------
 
-    def _batch_ready(self, learner) -> bool:
+    def _batch_ready(self, learner: Any) -> bool:
         """Whether the learner's batch is ready already (then there is no wait to lend)."""
         return self.driver is not None and self.driver.buffer.ready(learner.version)
 
-    def _open_replica(self, learner, units: int):
+    def _open_replica(self, learner: Any, units: int) -> MovableSampler:
         """A sampler on ``units`` units of the learner's chips, holding its weights and
         version."""
         raise NotImplementedError
 
-    def _close_replica(self, replica) -> None:
+    def _close_replica(self, replica: Any) -> None:
         """Free what a released replica holds (its requests have been handed back)."""
 
-    def _micro_batches(self, learner) -> int:
+    def _micro_batches(self, learner: Any) -> int:
         """How many micro-batches the learner's step is cut into (the unit a loan takes)."""
         return learner.cfg.micro_batches
 
-    def _lent_step(self, learner, batch, chips: int, micro_batches: int) -> dict[str, Any]:
+    def _lent_step(
+        self, learner: Any, batch: Any, chips: int, micro_batches: int
+    ) -> dict[str, Any]:
         """The learner's step with its last ``micro_batches`` on the sampler's chips, ``chips``
         as decided (the subclass rounds them to the units it lends)."""
         raise NotImplementedError

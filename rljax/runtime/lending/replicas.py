@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from rljax.engine.sampler import Request, Trajectory
@@ -50,7 +50,13 @@ class ReplicaSet:
     what admission adds while a replica is lent.
     """
 
-    def __init__(self, main: MovableSampler, *, max_new_tokens: int | None = None):
+    def __init__(
+        self,
+        main: MovableSampler,
+        *,
+        max_new_tokens: int | None = None,
+        on_routed: Callable[[], None] = lambda: None,
+    ):
         self.main = main
         # The budget a routed request without its own gets, so a resumed one keeps it.
         self.max_new_tokens = max_new_tokens
@@ -63,7 +69,7 @@ class ReplicaSet:
         self._lent_load = (0, 0)  # (free slots, queued samples) after its last step
         # Trajectories the lent replica finished, returned by the sampler thread's next step.
         self._finished: collections.deque[Trajectory] = collections.deque()
-        self.on_routed = lambda: None  # wakes the learner thread serving the lent replica
+        self.on_routed = on_routed  # wakes the learner thread serving the lent replica
         self.stats: collections.Counter = collections.Counter()
 
     # -- the sampler interface the driver uses ----------------------------------------------
@@ -139,7 +145,7 @@ class ReplicaSet:
         lent = [self._finished.popleft() for _ in range(len(self._finished))]
         return self.main.step() + lent
 
-    def set_params(self, params, version: int) -> None:
+    def set_params(self, params: Any, version: int) -> None:
         self.main.set_params(params, version)
 
     def abort(self, request_id: int) -> None:
