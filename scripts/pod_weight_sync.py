@@ -92,8 +92,8 @@ def _worker(model: str, runs: int, slices: int, sampler_data: int) -> None:
         def move(weights=weights, dtype=dtype, name=name):
             if not name.endswith("_all_reduce"):
                 return weights.move(params if owns_learner else None)
-            src = cast_floating(params, dtype) if owns_learner else weights.source
-            out = transfer(src, weights.targets, force_all_reduce=True)
+            src = cast_floating(params, dtype) if owns_learner else weights.full.source
+            out = transfer(src, weights.full.targets, force_all_reduce=True)
             jax.block_until_ready([x for x in jax.tree.leaves(out) if x is not None])
 
         times = []

@@ -46,25 +46,12 @@ class PodWeights:
         *,
         adapters_only: bool = False,
     ):
-        self._full = _Plan(abstract, sampler_mesh, dtype, slices)
+        self.full = _Plan(abstract, sampler_mesh, dtype, slices)  # the whole params' plan
         self.adapters = AdapterMoves(adapters_only)
         self._adapters = None
         if adapters_only:
             self._adapters = _Plan(split_adapters(abstract)[0], sampler_mesh, dtype, slices)
-        self._last = self._full
-
-    # The whole params' plan, as before LoRA: what scripts and tests read of it.
-    @property
-    def source(self) -> Any:
-        return self._full.source
-
-    @property
-    def targets(self) -> Any:
-        return self._full.targets
-
-    @property
-    def stages(self) -> Any:
-        return self._full.stages
+        self._last = self.full
 
     @property
     def bytes(self) -> int:
@@ -76,7 +63,7 @@ class PodWeights:
 
     def move(self, params: Any = None) -> Any:
         """The sampler's copy (None leaves on learner processes); see :meth:`_Plan.move`."""
-        plan = self._full if self.adapters.whole or self._adapters is None else self._adapters
+        plan = self.full if self.adapters.whole or self._adapters is None else self._adapters
         self._last = plan
         return self.adapters.arrived(plan.move(self.adapters.outgoing(params)))
 
