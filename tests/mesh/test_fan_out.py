@@ -115,7 +115,7 @@ if learner:
 one = PodWeights(abstract, topo.sampler, "bfloat16")
 two = PodWeights(abstract, topo.sampler, "bfloat16", topo.slices)
 a, b = one.move(params), two.move(params)
-out = {"stages": two.stages is not None, "stage_bytes": two.stage_bytes, "bytes": two.bytes}
+out = {"stages": two.full.stages is not None, "stage_bytes": two.stage_bytes, "bytes": two.bytes}
 if not learner:
     want = [v.astype(jax.numpy.bfloat16) for v in values]
     out["equal"] = all(

@@ -30,7 +30,7 @@ def test_bf16_sampler_runs_on_bf16_weights_and_logs_the_mismatch(tmp_path):
         # decoder that computes in bf16; the learner's master copy stays f32.
         assert _dtypes(run.sampler.params) == {jnp.dtype("bfloat16")}
         assert run.sampler.state.k_pages.dtype == jnp.bfloat16
-        assert run.engine.model_cfg.dtype == "bfloat16"
+        assert run.parts.engine.model_cfg.dtype == "bfloat16"
         assert _dtypes(run.learner.params) == {jnp.dtype("float32")}
         assert run.weight_sync.history[-1].bytes * 2 == sum(
             x.nbytes for x in jax.tree.leaves(run.learner.params)

@@ -199,6 +199,7 @@ def test_an_error_in_a_pod_process_fails_the_pod_at_once():
     hosting.weights = None
     hosting.real_sampler = types.SimpleNamespace(interrupt=None, resume=None, abort=None)
     hosting.servers = []
+    hosting.answers = types.SimpleNamespace(stop=lambda: None, conversations=None)
     run = Run.__new__(Run)
     run.hosting = hosting
     with pytest.raises(PodProtocolError, match="unknown pod operation 'sumbit'"):
