@@ -31,6 +31,7 @@ from rljax.config.checks import (
     ConfigError,
 )
 from rljax.config.convert import from_config_dict, replace, to_config_dict
+from rljax.config.model import MoEConfig
 from rljax.config.run_config import RunConfig
 from rljax.config.sections import (
     CheckpointConfig,
@@ -62,6 +63,7 @@ __all__ = [
     "LearnerConfig",
     "MeshConfig",
     "MetricsConfig",
+    "MoEConfig",
     "ModelConfig",
     "RewardConfig",
     "RunConfig",

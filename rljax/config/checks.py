@@ -20,7 +20,9 @@ from rljax.models.lora_targets import TARGET_WEIGHTS
 from rljax.needs import Needs
 
 DTYPES = ("float32", "bfloat16")
-FAMILIES = ("llama", "qwen2", "qwen3")
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
+FAMILIES = ("llama", "qwen2", "qwen3", *MOE_FAMILIES)
+ROUTER_REPLAY = ("off", "rollout")
 LOSSES = tuple(LOSS_NEEDS)  # the built-in ones; rljax.LOSSES takes more at run time
 SWAP_MODES = ("inflight", "recompute", "drain")
 WEIGHTS_LAYOUTS = ("auto", "stacked", "per_layer")

@@ -14,13 +14,13 @@ from rljax.config.checks import (
     check_needs,
     value_in,
 )
+from rljax.config.model import ModelConfig, MoEConfig, check_moe
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
     MeshConfig,
     MetricsConfig,
-    ModelConfig,
     RewardConfig,
     SamplingConfig,
 )
@@ -40,6 +40,7 @@ class RunConfig:
 
     Attributes:
       model: the decoder (ModelConfig).
+      moe: mixture-of-experts training: routing replay, expert parallelism (MoEConfig).
       tokenizer: 'char', a directory with tokenizer.json, or 'init' (the checkpoint's).
       init: the initial weights: 'random' (from model), a Hugging Face directory, a GGUF file,
         or 'smollm2'. A loaded checkpoint's own config.json / GGUF metadata replaces model (its
@@ -71,6 +72,7 @@ class RunConfig:
     """
 
     model: ModelConfig = ModelConfig()
+    moe: MoEConfig = MoEConfig()
     tokenizer: str = "char"
     init: str = "random"
     sampling: SamplingConfig = SamplingConfig()
@@ -107,6 +109,7 @@ class RunConfig:
                 "0 in sync mode (set mode='async' to train off-policy)",
             )
         self._check_needs()
+        check_moe(self.model, self.moe)
         lr = self.learner
         updates = self.num_steps * lr.ppo_epochs
         if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:

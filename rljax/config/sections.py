@@ -9,13 +9,10 @@ lora) are in ``rljax.config.algorithm``. Each section documents its keys under
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
 from rljax.config.checks import (
     BUILTIN_TOOL_NAMES,
     DTYPES,
-    FAMILIES,
     MESH_MODES,
     SLICE_LAYOUTS,
     SWAP_MODES,
@@ -28,89 +25,10 @@ from rljax.config.checks import (
     check_needs,
     value_in,
 )
+from rljax.config.model import ModelConfig
 from rljax.data.registry import TASKS as TASK_REGISTRY
 
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2 family), read by rljax.models.
-
-    Field names follow Hugging Face ``config.json`` where one exists.
-
-    Attributes:
-      family: the architecture, one of llama, qwen2, qwen3.
-      vocab_size: rows of the token embedding (and of the output projection).
-      hidden_size: D, the width of the residual stream.
-      intermediate_size: the hidden width of the SwiGLU MLP.
-      num_layers: decoder blocks.
-      num_heads: N, query heads.
-      num_kv_heads: key/value heads, a divisor of num_heads (grouped-query attention).
-      head_dim: H, the width of one head (even: RoPE rotates pairs).
-      rope_theta: the RoPE base frequency.
-      rope_scaling: None, or a mapping with rope_type='llama3', factor, low_freq_factor,
-        high_freq_factor, original_max_position_embeddings (Llama 3.1+ long-context scaling).
-      norm_eps: the RMSNorms' epsilon.
-      tie_embeddings: the output projection reuses the token embedding.
-      qk_norm: RMSNorm on each head's q and k before RoPE (Qwen3).
-      qkv_bias: bias on the q/k/v projections (Qwen2).
-      max_position_embeddings: the longest sequence the model takes.
-      dtype: the activation / compute dtype, float32 or bfloat16.
-      param_dtype: the dtype of the learner's master parameters.
-    """
-
-    family: str = "llama"
-    vocab_size: int = 32
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
-    rope_theta: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None
-    norm_eps: float = 1e-6
-    tie_embeddings: bool = False
-    qk_norm: bool = False
-    qkv_bias: bool = False
-    max_position_embeddings: int = 2048
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-
-    def __post_init__(self):
-        _one_of("model.family", self.family, FAMILIES)
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "max_position_embeddings",
-        ):
-            _positive(f"model.{name}", getattr(self, name))
-        if self.num_heads % self.num_kv_heads:
-            _fail(
-                "model.num_kv_heads",
-                self.num_kv_heads,
-                f"a divisor of model.num_heads={self.num_heads} (grouped-query attention)",
-            )
-        if self.head_dim % 2:
-            _fail("model.head_dim", self.head_dim, "an even number (RoPE rotates pairs)")
-        _positive_float("model.rope_theta", self.rope_theta)
-        _positive_float("model.norm_eps", self.norm_eps)
-        _one_of("model.dtype", self.dtype, DTYPES)
-        _one_of("model.param_dtype", self.param_dtype, DTYPES)
-        if self.rope_scaling is not None:
-            scaling = dict(self.rope_scaling)
-            if scaling.get("rope_type") != "llama3":
-                _fail("model.rope_scaling.rope_type", scaling.get("rope_type"), "'llama3' or None")
-            for k in ("factor", "low_freq_factor", "high_freq_factor"):
-                _positive_float(f"model.rope_scaling.{k}", scaling.get(k))
-            _positive(
-                "model.rope_scaling.original_max_position_embeddings",
-                scaling.get("original_max_position_embeddings"),
-            )
+__all__ = ["ModelConfig"]  # its own module now (rljax.config.model); kept importable here
 
 
 @dataclasses.dataclass(frozen=True)

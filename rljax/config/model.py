@@ -1,0 +1,217 @@
+"""The model's section of a run config: the decoder's architecture, dense or mixture-of-experts,
+and the ``moe`` section (routing replay and expert parallelism).
+
+Field names follow Hugging Face ``config.json`` where one exists, so a checkpoint's config reads
+into :class:`ModelConfig` key for key (``rljax.models.families``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rljax.config.checks import (
+    DTYPES,
+    FAMILIES,
+    MOE_FAMILIES,
+    ROUTER_REPLAY,
+    _fail,
+    _one_of,
+    _positive,
+    _positive_float,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2, and the Qwen3-MoE / Qwen2-MoE
+    mixtures of experts), read by rljax.models.
+
+    Field names follow Hugging Face ``config.json`` where one exists.
+
+    Attributes:
+      family: the architecture, one of llama, qwen2, qwen3, qwen3_moe, qwen2_moe.
+      vocab_size: rows of the token embedding (and of the output projection).
+      hidden_size: D, the width of the residual stream.
+      intermediate_size: the hidden width of the SwiGLU MLP.
+      num_layers: decoder blocks.
+      num_heads: N, query heads.
+      num_kv_heads: key/value heads, a divisor of num_heads (grouped-query attention).
+      head_dim: H, the width of one head (even: RoPE rotates pairs).
+      rope_theta: the RoPE base frequency.
+      rope_scaling: None, or a mapping with rope_type='llama3', factor, low_freq_factor,
+        high_freq_factor, original_max_position_embeddings (Llama 3.1+ long-context scaling).
+      norm_eps: the RMSNorms' epsilon.
+      tie_embeddings: the output projection reuses the token embedding.
+      qk_norm: RMSNorm on each head's q and k before RoPE (Qwen3).
+      qkv_bias: bias on the q/k/v projections (Qwen2).
+      max_position_embeddings: the longest sequence the model takes.
+      dtype: the activation / compute dtype, float32 or bfloat16.
+      param_dtype: the dtype of the learner's master parameters.
+      num_experts: E, the routed experts of a mixture-of-experts layer; 0: a dense model.
+      num_experts_per_tok: k, the experts each token is routed to (top-k of the router).
+      moe_intermediate_size: the hidden width of one routed expert's SwiGLU MLP.
+      norm_topk_prob: renormalise the k chosen experts' router probabilities to sum to 1
+        (Qwen3-30B-A3B); otherwise they keep their softmax mass (Qwen2-MoE).
+      decoder_sparse_step: layer i is a mixture-of-experts layer when (i + 1) is a multiple of
+        it (and i is not in mlp_only_layers); the others keep a dense MLP.
+      mlp_only_layers: layers that keep a dense MLP of intermediate_size.
+      shared_expert_intermediate_size: the width of Qwen2-MoE's shared expert, an MLP every token
+        passes through, scaled by a sigmoid gate; 0: none.
+      router_aux_loss_coef: the weight of the router's load-balancing loss in the learner's loss.
+      router_z_loss_coef: the weight of the router z-loss (mean squared logsumexp of the router
+        logits); 0: off.
+    """
+
+    family: str = "llama"
+    vocab_size: int = 32
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    rope_theta: float = 10000.0
+    rope_scaling: Mapping[str, Any] | None = None
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    max_position_embeddings: int = 2048
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
+
+    def __post_init__(self):
+        _one_of("model.family", self.family, FAMILIES)
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            _positive(f"model.{name}", getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            _fail(
+                "model.num_kv_heads",
+                self.num_kv_heads,
+                f"a divisor of model.num_heads={self.num_heads} (grouped-query attention)",
+            )
+        if self.head_dim % 2:
+            _fail("model.head_dim", self.head_dim, "an even number (RoPE rotates pairs)")
+        _positive_float("model.rope_theta", self.rope_theta)
+        _positive_float("model.norm_eps", self.norm_eps)
+        _one_of("model.dtype", self.dtype, DTYPES)
+        _one_of("model.param_dtype", self.param_dtype, DTYPES)
+        if self.rope_scaling is not None:
+            scaling = dict(self.rope_scaling)
+            if scaling.get("rope_type") != "llama3":
+                _fail("model.rope_scaling.rope_type", scaling.get("rope_type"), "'llama3' or None")
+            for k in ("factor", "low_freq_factor", "high_freq_factor"):
+                _positive_float(f"model.rope_scaling.{k}", scaling.get(k))
+            _positive(
+                "model.rope_scaling.original_max_position_embeddings",
+                scaling.get("original_max_position_embeddings"),
+            )
+        _check_experts(self)
+
+
+def _check_experts(cfg: ModelConfig) -> None:
+    """The mixture-of-experts fields: one line per bad value, naming the fix."""
+    moe = cfg.family in MOE_FAMILIES
+    _positive("model.num_experts", cfg.num_experts, allow_zero=True)
+    if not moe:
+        if cfg.num_experts:
+            _fail(
+                "model.num_experts",
+                cfg.num_experts,
+                f"0 for family {cfg.family!r} (a dense "
+                f"architecture); use family 'qwen3_moe' or 'qwen2_moe' for experts",
+            )
+        return
+    if cfg.num_experts < 1:
+        _fail("model.num_experts", cfg.num_experts, f"at least 1 for family {cfg.family!r}")
+    if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
+        _fail(
+            "model.num_experts_per_tok",
+            cfg.num_experts_per_tok,
+            f"between 1 and model.num_experts={cfg.num_experts} (top-k of the experts)",
+        )
+    _positive("model.moe_intermediate_size", cfg.moe_intermediate_size)
+    _positive("model.decoder_sparse_step", cfg.decoder_sparse_step)
+    bad = [i for i in cfg.mlp_only_layers if not 0 <= i < cfg.num_layers]
+    if bad:
+        _fail(
+            "model.mlp_only_layers",
+            tuple(cfg.mlp_only_layers),
+            f"layer indices in [0, {cfg.num_layers})",
+        )
+    _positive(
+        "model.shared_expert_intermediate_size",
+        cfg.shared_expert_intermediate_size,
+        allow_zero=True,
+    )
+    if cfg.shared_expert_intermediate_size and cfg.family != "qwen2_moe":
+        _fail(
+            "model.shared_expert_intermediate_size",
+            cfg.shared_expert_intermediate_size,
+            "0 for family 'qwen3_moe' (a shared expert is Qwen2-MoE's)",
+        )
+    _positive_float("model.router_aux_loss_coef", cfg.router_aux_loss_coef, allow_zero=True)
+    _positive_float("model.router_z_loss_coef", cfg.router_z_loss_coef, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """Mixture-of-experts training: rollout routing replay and expert parallelism (docs/moe.md).
+
+    Attributes:
+      router_replay: 'off', or 'rollout': the engine records the experts each model token was
+        routed to, and the learner's forwards (current, old and reference log-probs) use them.
+      expert_parallel: the size of the 'expert' mesh axis on each role's mesh: the experts are
+        split over it, whole, and batches and dense weights over it and the rest.
+      disagreement_every: with replay on, every this many learner steps one extra unforced
+        forward measures the router disagreement (it costs a forward); 0: never. With replay
+        off every step measures it from the forward the loss already runs.
+    """
+
+    router_replay: str = "off"
+    expert_parallel: int = 1
+    disagreement_every: int = 10
+
+    def __post_init__(self):
+        _one_of("moe.router_replay", self.router_replay, ROUTER_REPLAY)
+        _positive("moe.expert_parallel", self.expert_parallel)
+        _positive("moe.disagreement_every", self.disagreement_every, allow_zero=True)
+
+
+def check_moe(model: ModelConfig, moe: MoEConfig) -> None:
+    """The rules between the two sections."""
+    if moe.router_replay != "off" and model.num_experts == 0:
+        _fail(
+            "moe.router_replay",
+            moe.router_replay,
+            f"'off' for the dense model family {model.family!r} (no experts to replay)",
+        )
+    if model.num_experts and model.num_experts % moe.expert_parallel:
+        _fail(
+            "moe.expert_parallel",
+            moe.expert_parallel,
+            f"a divisor of model.num_experts={model.num_experts}: each expert-parallel shard "
+            "holds whole experts",
+        )
+    if not model.num_experts and moe.expert_parallel != 1:
+        _fail("moe.expert_parallel", moe.expert_parallel, "1 for a dense model")
