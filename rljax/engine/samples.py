@@ -13,6 +13,13 @@ tells them apart (env tokens: log-prob 0.0, version :data:`ENV_VERSION`).
 
 A :class:`Recorder` holds the stop rules: it appends each sampled token to its sample and
 tells which samples go on, which finished and which conversations ended a model turn.
+
+**Routes** (mixture-of-experts models, an engine built with ``record_routes``): each model token
+of a response carries the experts it was routed to (flat: Lm MoE layers x k ids) when it was
+FED to the model, the step that drew the token after it (a decode step, or a later turn's or a
+resumed sample's prefill). A token keeps the routes of its first feed, whatever params fed it
+later (an in-flight swap, a re-prefill); the last token (never fed) and env tokens have none
+(``[]``). :meth:`Sample.feed_routes` records them; the learner replays them (docs/moe.md).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+import numpy as np
 
 from rljax.engine.state import ResultTokens, SlotSampling
 
@@ -105,6 +114,9 @@ class Trajectory:
     loss_mask: list[int] | None = None
     env_reward: float | None = None  # the Turns' reward (None: single-turn)
     env_info: dict | None = None  # the Turns' counters (None: single-turn)
+    # Per response token, the flat Lm*k expert ids it was routed to when fed ([]: never fed, or
+    # an env token); None: not recorded (a dense model, or an engine not recording).
+    routes: list[list[int]] | None = None
 
     @property
     def min_version(self) -> int:
@@ -130,6 +142,23 @@ class Sample:
     turn_start: int = 0  # where the current model turn begins in ``tokens``
     # The env's next turn while the conversation waits for it; None while the model decodes.
     future: concurrent.futures.Future | None = None
+    routes: list[list[int]] | None = None  # per response token, as Trajectory.routes
+
+    def feed_routes(self, first: int, rows: Any) -> None:
+        """Record the routes of response tokens ``first, first + 1, ...`` as fed to the model
+        (``rows``: [n, Lm*k] ints, one row per token fed). Only model tokens that have none
+        take them: a token keeps the routes of its first feed; env tokens and indices outside
+        the response (prompt tokens) take none."""
+        if self.routes is None:
+            self.routes = []
+        self.routes.extend([] for _ in range(len(self.tokens) - len(self.routes)))
+        for i, row in enumerate(rows):
+            j = first + i
+            if not 0 <= j < len(self.tokens) or self.routes[j]:
+                continue
+            if self.loss_mask and not self.loss_mask[j]:  # an env token
+                continue
+            self.routes[j] = [int(e) for e in row]
 
     def __post_init__(self) -> None:
         if self.request.turns is not None and self.turns is None:
@@ -165,6 +194,9 @@ class Sample:
             t.loss_mask = list(self.loss_mask)
             t.env_reward = float(self.turns.reward)
             t.env_info = dict(self.turns.info)
+        if self.routes is not None:
+            t.routes = [list(r) for r in self.routes]
+            t.routes.extend([] for _ in range(len(self.tokens) - len(t.routes)))
         return t
 
 
@@ -197,18 +229,23 @@ class Recorder:
         rows: Sequence[int],
         version: int,
         finished: list[Trajectory],
+        fed_routes: np.ndarray | None = None,
     ) -> tuple[list[int], list[Sample]]:
         """Append each valid row's token (drawn by params ``version``) to its sample.
 
-        Returns the indices of the samples still running, and the conversations whose model
-        turn ended (neither running nor finished: their env is asked next). The samples that
-        finished go to ``finished``."""
+        ``fed_routes`` (a decode step's, [rows, Lm*k]): the routes of the token each row fed,
+        its sample's last token, recorded before the new one is appended. Returns the indices
+        of the samples still running, and the conversations whose model turn ended (neither
+        running nor finished: their env is asked next). The samples that finished go to
+        ``finished``."""
         tokens, valid, logprobs = result.tokens, result.valid, result.logprobs
         running, turn_ended = [], []
         for i, (s, row) in enumerate(zip(samples, rows, strict=True)):
             if not valid[row]:
                 running.append(i)
                 continue
+            if fed_routes is not None:
+                s.feed_routes(len(s.tokens) - 1, fed_routes[row : row + 1])
             token = int(tokens[row])
             s.tokens.append(token)
             s.logprobs.append(float(logprobs[row]))

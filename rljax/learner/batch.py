@@ -15,6 +15,13 @@ A conversation (multi-turn) is one sequence: its response holds model and env to
 ``loss_mask`` marks the model's. Env tokens are inputs only: mask 0, weight 0, behaviour
 log-prob 0 (whatever the trajectory says), and every count above ("response tokens", "its
 length") counts model tokens only.
+
+Routes (mixture-of-experts models, docs/moe.md): a sequence's ``routes`` give each response
+token the flat Lm*k expert ids it was routed to when the sampler fed it. They pack into the
+field ``routes`` [rows, row_len, Lm*k] int32, present when some sequence has routes. Unlike the
+fields above, position t holds what belongs to the INPUT token t (the routes that computed the
+logits predicting t+1): response token j of a sequence with ``prompt_len`` P sits at P+j.
+-1 marks a position not forced (prompt and env tokens, padding, a token never fed).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class TrainSequence:
     advantage: float = 0.0
     versions: Sequence[int] = ()  # policy version per response token
     loss_mask: Sequence[int] = ()  # per response token: 1 trained (model), 0 not (env); (): all
+    # per response token: its flat Lm*k expert ids ([]: none recorded); (): no routes at all
+    routes: Sequence[Sequence[int]] = ()
 
     @property
     def response_len(self) -> int:
@@ -118,6 +127,7 @@ def pack_batch(
                 f"sequence {i}: loss_mask must hold one 0 or 1 per response token "
                 f"({s.response_len}), got {len(s.loss_mask)} values"
             )
+    width = _route_width(seqs)
     rows = pack_sequences([len(s.tokens) for s in seqs], row_len=row_len)
     n_rows = _round_rows(len(rows), micro_batches * row_multiple)
     rows += [[] for _ in range(n_rows - len(rows))]
@@ -129,6 +139,8 @@ def pack_batch(
         name: np.zeros((n_rows, row_len), np.float32 if name in _FLOATS else np.int32)
         for name in FIELDS
     }
+    if width:
+        arrays["routes"] = np.full((n_rows, row_len, width), -1, np.int32)
     for out_row, row in enumerate(order):
         start = 0
         for seg, i in enumerate(rows[row], start=1):
@@ -143,7 +155,7 @@ def pack_batch(
             )
             start += len(s.tokens)
     per_mb = n_rows // micro_batches
-    stacked = {k: v.reshape(micro_batches, per_mb, row_len) for k, v in arrays.items()}
+    stacked = {k: v.reshape(micro_batches, per_mb, *v.shape[1:]) for k, v in arrays.items()}
     return TrainBatch(stacked, len(seqs), sum(len(s.tokens) for s in seqs), n_resp)
 
 
@@ -178,3 +190,25 @@ def _write(
         arrays["old_logprobs"][row, tgt] = np.where(trained, np.asarray(s.logprobs, np.float32), 0)
     if s.versions:
         arrays["versions"][row, tgt] = s.versions
+    if "routes" in arrays:
+        # Routes belong to the input token: response token j is the input at p + j.
+        for j, ids in enumerate(s.routes):
+            if ids:
+                arrays["routes"][row, start + p + j] = ids
+
+
+def _route_width(seqs: Sequence[TrainSequence]) -> int:
+    """Lm*k, the one width of every recorded route; 0 when no sequence has routes."""
+    widths = set()
+    for i, s in enumerate(seqs):
+        if s.routes and len(s.routes) != s.response_len:
+            raise ValueError(
+                f"sequence {i}: {len(s.routes)} routes for {s.response_len} response tokens"
+            )
+        widths |= {len(r) for r in s.routes if r}
+    if len(widths) > 1:
+        raise ValueError(
+            f"routes of widths {sorted(widths)} in one batch; every route holds Lm*k expert ids "
+            "of one model"
+        )
+    return widths.pop() if widths else 0

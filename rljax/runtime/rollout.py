@@ -60,7 +60,8 @@ def make_group(example: Any, trajectories: Sequence, rewards: Sequence[float]) -
 def train_sequence(t: Trajectory, advantage: float) -> TrainSequence:
     """What the learner trains on of a trajectory: prompt + response (a conversation's model
     and env tokens as the engine held them, never encoded again), its behaviour log-probs and
-    versions, and its loss mask (env tokens untrained)."""
+    versions, its loss mask (env tokens untrained) and the experts each response token was
+    routed to (a mixture-of-experts model's; none for a dense one)."""
     return TrainSequence(
         list(t.prompt_tokens) + list(t.response_tokens),
         len(t.prompt_tokens),
@@ -68,6 +69,7 @@ def train_sequence(t: Trajectory, advantage: float) -> TrainSequence:
         float(advantage),
         t.versions,
         t.loss_mask or (),
+        t.routes or (),
     )
 
 
@@ -84,7 +86,8 @@ def encode_group(g: Group) -> dict[str, Any]:
 
 def decode_group(d: dict[str, Any]) -> Group:
     """The inverse of :func:`encode_group`. A checkpoint written before conversations existed
-    (no ``loss_mask``, ``env_reward``, ``env_info``) loads as single-turn trajectories."""
+    (no ``loss_mask``, ``env_reward``, ``env_info``) loads as single-turn trajectories, one
+    written before routes were recorded (no ``routes``) as trajectories without routes."""
     trajs = [Trajectory(**t) for t in d["trajectories"]]
     return Group(
         d["request_id"], d["example"], trajs, np.asarray(d["rewards"], np.float32), d["min_version"]
