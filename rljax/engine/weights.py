@@ -185,13 +185,20 @@ def serving_layout(
 ) -> ServingLayout:
     """The layout ``name`` (a ``sampling.weights_layout``) for an engine on ``mesh``.
 
-    'auto' is 'per_layer' when every device of the mesh is a CPU, else 'stacked'. The name is
+    'auto' is 'per_layer' when every device of the mesh is a CPU, else 'stacked'; a
+    mixture-of-experts model is served stacked (its layers differ by kind). The name is
     one of ``rljax.config.checks.WEIGHTS_LAYOUTS``, which SamplingConfig checks. ``lora_cfg``:
     the adapters ``graphdef`` holds (None or disabled: none), served as :func:`lora_merged`
     says.
     """
     if name == "auto":
-        name = PerLayerServing.name if _on_cpu(mesh) else StackedServing.name
+        per_layer = _on_cpu(mesh) and not model_cfg.num_experts
+        name = PerLayerServing.name if per_layer else StackedServing.name
+    if name == PerLayerServing.name and model_cfg.num_experts:
+        raise ValueError(
+            "sampling.weights_layout='per_layer' serves dense models only; use 'stacked' or "
+            "'auto' for a mixture-of-experts model"
+        )
     merge = lora_merged(lora_cfg, mesh)
     return SERVING_LAYOUTS[name](
         model_cfg, graphdef, mesh, rules, lora_cfg=lora_cfg, merge_adapters=merge

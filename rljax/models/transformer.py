@@ -39,6 +39,7 @@ from rljax.config import LoRAConfig, ModelConfig
 from rljax.kernels.flash_attention import flash_attention, sharded_flash_attention
 from rljax.kernels.sharding import axis_size
 from rljax.models import lora as lora_lib
+from rljax.models import moe as moe_lib
 from rljax.models.layouts import STACKED, Layout
 from rljax.models.paged_kv import PagedKV
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardings
@@ -65,6 +66,16 @@ PARAM_AXES: dict[str, tuple[str, ...]] = {
     "w_gate": ("layers", "embed", "mlp"),
     "w_up": ("layers", "embed", "mlp"),
     "w_down": ("layers", "mlp", "embed"),
+    # Mixture-of-experts layers (rljax.models.moe), stacked over the MoE layers only; the dense
+    # MLP's three above are then stacked over the dense layers only.
+    "router": ("layers", "embed", None),
+    "we_gate": ("layers", "experts", "expert_embed", "expert_mlp"),
+    "we_up": ("layers", "experts", "expert_embed", "expert_mlp"),
+    "we_down": ("layers", "experts", "expert_mlp", "expert_embed"),
+    "ws_gate": ("layers", "embed", "mlp"),
+    "ws_up": ("layers", "embed", "mlp"),
+    "ws_down": ("layers", "mlp", "embed"),
+    "ws_router": ("layers", "embed"),
 }
 
 LAYER_PARAMS = tuple(k for k, axes in PARAM_AXES.items() if axes[0] == "layers")
@@ -196,11 +207,44 @@ class CallPaths:
         inv_freq = rope_frequencies(cfg)
         return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
 
-    def _finish_block(self, p, x_btd, attn_btnh):
+    def _finish_block(self, p, x_btd, attn_btnh, moe: moe_lib.MoECall | None = None):
+        """The attention output's projection and the MLP: dense, or with ``moe`` (a mixture-of-
+        experts layer's call) the experts; returns (x, that layer's stats or None)."""
         cfg = self.cfg
         x_btd = x_btd + self._project(attn_btnh, p, "wo", "BTNH,NHD->BTD")
         h_btd = rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
-        return x_btd + self._mlp(h_btd, p)
+        if moe is None:
+            return x_btd + self._mlp(h_btd, p), None
+        out, stats = moe_lib.moe_mlp(h_btd, p, cfg, self._project, moe)
+        return x_btd + out, stats
+
+    def _run(self, block, carry, layers, *, unroll: int = 1, call: moe_lib.MoECall | None = None):
+        """``block(carry, (p, i), moe)`` over the layers (``moe``: the MoE call of a mixture-of-
+        experts layer, else None); returns (carry, per-layer outputs, MoE stats or None).
+
+        A dense or all-MoE model runs one scan; a model mixing the two runs one per segment of
+        one kind (:func:`rljax.models.moe.segments`), each over its rows of the stacks.
+        """
+        if not self.cfg.num_experts:
+            carry, out = self.layout.run_layers(
+                lambda c, x: block(c, x, None), carry, layers, unroll=unroll
+            )
+            return carry, out[0], None
+        outs, stats = [], []
+        for seg in moe_lib.segments(self.cfg):
+            part = moe_lib.segment_weights(layers, seg)
+            seg_call = call if seg.moe else None
+
+            def seg_block(c, x, start=seg.start, seg_call=seg_call):
+                return block(c, (x[0], x[1] + start), seg_call)
+
+            n = seg.stop - seg.start
+            carry, out = self.layout.run_layers(seg_block, carry, part, unroll=min(unroll, n))
+            outs.append(out[0])
+            if seg.moe:
+                stats.append(out[1])
+        kv = None if outs[0] is None else jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
+        return carry, kv, moe_lib.gather_stats(stats)
 
     # -- call paths -------------------------------------------------------------------------
 
@@ -217,6 +261,8 @@ class CallPaths:
         unroll: int = 1,
         adapters: bool = True,
         dropout_key: jax.Array | None = None,
+        routes: tuple[jax.Array, jax.Array] | None = None,
+        moe_stats: bool = False,
     ):
         """Final hidden states [B, T, D] of packed rows; optionally each layer's K and V.
 
@@ -240,6 +286,11 @@ class CallPaths:
         the reference policy of a KL penalty, with no second copy of the weights.
         ``dropout_key`` (training) draws the LoRA dropout masks (``lora.dropout``), one stream
         per layer and adapted weight; without it there is no dropout.
+
+        A mixture-of-experts model (``rljax.models.moe``): ``routes=(ids [B, T, Lm, k], forced
+        [B, T])`` forces those experts where ``forced`` is set (rollout routing replay); with
+        ``moe_stats`` the result gains a last element, the forward's
+        :class:`~rljax.models.moe.MoEStats` (None for a dense model).
         """
         if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 0:
             raise ValueError(f"unroll={unroll!r}; expected an integer >= 0 (0: all layers)")
@@ -257,11 +308,11 @@ class CallPaths:
                 mesh, batch_axes, head_axis, q, k, v, segment_ids_bt, causal=True, impl=impl
             )
 
-        def block(x_btd, layer):
+        def block(x_btd, layer, moe):
             p, _ = layer
             q, k, v = self._qkv(p, x_btd, positions_bt)
-            attn = attend(q, k, v)
-            return self._finish_block(p, x_btd, attn), (k, v) if return_kv else None
+            x_btd, stats = self._finish_block(p, x_btd, attend(q, k, v), moe)
+            return x_btd, ((k, v) if return_kv else None, stats)
 
         depth = self.cfg.num_layers
         unroll = depth if unroll == 0 else min(unroll, depth)
@@ -272,9 +323,20 @@ class CallPaths:
         layers = self._layers() if adapters else _without_adapters(self._layers())
         if adapters and dropout_key is not None and self.lora_dropout > 0:
             layers = {**layers, lora_lib.DROPOUT_KEY: jax.random.split(dropout_key, depth)}
-        x_btd, kv = self.layout.run_layers(block, self._embed(tokens_bt), layers, unroll=unroll)
+        call = None
+        if self.cfg.num_experts:
+            forced = None
+            if routes is not None:
+                layers = {**layers, moe_lib.FORCED_KEY: jnp.moveaxis(routes[0], 2, 0)}
+                forced = routes[1]
+            call = moe_lib.MoECall(forced, segment_ids_bt > 0, impl, sharding)
+        x_btd, kv, stats = self._run(
+            block, self._embed(tokens_bt), layers, unroll=unroll, call=call
+        )
         hidden = rms_norm(x_btd, self._final_norm(), self.cfg.norm_eps)
-        return (hidden, kv) if return_kv else hidden
+        out = (hidden, kv) if return_kv else (hidden,)
+        out = (*out, stats) if moe_stats else out
+        return out[0] if len(out) == 1 else out
 
     def decode(
         self,
@@ -287,8 +349,11 @@ class CallPaths:
         impl: str = "auto",
         sharding: Sharding | None = None,
         kv_shards: int = 1,
+        record_routes: bool = False,
     ):
-        """One token per slot against the paged cache; returns (hidden [B, D], k_pages, v_pages).
+        """One token per slot against the paged cache; returns (hidden [B, D], k_pages, v_pages),
+        and with ``record_routes`` (a mixture-of-experts model) the experts each slot's token
+        went to, [B, Lm, k] int32.
 
         The cache is [L, K, P, Z, H]. Each slot's new key/value is written at ``positions_b``
         through its page table before attending, so the slot sees ``positions_b + 1`` tokens.
@@ -319,17 +384,23 @@ class CallPaths:
 
         cache = PagedKV(page_table_bm, positions_b, k_pages.shape[3], kv_shards, split, impl)
 
-        def block(carry, layer):
+        def block(carry, layer, moe):
             x_btd, kp, vp = carry
             p, i = layer
             q, k, v = self._qkv(p, x_btd, positions_b[:, None])
             kp, vp = cache.write(kp, i, k[:, 0]), cache.write(vp, i, v[:, 0])
             attn = cache.attend(q[:, 0], kp[i], vp[i])
-            return (self._finish_block(p, x_btd, attn[:, None]), kp, vp), None
+            x_btd, stats = self._finish_block(p, x_btd, attn[:, None], moe)
+            return (x_btd, kp, vp), (None, stats)
 
         carry = (self._embed(tokens_b[:, None]), k_pages, v_pages)
-        (x_b1d, k_pages, v_pages), _ = self.layout.run_layers(block, carry, self._layers())
+        call = moe_lib.MoECall(None, None, impl, sharding) if self.cfg.num_experts else None
+        (x_b1d, k_pages, v_pages), _, stats = self._run(block, carry, self._layers(), call=call)
         hidden = rms_norm(x_b1d[:, 0], self._final_norm(), self.cfg.norm_eps)
+        if record_routes:
+            if stats is None:
+                raise ValueError("record_routes=True needs a mixture-of-experts model")
+            return hidden, k_pages, v_pages, stats.routes[:, 0]
         return hidden, k_pages, v_pages
 
 
@@ -390,9 +461,13 @@ class Decoder(CallPaths, nnx.Module):
         if cfg.qk_norm:
             self.q_norm = param("q_norm", (l_, h), ones)
             self.k_norm = param("k_norm", (l_, h), ones)
-        self.w_gate = param("w_gate", (l_, d, f), fan_in([1]))
-        self.w_up = param("w_up", (l_, d, f), fan_in([1]))
-        self.w_down = param("w_down", (l_, f, d), fan_in([1]))
+        dense = len(moe_lib.dense_layers(cfg))
+        if dense:
+            self.w_gate = param("w_gate", (dense, d, f), fan_in([1]))
+            self.w_up = param("w_up", (dense, d, f), fan_in([1]))
+            self.w_down = param("w_down", (dense, f, d), fan_in([1]))
+        for name, (shape, fan_dims) in moe_lib.expert_shapes(cfg).items():
+            setattr(self, name, param(name, shape, fan_in(fan_dims)))
         if lora is not None and lora.enabled:
             self.lora_scale = lora.scale
             self.lora_dropout = lora.dropout

@@ -1,0 +1,343 @@
+"""Mixture-of-experts layers: the router, the dropless experts, and the statistics RL needs.
+
+A mixture-of-experts layer replaces a block's dense MLP. Its router scores the E experts for
+each token (``softmax(x @ router)``), the token goes to the k best (``top_k``), and its output is
+the experts' SwiGLU outputs weighed by their probabilities (renormalised over the k when
+``norm_topk_prob``). Qwen2-MoE adds a shared expert every token passes through, scaled by
+``sigmoid(x @ ws_router)``.
+
+**Dropless.** The (token, expert) pairs are sorted by expert and each expert's rows multiply its
+own weights (:func:`rljax.kernels.grouped_matmul.grouped_matmul`: ``jax.lax.ragged_dot`` on
+XLA, a Pallas kernel on TPU); no capacity factor, no token dropped. With few pairs (a decode
+step) each pair's expert weights are gathered instead (:data:`GATHER_MAX_PAIRS`).
+
+**Forced routes** (rollout routing replay, docs/moe.md): where ``forced`` is set the given expert
+ids are used instead of the router's top-k. Their weights still come from this router's
+probabilities at those ids, so the router keeps its gradient.
+
+**Expert parallelism.** With a mesh whose rules map the logical 'experts' axis to a mesh axis of
+size > 1, each shard of that axis holds E / ep whole experts; the experts run under
+``shard_map``: every shard sees its data shard's tokens, computes the pairs routed to its own
+experts, and the outputs are summed over the expert (and tensor) axes.
+
+Einsum legend: B batch, T positions, D width, E experts, k experts a token, F expert width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from rljax.config import ModelConfig
+from rljax.kernels.sharding import axis_names, axis_size, run_sharded
+
+# Weights of a mixture-of-experts layer, stacked over the MoE layers (their logical axes are in
+# rljax.models.transformer.PARAM_AXES).
+EXPERT_PARAMS = ("router", "we_gate", "we_up", "we_down")
+SHARED_PARAMS = ("ws_gate", "ws_up", "ws_down", "ws_router")
+DENSE_PARAMS = ("w_gate", "w_up", "w_down")
+# A step with at most this many (token, expert) pairs gathers each pair's expert weights
+# instead of sorting (scripts/bench_moe.py measures the crossover).
+GATHER_MAX_PAIRS = 8
+# The key under which a layer's forced expert ids ride with its weights through the layer scan.
+FORCED_KEY = "_forced_ids"
+
+
+def moe_layers(cfg: ModelConfig) -> tuple[int, ...]:
+    """The layers whose MLP is a mixture of experts (Hugging Face's Qwen-MoE rule)."""
+    if not cfg.num_experts:
+        return ()
+    step, dense = cfg.decoder_sparse_step, set(cfg.mlp_only_layers)
+    return tuple(i for i in range(cfg.num_layers) if i not in dense and (i + 1) % step == 0)
+
+
+def dense_layers(cfg: ModelConfig) -> tuple[int, ...]:
+    """The layers with a dense MLP."""
+    moe = set(moe_layers(cfg))
+    return tuple(i for i in range(cfg.num_layers) if i not in moe)
+
+
+class Segment(NamedTuple):
+    """A run of consecutive layers of one kind: layers [start, stop), whose MLP weights are rows
+    [kind_start, kind_start + stop - start) of their kind's stack."""
+
+    start: int
+    stop: int
+    moe: bool
+    kind_start: int
+
+
+def segments(cfg: ModelConfig) -> tuple[Segment, ...]:
+    """The model's layers as runs of one kind; one segment for a dense or all-MoE model."""
+    moe = set(moe_layers(cfg))
+    out: list[Segment] = []
+    counts = {True: 0, False: 0}
+    for i in range(cfg.num_layers):
+        kind = i in moe
+        if out and out[-1].moe == kind:
+            out[-1] = out[-1]._replace(stop=i + 1)
+        else:
+            out.append(Segment(i, i + 1, kind, counts[kind]))
+        counts[kind] += 1
+    return tuple(out)
+
+
+def expert_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each mixture-of-experts weight's (shape, the dimensions its initial scale divides by)."""
+    lm, d, e = len(moe_layers(cfg)), cfg.hidden_size, cfg.num_experts
+    if not lm:
+        return {}
+    fe, fs = cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    shapes = {
+        "router": ((lm, d, e), (1,)),
+        "we_gate": ((lm, e, d, fe), (2,)),
+        "we_up": ((lm, e, d, fe), (2,)),
+        "we_down": ((lm, e, fe, d), (2,)),
+    }
+    if fs:
+        shapes |= {
+            "ws_gate": ((lm, d, fs), (1,)),
+            "ws_up": ((lm, d, fs), (1,)),
+            "ws_down": ((lm, fs, d), (1,)),
+            "ws_router": ((lm, d), (1,)),
+        }
+    return shapes
+
+
+def _kind(key: str) -> bool | None:
+    """True for a mixture-of-experts layer's weight (or its adapter), False for a dense MLP's,
+    None for what every layer has (attention, norms, dropout keys)."""
+    base = key.split("_lora_")[0]
+    if base in EXPERT_PARAMS or base in SHARED_PARAMS or key == FORCED_KEY:
+        return True
+    if base in DENSE_PARAMS:
+        return False
+    return None
+
+
+def segment_weights(layers: dict[str, jax.Array], seg: Segment) -> dict[str, jax.Array]:
+    """The stacked weights one segment's scan runs over: every layer's rows [start, stop), and
+    its kind's MLP rows."""
+    n = seg.stop - seg.start
+    out = {}
+    for key, value in layers.items():
+        kind = _kind(key)
+        if kind is None:
+            out[key] = value[seg.start : seg.stop]
+        elif kind == seg.moe:
+            out[key] = value[seg.kind_start : seg.kind_start + n]
+    return out
+
+
+class MoECall(NamedTuple):
+    """How one forward calls its mixture-of-experts layers.
+
+    forced: [B, T] bool, where the forced ids (the layer's ``FORCED_KEY`` weight) are used; None.
+    valid: [B, T] bool, the tokens the statistics count (not padding); None: all.
+    impl: the grouped matmul's implementation.
+    sharding: (mesh, rules), to split the experts over the expert axis; None.
+    """
+
+    forced: jax.Array | None
+    valid: jax.Array | None
+    impl: str
+    sharding: Any
+
+
+class MoEStats(NamedTuple):
+    """What a forward reports of its routing, for the loss, the metrics and replay.
+
+    routes: [B, T, Lm, k] int32, the experts each token used in each MoE layer.
+    aux_loss: the load-balancing loss (Switch / Hugging Face form), mean over MoE layers.
+    z_loss: the mean squared log-sum-exp of the router logits, mean over MoE layers.
+    load: [Lm, E] tokens routed to each expert.
+    """
+
+    routes: jax.Array
+    aux_loss: jax.Array
+    z_loss: jax.Array
+    load: jax.Array
+
+
+class LayerStats(NamedTuple):
+    """One MoE layer's share of :class:`MoEStats` (routes [B, T, k], load [E])."""
+
+    routes: jax.Array
+    aux_loss: jax.Array
+    z_loss: jax.Array
+    load: jax.Array
+
+
+def gather_stats(per_layer: Sequence[LayerStats]) -> MoEStats:
+    """Stats stacked by layer (one entry per segment, each [layers, ...]) -> MoEStats."""
+    routes = jnp.concatenate([s.routes for s in per_layer])  # [Lm, B, T, k]
+    return MoEStats(
+        routes=jnp.moveaxis(routes, 0, 2),
+        aux_loss=jnp.concatenate([s.aux_loss for s in per_layer]).mean(),
+        z_loss=jnp.concatenate([s.z_loss for s in per_layer]).mean(),
+        load=jnp.concatenate([s.load for s in per_layer]),
+    )
+
+
+def route(
+    x_nd: jax.Array,
+    router_de: jax.Array,
+    cfg: ModelConfig,
+    forced_ids: jax.Array | None = None,
+    forced: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(expert ids [N, k] int32, their weights [N, k] f32, router logits [N, E] f32)."""
+    logits = jnp.einsum("ND,DE->NE", x_nd, router_de.astype(x_nd.dtype)).astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    _, ids = jax.lax.top_k(probs, cfg.num_experts_per_tok)
+    ids = ids.astype(jnp.int32)
+    if forced_ids is not None and forced is not None:
+        ids = jnp.where(forced[:, None], forced_ids.astype(jnp.int32), ids)
+    weights = jnp.take_along_axis(probs, ids, axis=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return ids, weights, logits
+
+
+def layer_stats(
+    ids_nk: jax.Array, logits_ne: jax.Array, valid_n: jax.Array, shape: tuple[int, ...]
+) -> LayerStats:
+    """The load-balancing and z losses and the expert load, over the valid tokens."""
+    e = logits_ne.shape[-1]
+    valid = valid_n.astype(jnp.float32)
+    count = jnp.maximum(valid.sum(), 1.0)
+    probs = jax.nn.softmax(logits_ne, axis=-1)
+    chosen = jax.nn.one_hot(ids_nk, e, dtype=jnp.float32)  # [N, k, E]
+    load = jnp.einsum("N,NKE->E", valid, chosen)
+    tokens_per_expert = jnp.einsum("N,NKE->KE", valid, chosen) / count
+    prob_per_expert = jnp.einsum("N,NE->E", valid, probs) / count
+    aux = e * jnp.sum(tokens_per_expert * prob_per_expert[None])
+    z = jnp.sum(valid * jax.nn.logsumexp(logits_ne, axis=-1) ** 2) / count
+    return LayerStats(ids_nk.reshape(*shape, -1), aux, z, load)
+
+
+def _grouped(lhs, rhs, sizes, impl: str):
+    return jax.lax.ragged_dot(lhs, rhs, sizes)
+
+
+def _swiglu_rows(x, wg, wu, wd, gmm):
+    return gmm(jax.nn.silu(gmm(x, wg)) * gmm(x, wu), wd)
+
+
+def experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", first: Any = 0):
+    """The routed experts over sorted (token, expert) pairs; pairs whose expert is not among
+    these weights' E_local experts (numbered from ``first``) contribute nothing."""
+    n, k = ids_nk.shape
+    e_local = wg.shape[0]
+    local = ids_nk - first
+    mine = (local >= 0) & (local < e_local)
+    key = jnp.where(mine, local, e_local).reshape(-1)  # others sort last, past every group
+    order = jnp.argsort(key, stable=True)
+    rows = x_nd[order // k]
+    sizes = jnp.bincount(key, length=e_local + 1)[:e_local].astype(jnp.int32)
+    gmm = lambda a, w: _grouped(a, w.astype(a.dtype), sizes, impl)  # noqa: E731
+    y = _swiglu_rows(rows, wg, wu, wd, gmm)  # rows past the groups come out 0
+    w = jnp.where(mine, weights_nk, 0.0).reshape(-1)[order].astype(y.dtype)
+    return jnp.zeros((n, x_nd.shape[-1]), y.dtype).at[order // k].add(y * w[:, None])
+
+
+def experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0):
+    """The routed experts by gathering each pair's weights: for a few pairs (decode)."""
+    e_local = wg.shape[0]
+    local = ids_nk - first
+    mine = (local >= 0) & (local < e_local)
+    idx = jnp.clip(local, 0, e_local - 1)
+    dt = x_nd.dtype
+    g = jnp.einsum("ND,NKDF->NKF", x_nd, wg[idx].astype(dt))
+    u = jnp.einsum("ND,NKDF->NKF", x_nd, wu[idx].astype(dt))
+    y = jnp.einsum("NKF,NKFD->NKD", jax.nn.silu(g) * u, wd[idx].astype(dt))
+    w = jnp.where(mine, weights_nk, 0.0).astype(dt)
+    return jnp.einsum("NKD,NK->ND", y, w)
+
+
+def experts(x_nd, ids_nk, weights_nk, p, *, impl: str = "auto", sharding=None):
+    """The routed experts' output [N, D], sharded over the expert axis when the mesh has one."""
+    wg, wu, wd = p["we_gate"], p["we_up"], p["we_down"]
+    gather = ids_nk.size <= GATHER_MAX_PAIRS
+    axes = _expert_axes(sharding, wg.shape[0], x_nd.shape[0])
+    if axes is None:
+        if gather:
+            return experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd)
+        return experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, impl=impl)
+    mesh, expert, rows, mlp = axes
+
+    def shard(x, ids, w, g, u, d):
+        first = jax.lax.axis_index(expert) * g.shape[0]
+        if gather:
+            y = experts_gathered(x, ids, w, g, u, d, first=first)
+        else:
+            y = experts_sorted(x, ids, w, g, u, d, impl=impl, first=first)
+        return jax.lax.psum(y, (expert, *axis_names(mlp)))
+
+    pairs = P(rows, None)
+    specs = (pairs, pairs, pairs, P(expert, None, mlp), P(expert, None, mlp), P(expert, mlp, None))
+    return run_sharded(shard, mesh, specs, pairs, (x_nd, ids_nk, weights_nk, wg, wu, wd))
+
+
+def _expert_axes(sharding, num_experts: int, rows: int):
+    """(mesh, expert axis, the rows' other batch axes, the expert width's axes), or None when
+    the experts are not split (no sharding, or an expert axis of size 1)."""
+    if sharding is None:
+        return None
+    mesh, rules = sharding
+    expert = [a for a in axis_names(rules.rules.get("experts")) if a in mesh.shape]
+    if len(expert) != 1 or mesh.shape[expert[0]] == 1:
+        return None
+    if num_experts % mesh.shape[expert[0]]:
+        raise ValueError(
+            f"{num_experts} experts do not split over the {mesh.shape[expert[0]]}-way mesh axis "
+            f"{expert[0]!r}; set moe.expert_parallel to a divisor of model.num_experts"
+        )
+    batch = tuple(
+        a for a in axis_names(rules.rules.get("batch")) if a in mesh.shape and a != expert[0]
+    )
+    if batch and rows % axis_size(mesh, batch):
+        batch = ()
+    mlp = tuple(a for a in axis_names(rules.rules.get("expert_mlp")) if a in mesh.shape)
+    row_spec = None if not batch else batch[0] if len(batch) == 1 else batch
+    mlp_spec = None if not mlp else mlp[0] if len(mlp) == 1 else mlp
+    return mesh, expert[0], row_spec, mlp_spec
+
+
+def shared_expert(x_nd, p, project) -> jax.Array:
+    """Qwen2-MoE's shared expert, scaled by its sigmoid gate; ``project`` applies LoRA."""
+    gate = project(x_nd, p, "ws_gate", "ND,DF->NF")
+    up = project(x_nd, p, "ws_up", "ND,DF->NF")
+    out = project(jax.nn.silu(gate) * up, p, "ws_down", "NF,FD->ND")
+    scale = jax.nn.sigmoid(jnp.einsum("ND,D->N", x_nd, p["ws_router"].astype(x_nd.dtype)))
+    return out * scale[:, None]
+
+
+def moe_mlp(
+    h_btd: jax.Array,
+    p: dict[str, jax.Array],
+    cfg: ModelConfig,
+    project,
+    call: MoECall,
+) -> tuple[jax.Array, LayerStats]:
+    """A mixture-of-experts MLP over a block's normed input; ``p[FORCED_KEY]`` [B, T, k] holds
+    the forced ids where ``forced`` [B, T] is set."""
+    b, t, d = h_btd.shape
+    x_nd = h_btd.reshape(b * t, d)
+    forced_ids = p.get(FORCED_KEY)
+    ids, weights, logits = route(
+        x_nd,
+        p["router"],
+        cfg,
+        None if forced_ids is None else forced_ids.reshape(b * t, -1),
+        None if call.forced is None else call.forced.reshape(-1),
+    )
+    out = experts(x_nd, ids, weights, p, impl=call.impl, sharding=call.sharding)
+    if cfg.shared_expert_intermediate_size:
+        out = out + shared_expert(x_nd, p, project)
+    valid = jnp.ones((b * t,), bool) if call.valid is None else call.valid.reshape(-1)
+    return out.reshape(b, t, d).astype(h_btd.dtype), layer_stats(ids, logits, valid, (b, t))
