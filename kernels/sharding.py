@@ -26,6 +26,13 @@ def axis_size(mesh, entry) -> int:
     return math.prod(mesh.shape[a] for a in axis_names(entry) if a in mesh.shape)
 
 
+def present(mesh, entry):
+    """``entry`` (None, an axis name, or several) without the axes ``mesh`` lacks: None, one
+    name, or a tuple. A rule table names the 'expert' axis that a mesh without experts lacks."""
+    axes = tuple(a for a in axis_names(entry) if a in mesh.shape)
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
 def check_axes(mesh, **entries) -> None:
     """Raises a one-line ValueError if an argument names a mesh axis that ``mesh`` lacks."""
     for arg, entry in entries.items():

@@ -176,29 +176,26 @@ def _check_experts(cfg: ModelConfig) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-    """Mixture-of-experts training: rollout routing replay and expert parallelism (docs/moe.md).
+    """Mixture-of-experts training: rollout routing replay (docs/moe.md; the expert-parallel size
+    is mesh.expert_parallel).
 
     Attributes:
       router_replay: 'off', or 'rollout': the engine records the experts each model token was
         routed to, and the learner's forwards (current, old and reference log-probs) use them.
-      expert_parallel: the size of the 'expert' mesh axis on each role's mesh: the experts are
-        split over it, whole, and batches and dense weights over it and the rest.
       disagreement_every: with replay on, every this many learner steps one extra unforced
         forward measures the router disagreement (it costs a forward); 0: never. With replay
         off every step measures it from the forward the loss already runs.
     """
 
     router_replay: str = "off"
-    expert_parallel: int = 1
     disagreement_every: int = 10
 
     def __post_init__(self):
         _one_of("moe.router_replay", self.router_replay, ROUTER_REPLAY)
-        _positive("moe.expert_parallel", self.expert_parallel)
         _positive("moe.disagreement_every", self.disagreement_every, allow_zero=True)
 
 
-def check_moe(model: ModelConfig, moe: MoEConfig) -> None:
+def check_moe(model: ModelConfig, moe: MoEConfig, expert_parallel: int) -> None:
     """The rules between the two sections."""
     if moe.router_replay != "off" and model.num_experts == 0:
         _fail(
@@ -206,12 +203,12 @@ def check_moe(model: ModelConfig, moe: MoEConfig) -> None:
             moe.router_replay,
             f"'off' for the dense model family {model.family!r} (no experts to replay)",
         )
-    if model.num_experts and model.num_experts % moe.expert_parallel:
+    if model.num_experts and model.num_experts % expert_parallel:
         _fail(
-            "moe.expert_parallel",
-            moe.expert_parallel,
+            "mesh.expert_parallel",
+            expert_parallel,
             f"a divisor of model.num_experts={model.num_experts}: each expert-parallel shard "
             "holds whole experts",
         )
-    if not model.num_experts and moe.expert_parallel != 1:
-        _fail("moe.expert_parallel", moe.expert_parallel, "1 for a dense model")
+    if not model.num_experts and expert_parallel != 1:
+        _fail("mesh.expert_parallel", expert_parallel, "1 for a dense model")

@@ -109,7 +109,7 @@ class RunConfig:
                 "0 in sync mode (set mode='async' to train off-policy)",
             )
         self._check_needs()
-        check_moe(self.model, self.moe)
+        check_moe(self.model, self.moe, self.mesh.expert_parallel)
         lr = self.learner
         updates = self.num_steps * lr.ppo_epochs
         if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:

@@ -157,6 +157,9 @@ class MeshConfig:
       learner_tensor: the learner mesh's tensor-parallel axis.
       sampler_data: the sampler mesh's data axis; -1 takes the devices the others leave.
       sampler_tensor: the sampler mesh's tensor-parallel axis.
+      expert_parallel: the 'expert' axis of both meshes (a mixture-of-experts model): the
+        experts are split over it, whole, and batches over it and the data axes; 1: no such
+        axis.
       reallocate: let the reallocation policy resize the meshes every reallocate_every steps
         (split mode, async runs; docs/resize.md).
       reallocate_every: learner steps per reallocation phase.
@@ -175,6 +178,7 @@ class MeshConfig:
     learner_tensor: int = 1
     sampler_data: int = -1
     sampler_tensor: int = 1
+    expert_parallel: int = 1
     reallocate: bool = False
     reallocate_every: int = 5
     reallocate_granularity: int = 1
@@ -185,6 +189,7 @@ class MeshConfig:
     def __post_init__(self):
         _one_of("mesh.mode", self.mode, MESH_MODES)
         _positive("mesh.num_slices", self.num_slices)
+        _positive("mesh.expert_parallel", self.expert_parallel)
         _one_of("mesh.slice_layout", self.slice_layout, SLICE_LAYOUTS)
         if self.num_slices > 1 and self.reallocate:
             _fail("mesh.reallocate", True, "False with mesh.num_slices > 1 (chips move in slices)")

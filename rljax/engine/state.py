@@ -105,17 +105,25 @@ class ResultTokens:
     length_idx: tuple[int, int] = struct.field(pytree_node=False, default=LENGTH_IDX)
     samples_per_slot: int = struct.field(pytree_node=False, default=1)
     log_prob: jax.Array | np.ndarray | None = None  # [rows, 1] float32
+    # An engine recording routes (rljax's extension): the flat Lm*k expert ids of each token the
+    # call FED to the model, [fed, Lm*k] int32: generate's one per row (the slot's fed token),
+    # extend's one per token of its chunk, a prefill's one per response token it re-fed (a
+    # resumed sample's ``step`` tokens; none for a fresh prompt). None: not recorded.
+    routes: jax.Array | np.ndarray | None = None
 
     def copy_to_host_async(self) -> None:
         """Start copying to the host; a no-op for numpy arrays."""
-        for x in (self.data, self.log_prob):
+        for x in (self.data, self.log_prob, self.routes):
             if isinstance(x, jax.Array):
                 x.copy_to_host_async()
 
     def convert_to_numpy(self) -> ResultTokens:
         """The same result with host numpy arrays."""
         log_prob = None if self.log_prob is None else np.asarray(self.log_prob)
-        return dataclasses.replace(self, data=np.asarray(self.data), log_prob=log_prob)
+        routes = None if self.routes is None else np.asarray(self.routes)
+        return dataclasses.replace(
+            self, data=np.asarray(self.data), log_prob=log_prob, routes=routes
+        )
 
     def get_result_at_slot(self, slot: int) -> SlotData:
         """The rows of ``slot``: tokens and valid [samples, 1], lengths [samples]."""
@@ -168,7 +176,7 @@ def pack_result(
 def prefix_shardings(mesh: Mesh, rules: ShardingRules, num_kv_heads: int) -> Prefix:
     """Where a Prefix lives before ``insert``: keys and values over kv heads, the rest
     replicated."""
-    kv = NamedSharding(mesh, rules.spec((None, None, "kv_heads", None)))
+    kv = NamedSharding(mesh, rules.on(mesh, (None, None, "kv_heads", None)))
     kv = _divisible_or_replicated(kv, num_kv_heads, 2)
     rep = NamedSharding(mesh, PartitionSpec())
     # A pytree of shardings in the Prefix's structure, as jit's shardings arguments take.
@@ -182,7 +190,7 @@ def decode_state_shardings(
     ``kv_shards``) pages, the per-slot arrays over the 'batch' axes with their slots."""
 
     def sharding(*logical: str | None) -> NamedSharding:
-        return NamedSharding(mesh, rules.spec(logical))
+        return NamedSharding(mesh, rules.on(mesh, logical))
 
     if kv_shards > 1:
         pages = sharding(None, "kv_heads", "batch", None, None)

@@ -69,7 +69,7 @@ class Gradients:
     @property
     def batch_sharding(self) -> NamedSharding:
         """A [micro_batches, rows, ...] batch: its rows split over the 'batch' axes."""
-        return NamedSharding(self.mesh, PartitionSpec(None, self.rules.rules["batch"]))
+        return NamedSharding(self.mesh, PartitionSpec(None, self.rules.axes(self.mesh, "batch")))
 
     def trainable(self, tree: Any) -> Any:
         """The part of a params-shaped ``tree`` that trains: the adapters with LoRA, else all."""

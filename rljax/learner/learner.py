@@ -136,7 +136,7 @@ class Learner:
         self.dp = data_parallel_size(mesh, rules)
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
         self._replicated = NamedSharding(mesh, PartitionSpec())
-        self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.rules["batch"]))
+        self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.axes(mesh, "batch")))
         self._lent: dict[tuple[int, ...], LentGrads] = {}  # lent device ids -> their step
 
     def _gradients(self, kernel_impl: str, seed: int) -> Gradients:

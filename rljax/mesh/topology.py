@@ -80,6 +80,9 @@ def build_topology(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None)
     devices = list(jax.devices() if devices is None else devices)
     learner_axes = {"fsdp": cfg.learner_fsdp, "tensor": cfg.learner_tensor}
     sampler_axes = {"data": cfg.sampler_data, "tensor": cfg.sampler_tensor}
+    if cfg.expert_parallel > 1:  # a mixture-of-experts model's experts split over 'expert'
+        learner_axes = {"expert": cfg.expert_parallel, **learner_axes}
+        sampler_axes = {"expert": cfg.expert_parallel, **sampler_axes}
     if cfg.num_slices > 1:
         return _multislice(cfg, devices, sampler_axes, learner_axes)
     if cfg.mode == "colocated":

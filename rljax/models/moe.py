@@ -133,6 +133,33 @@ def segment_weights(layers: dict[str, jax.Array], seg: Segment) -> dict[str, jax
     return out
 
 
+def run_layers(layout, cfg: ModelConfig, block, carry, layers, unroll: int, call) -> tuple:
+    """``block(carry, (p, i), moe)`` over the layers in ``layout`` (``moe``: ``call`` for a
+    mixture-of-experts layer, else None); returns (carry, per-layer outputs, MoE stats or None).
+
+    A dense or all-MoE model runs one scan; a model mixing the two runs one per segment of one
+    kind (:func:`segments`), each over its rows of the stacks.
+    """
+    if not cfg.num_experts:
+        carry, out = layout.run_layers(lambda c, x: block(c, x, None), carry, layers, unroll=unroll)
+        return carry, out[0], None
+    outs, stats = [], []
+    for seg in segments(cfg):
+        part = segment_weights(layers, seg)
+        seg_call = call if seg.moe else None
+
+        def seg_block(c, x, start=seg.start, seg_call=seg_call):
+            return block(c, (x[0], x[1] + start), seg_call)
+
+        n = seg.stop - seg.start
+        carry, out = layout.run_layers(seg_block, carry, part, unroll=min(unroll, n))
+        outs.append(out[0])
+        if seg.moe:
+            stats.append(out[1])
+    kv = None if outs[0] is None else jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
+    return carry, kv, gather_stats(stats)
+
+
 class MoECall(NamedTuple):
     """How one forward calls its mixture-of-experts layers.
 

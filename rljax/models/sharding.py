@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.kernels import dispatch
-from rljax.kernels.sharding import axis_names, axis_size
+from rljax.kernels.sharding import axis_names, axis_size, present
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +51,9 @@ class ShardingRules:
         return PartitionSpec(*out)
 
     def sharding(self, mesh: Mesh, logical, *, shape=None, name="array") -> NamedSharding:
-        """A NamedSharding on ``mesh``; checks divisibility when ``shape`` is given."""
-        spec = self.spec(logical, name=name)
+        """A NamedSharding on ``mesh``; checks divisibility when ``shape`` is given. Mesh axes
+        the rules name and ``mesh`` lacks are left out (see :meth:`on`)."""
+        spec = self.on(mesh, logical, name=name)
         if shape is not None:
             for dim, mesh_axes in enumerate(spec):
                 axes, size = axis_names(mesh_axes), axis_size(mesh, mesh_axes)
@@ -64,26 +65,39 @@ class ShardingRules:
                     )
         return NamedSharding(mesh, spec)
 
+    def on(self, mesh: Mesh, logical: tuple[str | None, ...], *, name="array") -> PartitionSpec:
+        """:meth:`spec` on ``mesh``: without the mesh axes it lacks (a dense run's meshes have
+        no 'expert' axis; the rules name it for mixture-of-experts runs)."""
+        return PartitionSpec(*(present(mesh, e) for e in self.spec(logical, name=name)))
+
+    def axes(self, mesh: Mesh, logical: str):
+        """The mesh axes of ``mesh`` that logical axis ``logical`` maps to (None, a name or a
+        tuple)."""
+        return present(mesh, self.rules.get(logical))
+
 
 LEARNER_RULES = ShardingRules(
     "learner",
     {
-        "batch": "fsdp",
+        "batch": ("expert", "fsdp"),
         "seq": None,
         "vocab": "tensor",
-        "embed": "fsdp",
+        "embed": ("expert", "fsdp"),
         "heads": "tensor",
         "kv_heads": "tensor",
         "head_dim": None,
         "mlp": "tensor",
         "layers": None,
+        "experts": "expert",
+        "expert_embed": "fsdp",
+        "expert_mlp": "tensor",
     },
 )
 
 SAMPLER_RULES = ShardingRules(
     "sampler",
     {
-        "batch": "data",
+        "batch": ("expert", "data"),
         "seq": None,
         "vocab": "tensor",
         "embed": None,
@@ -94,6 +108,9 @@ SAMPLER_RULES = ShardingRules(
         "layers": None,
         "pages": None,
         "page_slot": None,
+        "experts": "expert",
+        "expert_embed": None,
+        "expert_mlp": "tensor",
     },
 )
 
@@ -106,7 +123,7 @@ def fitted_sharding(mesh: Mesh, rules: ShardingRules, logical, shape, name) -> N
     Small models (a 2-kv-head toy on a 4-way tensor axis) must still run; a real model whose
     weights would silently replicate is caught by the memory plan, not here.
     """
-    spec = list(rules.spec(logical, name=name))
+    spec = list(rules.on(mesh, logical, name=name))
     for dim, mesh_axes in enumerate(spec):
         if shape[dim] % axis_size(mesh, mesh_axes):
             spec[dim] = None
@@ -182,8 +199,8 @@ def kernel_mesh_axes(
     Returns:
       None when the kernel should be called directly: no sharding given, a one-device mesh,
       or the XLA path (GSPMD partitions it). Otherwise ``(mesh, axes)`` with one entry per
-      dimension: the mesh axes the rules map it to, or None (replicated) when those axes are
-      absent from the mesh, do not divide its size (2 kv heads on a 4-way 'tensor' axis, a
+      dimension: the mesh axes the rules map it to that the mesh has, or None (replicated)
+      when there are none, they do not divide its size (2 kv heads on a 4-way 'tensor' axis, a
       batch of 1 prefill on a 2-way 'data' axis), or already split an earlier dimension.
     """
     if sharding is None:
@@ -194,9 +211,8 @@ def kernel_mesh_axes(
     used: set[str] = set()
     out: list[str | tuple[str, ...] | None] = []
     for name, size in dims:
-        axes = axis_names(rules.rules.get(name))
-        absent = any(a not in mesh.shape for a in axes)
-        if not axes or absent or size % axis_size(mesh, axes) or used.intersection(axes):
+        axes = axis_names(rules.axes(mesh, name))  # the axes this mesh has of the rule's
+        if not axes or size % axis_size(mesh, axes) or used.intersection(axes):
             out.append(None)
             continue
         used.update(axes)

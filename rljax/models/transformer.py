@@ -40,6 +40,7 @@ from rljax.kernels.flash_attention import flash_attention, sharded_flash_attenti
 from rljax.kernels.sharding import axis_size
 from rljax.models import lora as lora_lib
 from rljax.models import moe as moe_lib
+from rljax.models.layers import apply_rope, rms_norm, rope_frequencies
 from rljax.models.layouts import STACKED, Layout
 from rljax.models.paged_kv import PagedKV
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardings
@@ -90,43 +91,6 @@ REMAT_POLICIES = {
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm computed in float32, cast back to the input dtype."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
-
-
-def rope_frequencies(cfg: ModelConfig) -> jax.Array:
-    """Inverse frequencies [H/2], with Llama-3 long-context scaling when configured."""
-    h = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
-    if cfg.rope_scaling is None:
-        return inv_freq
-    s = dict(cfg.rope_scaling)
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old_len = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    low_wavelen, high_wavelen = old_len / low, old_len / high
-    # Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
-    smooth = (old_len / wavelen - low) / (high - low)
-    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    is_mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-    return jnp.where(is_mid, interpolated, scaled)
-
-
-def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotary embedding in the half-split layout Hugging Face checkpoints use."""
-    angles = positions_bt[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
-    sin = jnp.sin(angles)[..., None, :]
-    cos = jnp.cos(angles)[..., None, :]
-    x32 = x_bthd.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_bthd.dtype)
 
 
 class CallPaths:
@@ -219,32 +183,8 @@ class CallPaths:
         return x_btd + out, stats
 
     def _run(self, block, carry, layers, *, unroll: int = 1, call: moe_lib.MoECall | None = None):
-        """``block(carry, (p, i), moe)`` over the layers (``moe``: the MoE call of a mixture-of-
-        experts layer, else None); returns (carry, per-layer outputs, MoE stats or None).
-
-        A dense or all-MoE model runs one scan; a model mixing the two runs one per segment of
-        one kind (:func:`rljax.models.moe.segments`), each over its rows of the stacks.
-        """
-        if not self.cfg.num_experts:
-            carry, out = self.layout.run_layers(
-                lambda c, x: block(c, x, None), carry, layers, unroll=unroll
-            )
-            return carry, out[0], None
-        outs, stats = [], []
-        for seg in moe_lib.segments(self.cfg):
-            part = moe_lib.segment_weights(layers, seg)
-            seg_call = call if seg.moe else None
-
-            def seg_block(c, x, start=seg.start, seg_call=seg_call):
-                return block(c, (x[0], x[1] + start), seg_call)
-
-            n = seg.stop - seg.start
-            carry, out = self.layout.run_layers(seg_block, carry, part, unroll=min(unroll, n))
-            outs.append(out[0])
-            if seg.moe:
-                stats.append(out[1])
-        kv = None if outs[0] is None else jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
-        return carry, kv, moe_lib.gather_stats(stats)
+        """``block(carry, (p, i), moe)`` over the layers: :func:`rljax.models.moe.run_layers`."""
+        return moe_lib.run_layers(self.layout, self.cfg, block, carry, layers, unroll, call)
 
     # -- call paths -------------------------------------------------------------------------
 

@@ -8,9 +8,16 @@ from rljax.models.sharding import LEARNER_RULES, SAMPLER_RULES, ShardingRules, m
 
 
 def test_rule_tables_map_logical_axes_per_role():
-    assert LEARNER_RULES.spec(("embed", "heads", "head_dim")) == P("fsdp", "tensor", None)
+    expert = ("expert", "fsdp")
+    assert LEARNER_RULES.spec(("embed", "heads", "head_dim")) == P(expert, "tensor", None)
     assert SAMPLER_RULES.spec(("embed", "heads", "head_dim")) == P(None, "tensor", None)
-    assert SAMPLER_RULES.spec(("batch",)) == P("data")
+    assert SAMPLER_RULES.spec(("batch",)) == P(("expert", "data"))
+    # On a mesh without an 'expert' axis (a dense run's), the rules leave it out.
+    dense = make_mesh(jax.devices()[:4], {"fsdp": 2, "tensor": 2})
+    assert LEARNER_RULES.on(dense, ("embed", "heads", "head_dim")) == P("fsdp", "tensor", None)
+    moe = make_mesh(jax.devices()[:8], {"expert": 2, "fsdp": 2, "tensor": 2})
+    spec = LEARNER_RULES.on(moe, ("layers", "experts", "expert_embed", "expert_mlp"))
+    assert spec == P(None, "expert", "fsdp", "tensor")
 
 
 def test_a_collision_raises_instead_of_replicating():
@@ -20,8 +27,8 @@ def test_a_collision_raises_instead_of_replicating():
 
 
 def test_unknown_logical_axis_is_named():
-    with pytest.raises(ValueError, match="no entry for logical axis 'experts' of w"):
-        LEARNER_RULES.spec(("experts",), name="w")
+    with pytest.raises(ValueError, match="no entry for logical axis 'routers' of w"):
+        LEARNER_RULES.spec(("routers",), name="w")
 
 
 def test_indivisible_dimension_names_the_fix():
