@@ -8,7 +8,9 @@ The first tests export the kernels at one shape per tuning-table entry. The swee
 exports the public ops' cores, forward and backward, the way a TPU runs them (Pallas, not
 interpreted) over the shapes users hit: vocabularies from 18 (the default recipe's model) to
 151,936 (Qwen), sequence lengths from 1 to 4096 including odd ones, head dims 64 and 128.
-Each case is lowering only (no execution); the sweep pairs its axes instead of crossing them.
+The grouped matmul (mixture-of-experts) runs over ragged row counts, expert widths that
+divide no 512-column tile, and both precisions its kernels take. Each case is lowering only
+(no execution); the sweep pairs its axes instead of crossing them.
 """
 
 import math
@@ -25,6 +27,9 @@ from rljax.kernels.flash_attention.ops import flash_attention_core
 from rljax.kernels.fused_logprobs import block_sizes as logprobs_bs
 from rljax.kernels.fused_logprobs.kernel import token_logprobs_kernel
 from rljax.kernels.fused_logprobs.ops import token_logprobs_and_entropy_core
+from rljax.kernels.grouped_matmul import block_sizes as gmm_bs
+from rljax.kernels.grouped_matmul.kernel import gmm_kernel, tgmm_kernel
+from rljax.kernels.grouped_matmul.ops import grouped_matmul_core
 from rljax.kernels.paged_attention import block_sizes as paged_bs
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
 from rljax.kernels.paged_attention.ops import paged_decode_attention_core
@@ -126,6 +131,29 @@ def test_fused_logprobs_lowers(generation):
     )
 
 
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_grouped_matmul_lowers(generation):
+    """gmm, its transposed-rhs form (d_lhs) and tgmm (d_rhs), each at the table's tiles."""
+    rows, k, n, groups = 1000, 2048, 768, 64  # a ragged last row tile; N = 768 fits tn
+    sizes = gmm_bs.TUNING_TABLE[generation].for_shape(rows, k, n)
+    options = dict(block_sizes=sizes, precision=None, interpret=False)
+
+    def fn(lhs, rhs, dout, group_sizes):
+        out = gmm_kernel(lhs, rhs, group_sizes, transpose_rhs=False, **options)
+        d_lhs = gmm_kernel(dout, rhs, group_sizes, transpose_rhs=True, **options)
+        d_rhs = tgmm_kernel(lhs, dout, group_sizes, out_dtype=_BF16, **options)
+        return out, d_lhs, d_rhs
+
+    assert_lowers_to_mosaic(
+        fn,
+        _S((rows, k), _BF16),  # lhs [M, K]
+        _S((groups, k, n), _BF16),  # rhs [G, K, N]
+        _S((rows, n), _BF16),  # dout [M, N]
+        _S((groups,), _I32),
+        calls=3,
+    )
+
+
 # -- the sweep ------------------------------------------------------------------------------
 
 # Every tuning-table entry plus the default, cycled through the cases below.
@@ -164,9 +192,7 @@ LOGPROB_CASES = [
 @pytest.mark.parametrize("vocab, tokens, width, generation", LOGPROB_CASES)
 def test_fused_logprobs_sweep_lowers_forward_and_backward(vocab, tokens, width, generation):
     sizes = _table(logprobs_bs, generation).for_shape(tokens, vocab)
-    fn = _grad_fn(
-        token_logprobs_and_entropy_core, 2, temperature=1.0, block_sizes=sizes, **_TPU
-    )
+    fn = _grad_fn(token_logprobs_and_entropy_core, 2, temperature=1.0, block_sizes=sizes, **_TPU)
     # The backward is the chunked jnp backward (see docs/kernels.md); the forward is Pallas.
     assert_lowers_to_mosaic(
         fn, _S((tokens, width), _BF16), _S((width, vocab), _BF16), _S((tokens,), _I32)
@@ -203,6 +229,32 @@ def test_flash_attention_sweep_lowers_forward_and_backward(
     kv = _S((1, seq_len, 2, head_dim), _BF16)  # GQA: two query heads per kv head
     seg = _S((1, seq_len), _I32) if with_segments else None
     assert_lowers_to_mosaic(fn, q, kv, kv, seg, calls=3)  # forward, dK/dV, dQ
+
+
+# (rows M, K, N, groups G, dtype, precision, generation): Qwen-MoE-like expert widths (768,
+# 1408 = 11 * 128), one row, rows and widths no multiple of a tile, HIGHEST for f32.
+GMM_CASES = [
+    (1, 64, 128, 4, _BF16, None, "default"),
+    (37, 200, 96, 3, jnp.float32, "highest", "v4"),  # whole-dimension tiles
+    (1000, 2048, 768, 64, _BF16, None, "v5e"),
+    (4096, 2048, 1408, 128, _BF16, "default", "v6e"),
+    (513, 1408, 2048, 60, jnp.float32, "highest", "v5p"),
+]
+
+
+@pytest.mark.parametrize("rows, k, n, groups, dtype, precision, generation", GMM_CASES)
+def test_grouped_matmul_sweep_lowers_forward_and_backward(
+    rows, k, n, groups, dtype, precision, generation
+):
+    fn = _grad_fn(
+        grouped_matmul_core,
+        2,
+        block_sizes=_table(gmm_bs, generation),
+        precision=None if precision is None else jax.lax.Precision(precision),
+        **_TPU,
+    )
+    lhs, rhs, sizes = _S((rows, k), dtype), _S((groups, k, n), dtype), _S((groups,), _I32)
+    assert_lowers_to_mosaic(fn, lhs, rhs, sizes, calls=3)  # gmm, d_lhs gmm, tgmm
 
 
 @pytest.mark.parametrize(
