@@ -89,7 +89,10 @@ class PagedEngine:
 
     ``seed`` seeds the PRNG streams of prefills given no ``rng``; ``lora``: the LoRA adapters
     ``graphdef`` holds (served merged or unmerged, rljax.engine.weights.lora_merged); ``impl``
-    picks the kernels: 'auto' (Pallas on TPU), 'pallas' or 'xla'.
+    picks the kernels: 'auto' (Pallas on TPU), 'pallas' or 'xla'. ``record_routes`` (a
+    mixture-of-experts model only; None: whenever the model is one): every result also carries
+    the experts each token it fed was routed to (``ResultTokens.routes``), for rollout routing
+    replay and the learner's router disagreement (docs/moe.md).
     """
 
     def __init__(
@@ -103,7 +106,16 @@ class PagedEngine:
         impl: str = "auto",
         seed: int = 0,
         lora: LoRAConfig | None = None,
+        record_routes: bool | None = None,
     ):
+        if record_routes is None:
+            record_routes = model_cfg.num_experts > 0
+        if record_routes and not model_cfg.num_experts:
+            raise ValueError(
+                f"record_routes=True for the dense model family {model_cfg.family!r}: only a "
+                "mixture-of-experts model routes tokens; leave it False"
+            )
+        self.record_routes = record_routes
         self.model_cfg = model_cfg
         self.sampling_cfg = sampling_cfg
         self.graphdef = graphdef
@@ -379,6 +391,7 @@ class PagedEngine:
         last, not yet cached); the next token is drawn as token ``step`` of the slot's stream
         and fed by the next ``generate``. Unpauses the slot. Raises OutOfPages (taking
         nothing) when the pool is short, ValueError when the slot would have no room left.
+        Recording routes, the result's ``routes`` are those of ``tokens`` [n, Lm*k].
         """
         slot, n = int(slot), len(tokens)
         chunk = extend_chunk(self, tokens)
@@ -390,7 +403,7 @@ class PagedEngine:
             row_m = np.append(row + offset, offset).astype(np.int32)  # ends with the null page
             self._parked = True  # the slot is decoding again: ship the active mask
             decode_state = self._park_freed(decode_state)
-            decode_state, data, log_prob = self.steps.extend(sampler)(
+            decode_state, data, log_prob, routes = self.steps.extend(sampler)(
                 params,
                 decode_state,
                 jnp.asarray(chunk),
@@ -400,7 +413,8 @@ class PagedEngine:
                 jnp.int32(slot),
                 jnp.int32(step),
             )
-        return decode_state, ResultTokens(data, log_prob=log_prob)
+        routes = None if routes is None else routes[:n]
+        return decode_state, ResultTokens(data, log_prob=log_prob, routes=routes)
 
     def _busy(self, slots: list[int]) -> bool:
         b = self.max_concurrent_decodes
@@ -438,14 +452,16 @@ class PagedEngine:
 
         Grows page tables first, taking no page when it raises OutOfPages (the pool is short;
         the exception names the slots). A slot holding ``max_seq_len`` tokens is not live: it
-        reports ``valid = False`` and takes nothing until ``free_resource``.
+        reports ``valid = False`` and takes nothing until ``free_resource``. Recording routes,
+        the result's ``routes`` [B, Lm*k] are those of the token each slot fed.
         """
         with self._lock:
             self._parked |= self.pages.grow()
             decode_state = self._park_freed(decode_state)
-            decode_state, data, log_prob = self.steps.generate(sampler)(params, decode_state)
+            step = self.steps.generate(sampler)
+            decode_state, data, log_prob, routes = step(params, decode_state)
             self.pages.advance()
-        return decode_state, ResultTokens(data, log_prob=log_prob)
+        return decode_state, ResultTokens(data, log_prob=log_prob, routes=routes)
 
     def lower_generate(self, params: Any) -> jax.stages.Lowered:
         """The device step of :meth:`generate` lowered for a params state and an empty decode

@@ -126,7 +126,7 @@ def prefill_one(
     keys = engine.sample_keys(rng, num_samples)
     s = sampling or SlotSampling.from_config(engine.sampling_cfg)
     floats = np.asarray([s.temperature, s.top_p, s.min_p], np.float32)
-    k, v, data, log_prob = engine.steps.prefill(
+    k, v, data, log_prob, routes = engine.steps.prefill(
         params,
         jnp.asarray(row),
         jnp.int32(true_length),
@@ -146,7 +146,9 @@ def prefill_one(
         top_k=np.int32(s.top_k),
         steps=np.int32(step),
     )
-    return prefix, ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob)
+    fed = fed_routes(routes, 0, true_length, step)
+    result = ResultTokens(data, samples_per_slot=num_samples, log_prob=log_prob, routes=fed)
+    return prefix, result
 
 
 def prefill_batch(
@@ -190,7 +192,7 @@ def prefill_batch(
         keys[sl] = np.asarray(engine.sample_keys(r.rng, r.num_samples))
         floats[sl], top_k[sl], steps[sl] = f, s.top_k, r.step
         settings.append((f, np.int32(s.top_k)))
-    ks, vs, data, log_prob = engine.steps.prefill_many(
+    ks, vs, data, log_prob, routes = engine.steps.prefill_many(
         params,
         jnp.asarray(tokens),
         jnp.asarray(lengths_n),
@@ -216,9 +218,23 @@ def prefill_batch(
             top_k=k,
             steps=np.int32(r.step),
         )
-        result = ResultTokens(data[sl], samples_per_slot=r.num_samples, log_prob=log_prob[sl])
+        fed = fed_routes(routes, i, lengths[i], r.step)
+        result = ResultTokens(
+            data[sl], samples_per_slot=r.num_samples, log_prob=log_prob[sl], routes=fed
+        )
         out.append((prefix, result))
     return out
+
+
+def fed_routes(routes_ntw: Any, i: int, length: int, step: int) -> Any:
+    """Of a prefill's routes [N, T, Lm*k], those of the ``step`` response tokens its prompt
+    ``i`` of ``length`` tokens re-fed (its last ``step``; [0, Lm*k] for a fresh prompt, nothing
+    to copy to the host); None when the engine does not record routes."""
+    if routes_ntw is None:
+        return None
+    if not step:
+        return np.zeros((0, routes_ntw.shape[-1]), np.int32)
+    return routes_ntw[i, length - step : length]
 
 
 def warm_up(engine: PrefillHost, params: Any, *, num_samples: int = 1) -> int:

@@ -281,8 +281,12 @@ class Sampler:
         self.stats["prefill_calls"] += 1
         self.stats["prefill_tokens"] += sum(len(r.tokens) for r in requests)
         for samples, (prefix, result) in zip(batch, out, strict=True):
+            result = result.convert_to_numpy()
+            if result.routes is not None:  # the response tokens a resumed sample re-fed
+                for s in samples:
+                    s.feed_routes(0, result.routes)
             keep, turn_ended = self._recorder.record(
-                samples, result.convert_to_numpy(), range(len(samples)), self.version, finished
+                samples, result, range(len(samples)), self.version, finished
             )
             for s in turn_ended:  # its turn ended on its first token: it waits without a slot
                 self._turns.end_turn(s)
@@ -365,7 +369,12 @@ class Sampler:
         busy = self._decoding()
         done: list[Trajectory] = []
         running, turn_ended = self._recorder.record(
-            [s for _, s in busy], result, [slot for slot, _ in busy], self.version, done
+            [s for _, s in busy],
+            result,
+            [slot for slot, _ in busy],
+            self.version,
+            done,
+            fed_routes=None if result.routes is None else np.asarray(result.routes),
         )
         for s in turn_ended:
             self._turns.end_turn(s)

@@ -8,6 +8,11 @@ caller's ``sampler``, ``log_softmax(logits)`` at the token it picked.
 Token ``i`` of a sample (``i = 0`` is prefill's first token) is drawn with
 ``fold_in(key, i)`` of the sample's own key, so a sample's tokens do not depend on which slot,
 batch or step it runs in.
+
+An engine that records routes (a mixture-of-experts model, ``record_routes``) has every step
+return, last, the experts each token it fed was routed to, flat [..., Lm*k] int32: prefill's
+[N, T, Lm*k] (every prompt position), generate's [B, Lm*k] (each slot's fed token), extend's
+[C, Lm*k] (the chunk's tokens); None when it does not record.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class StepsHost(Protocol):
     layout: ServingLayout
     rules: ShardingRules
     impl: str
+    record_routes: bool
     max_seq_len: int
     page_size: int
     pages_per_slot: int
@@ -100,6 +106,33 @@ def draw(
     )
 
 
+def forward_kv(
+    engine: StepsHost, model: Any, tokens_nt: jax.Array, segments_nt: jax.Array, **kw: Any
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array], jax.Array | None]:
+    """A prefill's forward: hidden [N, T, D], each layer's keys and values, and (recording)
+    the routes of every position [N, T, Lm*k]."""
+    n, t = tokens_nt.shape
+    positions = jnp.broadcast_to(jnp.arange(t)[None], (n, t))
+    if not engine.record_routes:
+        hidden, kv = model(tokens_nt, positions, segments_nt, return_kv=True, **kw)
+        return hidden, kv, None
+    hidden, kv, stats = model(
+        tokens_nt, positions, segments_nt, return_kv=True, moe_stats=True, **kw
+    )
+    return hidden, kv, stats.routes.reshape(n, t, -1)
+
+
+def decode_routes(
+    engine: StepsHost, model: Any, *args: Any, **kw: Any
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """``model.decode``: hidden [B, D], the pages, and (recording) the routes of each row's
+    fed token [B, Lm*k]."""
+    if not engine.record_routes:
+        return (*model.decode(*args, **kw), None)
+    hidden, kp, vp, routes = model.decode(*args, record_routes=True, **kw)
+    return hidden, kp, vp, routes.reshape(routes.shape[0], -1)
+
+
 @dataclasses.dataclass
 class Steps:
     """The compiled pieces of one engine."""
@@ -154,7 +187,7 @@ def _prefill_step(engine: StepsHost) -> jax.stages.Wrapped:
     shard = (engine.mesh, engine.rules)
 
     @functools.partial(
-        jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
+        jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep, rep)
     )
     def prefill(
         params: Any,
@@ -165,15 +198,14 @@ def _prefill_step(engine: StepsHost) -> jax.stages.Wrapped:
         top_k: jax.Array,
         step: jax.Array,
         sampler: Sampler | None = None,
-    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array | None]:
         """Cache the whole prompt; draw each sample's token ``step`` (0 for a fresh prompt, the
         tokens it has for a resumed one) from its last logits."""
         t = tokens_1t.shape[1]
-        positions = jnp.arange(t)[None]
-        segments = (positions < length).astype(jnp.int32)
+        segments = (jnp.arange(t)[None] < length).astype(jnp.int32)
         model = model_of(params)
-        hidden, (k, v) = model(
-            tokens_1t, positions, segments, return_kv=True, impl=engine.impl, sharding=shard
+        hidden, (k, v), routes = forward_kv(
+            engine, model, tokens_1t, segments, impl=engine.impl, sharding=shard
         )
         last_d = jax.lax.dynamic_index_in_dim(hidden[0], length - 1, keepdims=False)
         s = keys_s2.shape[0]
@@ -192,7 +224,7 @@ def _prefill_step(engine: StepsHost) -> jax.stages.Wrapped:
             sampler,
         )
         data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
-        return k[:, 0], v[:, 0], data, log_prob
+        return k[:, 0], v[:, 0], data, log_prob, routes
 
     return prefill
 
@@ -205,7 +237,7 @@ def _prefill_many_step(engine: StepsHost) -> jax.stages.Wrapped:
 
     # A Sharding given for a tuple output applies to each of its arrays.
     @functools.partial(
-        jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep)
+        jax.jit, static_argnames="sampler", out_shardings=(prefix_sh.k, prefix_sh.v, rep, rep, rep)
     )
     def prefill_many(
         params: Any,
@@ -217,18 +249,17 @@ def _prefill_many_step(engine: StepsHost) -> jax.stages.Wrapped:
         top_k_s: jax.Array,
         steps_s: jax.Array,
         sampler: Sampler | None = None,
-    ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array, jax.Array]:
+    ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array, jax.Array, Any]:
         """Cache N prompts in one forward pass; sample s draws from prompt ``rows_s[s]``.
 
         Returns each prompt's keys and values as a tuple of N arrays [L, T, K, H], and the
         samples' first tokens. Padding prompts (length 1) and samples cost compute only.
         """
         n, t = tokens_nt.shape
-        positions = jnp.broadcast_to(jnp.arange(t)[None], (n, t))
-        segments = (positions < lengths_n[:, None]).astype(jnp.int32)
+        segments = (jnp.arange(t)[None] < lengths_n[:, None]).astype(jnp.int32)
         model = model_of(params)
-        hidden, (k, v) = model(
-            tokens_nt, positions, segments, return_kv=True, impl=engine.impl, sharding=shard
+        hidden, (k, v), routes = forward_kv(
+            engine, model, tokens_nt, segments, impl=engine.impl, sharding=shard
         )
         last_nd = jnp.take_along_axis(hidden, (lengths_n - 1)[:, None, None], axis=1)[:, 0]
         logits_sv = model.logits(last_nd)[rows_s]
@@ -245,7 +276,8 @@ def _prefill_many_step(engine: StepsHost) -> jax.stages.Wrapped:
             sampler,
         )
         data, log_prob = pack_result(tokens, jnp.ones(s, bool), jnp.ones(s, jnp.int32), logprobs)
-        return tuple(k[:, i] for i in range(n)), tuple(v[:, i] for i in range(n)), data, log_prob
+        ks, vs = tuple(k[:, i] for i in range(n)), tuple(v[:, i] for i in range(n))
+        return ks, vs, data, log_prob, routes
 
     return prefill_many
 
@@ -322,12 +354,14 @@ def _generate_step(
 
     # What the host reads back is replicated: with the slots sharded over 'data', a
     # multi-process sampler could not fetch rows that live on another host's devices.
-    @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
-    def generate(params: Any, state: DecodeState) -> tuple[DecodeState, jax.Array, jax.Array]:
+    @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep, rep))
+    def generate(params: Any, state: DecodeState) -> tuple[DecodeState, jax.Array, jax.Array, Any]:
         model = engine.layout.model(params)
         live = state.active & (state.positions < max_seq_len)
         # A full slot decodes onto its shard's null page, so it never writes past its pages.
-        hidden, kp, vp = model.decode(
+        hidden, kp, vp, routes = decode_routes(
+            engine,
+            model,
             state.tokens,
             jnp.where(live, state.positions, 0),
             state.k_pages,
@@ -358,7 +392,7 @@ def _generate_step(
             steps=state.steps + live,
         )
         data, log_prob = pack_result(tokens, live, new.steps, jnp.where(live, logprobs, 0.0))
-        return new, data, log_prob
+        return new, data, log_prob, routes
 
     return generate
 
@@ -380,7 +414,7 @@ def _extend_step(
     impl = engine.impl if one_shard else "xla"
     shard = (engine.mesh, engine.rules) if one_shard else None
 
-    @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep))
+    @functools.partial(jax.jit, donate_argnums=1, out_shardings=(state_sh, rep, rep, rep))
     def extend(
         params: Any,
         state: DecodeState,
@@ -390,7 +424,7 @@ def _extend_step(
         row_m: jax.Array,
         slot: jax.Array,
         step: jax.Array,
-    ) -> tuple[DecodeState, jax.Array, jax.Array]:
+    ) -> tuple[DecodeState, jax.Array, jax.Array, Any]:
         """Cache ``tokens_c[:n]`` at ``start..start+n`` of ``slot`` (``row_m``: its page row
         in global page ids, the null page past its pages) and draw its token ``step``."""
         model = engine.layout.model(params)
@@ -399,7 +433,9 @@ def _extend_step(
         positions_c = jnp.where(valid_c, start + jnp.arange(c), 0)
         null = row_m[-1]  # the caller ends every row with its shard's null page
         table_cm = jnp.where(valid_c[:, None], row_m[None, :-1], null)
-        hidden, kp, vp = model.decode(
+        hidden, kp, vp, routes = decode_routes(
+            engine,
+            model,
             tokens_c,
             positions_c,
             state.k_pages,
@@ -431,7 +467,7 @@ def _extend_step(
             steps=state.steps.at[slot].set(step + 1),
         )
         data, log_prob = pack_result(tokens, jnp.ones(1, bool), jnp.full(1, step + 1), logprobs)
-        return new, data, log_prob
+        return new, data, log_prob, routes
 
     return extend
 

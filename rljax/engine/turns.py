@@ -233,9 +233,10 @@ class TurnTracker:
         self._stats["turn_kv_kept"] += 1
         self._stats["prefill_tokens"] += len(chunk)
         self._stats["prefill_tokens_saved"] += cached
-        running, turn_ended = self._recorder.record(
-            [s], result.convert_to_numpy(), [0], version, finished
-        )
+        result = result.convert_to_numpy()
+        if result.routes is not None:  # the chunk: the last turn's stop token, then env tokens
+            s.feed_routes(cached - len(s.request.prompt_tokens), result.routes)
+        running, turn_ended = self._recorder.record([s], result, [0], version, finished)
         if running:
             return state, True
         if turn_ended:  # it ended its turn on the first token drawn: it waits again
