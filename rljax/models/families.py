@@ -1,11 +1,19 @@
 """Model configs from and to Hugging Face ``config.json``, and from the named presets.
 
-Three architectures map onto :class:`rljax.config.ModelConfig`:
+Five architectures map onto :class:`rljax.config.ModelConfig`:
 
 * ``LlamaForCausalLM`` (family ``llama``; SmolLM2 is a Llama with tied embeddings; Llama 3.1+
   adds ``rope_scaling`` of type ``llama3``);
 * ``Qwen2ForCausalLM`` (family ``qwen2``: bias on the q/k/v projections);
-* ``Qwen3ForCausalLM`` (family ``qwen3``: per-head q/k RMSNorm, ``head_dim`` set explicitly).
+* ``Qwen3ForCausalLM`` (family ``qwen3``: per-head q/k RMSNorm, ``head_dim`` set explicitly);
+* ``Qwen3MoeForCausalLM`` (family ``qwen3_moe``: Qwen3's attention, mixture-of-experts MLPs);
+* ``Qwen2MoeForCausalLM`` (family ``qwen2_moe``: Qwen2's attention, whose q/k/v bias
+  transformers 5 makes optional (``qkv_bias``), mixture-of-experts MLPs with a shared expert).
+
+The mixture-of-experts keys keep their Hugging Face names (``num_experts``,
+``num_experts_per_tok``, ``moe_intermediate_size``, ``norm_topk_prob``, ``decoder_sparse_step``,
+``mlp_only_layers``, ``shared_expert_intermediate_size``, ``router_aux_loss_coef``); transformers
+5 writes Qwen3-MoE's ``num_experts`` as ``num_local_experts``, and both are read.
 
 Both ``config.json`` dialects are read: the legacy ``rope_theta`` + ``rope_scaling`` keys
 (transformers 4.x and the files on the Hub) and transformers 5's ``rope_parameters``.
@@ -19,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rljax.config import ModelConfig
+from rljax.config.checks import MOE_FAMILIES
 from rljax.models.presets import get_preset
 
 # architecture (config.json "architectures"[0]) -> (family, model_type)
@@ -26,9 +35,19 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "llama"),
     "Qwen2ForCausalLM": ("qwen2", "qwen2"),
     "Qwen3ForCausalLM": ("qwen3", "qwen3"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "qwen2_moe"),
 }
 FAMILY_ARCHITECTURE = {family: arch for arch, (family, _) in ARCHITECTURES.items()}
 _MODEL_TYPES = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}
+_QK_NORM = ("qwen3", "qwen3_moe")
+_QKV_BIAS = ("qwen2", "qwen2_moe")
+# Mixture-of-experts keys read when present (ModelConfig's defaults are transformers').
+_MOE_OPTIONAL = {
+    "norm_topk_prob": bool,
+    "decoder_sparse_step": int,
+    "router_aux_loss_coef": float,
+}
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -82,7 +101,7 @@ def _check_features(config_json: Mapping[str, Any], family: str, source: str) ->
         raise _unsupported(source, f"hidden_act={act!r} is not supported", "rljax uses SwiGLU")
     if config_json.get("mlp_bias"):
         raise _unsupported(source, "mlp_bias=true is not supported", "rljax MLPs have no bias")
-    if family != "qwen2" and config_json.get("attention_bias"):
+    if family not in _QKV_BIAS and config_json.get("attention_bias"):
         raise _unsupported(
             source,
             "attention_bias=true (which also biases o_proj) is not supported",
@@ -98,6 +117,24 @@ def _dtype(config_json: Mapping[str, Any]) -> str:
     name = str(config_json.get("dtype") or config_json.get("torch_dtype") or "float32")
     # float16 checkpoints compute in float32: ModelConfig has no float16 and fp16 fits in fp32.
     return "bfloat16" if name == "bfloat16" else "float32"
+
+
+def _moe_fields(config_json: Mapping[str, Any], family: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Qwen3-MoE / Qwen2-MoE ``config.json``; a required key
+    that is absent raises KeyError (its name)."""
+    experts = config_json.get("num_experts", config_json.get("num_local_experts"))
+    if experts is None:
+        raise KeyError("num_experts")
+    out: dict[str, Any] = {
+        "num_experts": int(experts),
+        "num_experts_per_tok": int(config_json["num_experts_per_tok"]),
+        "moe_intermediate_size": int(config_json["moe_intermediate_size"]),
+        "mlp_only_layers": tuple(int(i) for i in config_json.get("mlp_only_layers") or ()),
+    }
+    out.update({k: cast(config_json[k]) for k, cast in _MOE_OPTIONAL.items() if k in config_json})
+    if family == "qwen2_moe":
+        out["shared_expert_intermediate_size"] = int(config_json["shared_expert_intermediate_size"])
+    return out
 
 
 def config_from_hf(
@@ -125,6 +162,8 @@ def config_from_hf(
             "num_kv_heads": int(config_json.get("num_key_value_heads") or heads),
             "head_dim": int(config_json.get("head_dim") or hidden // heads),
         }
+        if family in MOE_FAMILIES:
+            fields.update(_moe_fields(config_json, family))
     except KeyError as exc:
         raise _unsupported(
             source,
@@ -142,8 +181,10 @@ def config_from_hf(
         rope_scaling=scaling,
         norm_eps=float(config_json.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(config_json.get("tie_word_embeddings", False)),
-        qk_norm=family == "qwen3",
-        qkv_bias=family == "qwen2",
+        qk_norm=family in _QK_NORM,
+        # Qwen2's q/k/v always have a bias; transformers 5 makes Qwen2-MoE's optional.
+        qkv_bias=family == "qwen2"
+        or (family == "qwen2_moe" and bool(config_json.get("qkv_bias", True))),
         max_position_embeddings=int(config_json.get("max_position_embeddings", 2048)),
         dtype=dtype,
         param_dtype=dtype,
@@ -154,15 +195,15 @@ def config_from_hf(
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """A Hugging Face ``config.json`` dict that transformers 4.x and 5.x both load."""
-    if cfg.family != "qwen3" and cfg.qk_norm:
+    if cfg.family not in _QK_NORM and cfg.qk_norm:
         raise ValueError(
             f"config_to_hf: family {cfg.family!r} with qk_norm=True has no Hugging Face "
-            "architecture; use family='qwen3'"
+            "architecture; use family='qwen3' (or 'qwen3_moe')"
         )
-    if cfg.qkv_bias != (cfg.family == "qwen2"):
+    if cfg.family != "qwen2_moe" and cfg.qkv_bias != (cfg.family == "qwen2"):
         raise ValueError(
             f"config_to_hf: qkv_bias={cfg.qkv_bias} with family {cfg.family!r} has no Hugging "
-            "Face architecture; only qwen2 has (and needs) q/k/v bias"
+            "Face architecture; only qwen2 has (and needs) q/k/v bias, qwen2_moe may have it"
         )
     arch = FAMILY_ARCHITECTURE[cfg.family]
     scaling = dict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
@@ -194,6 +235,26 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         out["mlp_bias"] = False
     else:
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+    if cfg.family in MOE_FAMILIES:
+        out.update(_moe_to_hf(cfg))
+    return out
+
+
+def _moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """The mixture-of-experts keys of a Qwen3-MoE / Qwen2-MoE ``config.json``."""
+    out: dict[str, Any] = {
+        "num_experts": cfg.num_experts,
+        "num_experts_per_tok": cfg.num_experts_per_tok,
+        "moe_intermediate_size": cfg.moe_intermediate_size,
+        "norm_topk_prob": cfg.norm_topk_prob,
+        "decoder_sparse_step": cfg.decoder_sparse_step,
+        "mlp_only_layers": list(cfg.mlp_only_layers),
+        "router_aux_loss_coef": cfg.router_aux_loss_coef,
+        "output_router_logits": False,
+    }
+    if cfg.family == "qwen2_moe":
+        out["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
+        out["qkv_bias"] = cfg.qkv_bias
     return out
 
 

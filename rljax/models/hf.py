@@ -2,14 +2,14 @@
 
 Import never gathers the model: every parameter is built with
 ``jax.make_array_from_callback``, whose callback reads from the safetensors file only the
-slice one device holds (``safe_open(...).get_slice``), for every layer, and stacks them.
+slice one device holds (``safe_open(...).get_slice``), for every layer (and expert), and
+stacks them.
 
-The layout map (:data:`TENSOR_SPECS`) says, for each ``Decoder`` parameter, which Hugging Face
-tensor holds it, how that tensor's dimensions split into a *view* (``q_proj.weight`` [N*H, D]
-is the view [N, H, D]) and how the view's axes are ordered in rljax (``wq`` [D, N, H] is view
-axes (2, 0, 1)). The same map drives export in reverse and the GGUF loader (``gguf.py``), which
-presents GGUF tensors under their Hugging Face names. RoPE uses the same half-split layout
-in both, so q/k need no permutation.
+The layout map (:data:`rljax.models.hf_specs.TENSOR_SPECS`) says, for each ``Decoder``
+parameter, which Hugging Face tensors hold it and how their axes become the parameter's. The
+same map drives export in reverse and the GGUF loader (``gguf.py``), which presents GGUF
+tensors under their Hugging Face names. RoPE uses the same half-split layout in both, so q/k
+need no permutation.
 
 Paths may be local or ``gs://`` URLs (:mod:`rljax.io`). ``safe_open`` memory-maps a local
 file, so each remote safetensors file is copied to a temporary folder the reader owns, once,
@@ -18,12 +18,12 @@ when it is first opened; the copy goes when the reader does.
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import json
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import jax
@@ -35,79 +35,15 @@ from jax.sharding import Mesh
 from rljax import io
 from rljax.config import ModelConfig
 from rljax.models.families import config_from_hf, config_to_hf
+from rljax.models.hf_specs import TENSOR_SPECS, TensorSpec, describe
 from rljax.models.sharding import ShardingRules, state_shardings
-from rljax.models.transformer import LAYER_PARAMS, abstract_decoder
+from rljax.models.transformer import abstract_decoder
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # safetensors dtype names of the weights load_hf casts to the model's dtype.
 FLOAT_DTYPES = ("F64", "F32", "BF16", "F16")
-_LAYER = "model.layers.{i}."
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """Where one Decoder parameter lives in a Hugging Face checkpoint.
-
-    ``hf_name`` has ``{i}`` for the layer index of stacked parameters. ``groups(cfg)`` gives,
-    per Hugging Face dimension, the view sizes it splits into (outermost first); ``perm``
-    orders the view axes as the rljax parameter's (per-layer) axes.
-    """
-
-    hf_name: str
-    groups: Callable[[ModelConfig], tuple[tuple[int, ...], ...]]
-    perm: tuple[int, ...]
-
-    def hf_shape(self, cfg: ModelConfig) -> tuple[int, ...]:
-        """The Hugging Face tensor's shape."""
-        return tuple(math.prod(g) for g in self.groups(cfg))
-
-
-def _qkv(heads: Callable[[ModelConfig], int]):
-    return lambda c: ((heads(c), c.head_dim), (c.hidden_size,))
-
-
-_N = lambda c: c.num_heads  # noqa: E731
-_K = lambda c: c.num_kv_heads  # noqa: E731
-_D = lambda c: ((c.hidden_size,),)  # noqa: E731
-_MLP_IN = lambda c: ((c.intermediate_size,), (c.hidden_size,))  # noqa: E731
-
-TENSOR_SPECS: dict[str, TensorSpec] = {
-    "embed": TensorSpec(
-        "model.embed_tokens.weight", lambda c: ((c.vocab_size,), (c.hidden_size,)), (0, 1)
-    ),
-    "lm_head": TensorSpec("lm_head.weight", lambda c: ((c.vocab_size,), (c.hidden_size,)), (1, 0)),
-    "final_norm": TensorSpec("model.norm.weight", _D, (0,)),
-    "attn_norm": TensorSpec(_LAYER + "input_layernorm.weight", _D, (0,)),
-    "mlp_norm": TensorSpec(_LAYER + "post_attention_layernorm.weight", _D, (0,)),
-    "wq": TensorSpec(_LAYER + "self_attn.q_proj.weight", _qkv(_N), (2, 0, 1)),
-    "wk": TensorSpec(_LAYER + "self_attn.k_proj.weight", _qkv(_K), (2, 0, 1)),
-    "wv": TensorSpec(_LAYER + "self_attn.v_proj.weight", _qkv(_K), (2, 0, 1)),
-    "wo": TensorSpec(
-        _LAYER + "self_attn.o_proj.weight",
-        lambda c: ((c.hidden_size,), (c.num_heads, c.head_dim)),
-        (1, 2, 0),
-    ),
-    "bq": TensorSpec(
-        _LAYER + "self_attn.q_proj.bias", lambda c: ((c.num_heads, c.head_dim),), (0, 1)
-    ),
-    "bk": TensorSpec(
-        _LAYER + "self_attn.k_proj.bias", lambda c: ((c.num_kv_heads, c.head_dim),), (0, 1)
-    ),
-    "bv": TensorSpec(
-        _LAYER + "self_attn.v_proj.bias", lambda c: ((c.num_kv_heads, c.head_dim),), (0, 1)
-    ),
-    "q_norm": TensorSpec(_LAYER + "self_attn.q_norm.weight", lambda c: ((c.head_dim,),), (0,)),
-    "k_norm": TensorSpec(_LAYER + "self_attn.k_norm.weight", lambda c: ((c.head_dim,),), (0,)),
-    "w_gate": TensorSpec(_LAYER + "mlp.gate_proj.weight", _MLP_IN, (1, 0)),
-    "w_up": TensorSpec(_LAYER + "mlp.up_proj.weight", _MLP_IN, (1, 0)),
-    "w_down": TensorSpec(
-        _LAYER + "mlp.down_proj.weight",
-        lambda c: ((c.hidden_size,), (c.intermediate_size,)),
-        (1, 0),
-    ),
-}
 
 
 class TensorReader(Protocol):
@@ -216,13 +152,16 @@ class SafetensorsReader:
 
 
 def _view_index(spec: TensorSpec, cfg: ModelConfig, target: tuple[slice, ...]):
-    """Hugging Face read ranges, view shape and post-read index for a per-layer target slice."""
+    """Hugging Face read ranges, view shape and post-read index for a per-tensor target slice."""
     groups = spec.groups(cfg)
     view = [slice(0, 0)] * len(spec.perm)
     for axis, view_axis in enumerate(spec.perm):
         view[view_axis] = target[axis]
     hf_index, view_shape, post, v = [], [], [], 0
     for group in groups:
+        if not group:  # a dimension of size 1 that rljax drops
+            hf_index.append(slice(0, 1))
+            continue
         inner = math.prod(group[1:])
         outer = view[v]
         # Reads whole inner blocks (e.g. whole heads); the inner slices are taken after.
@@ -239,22 +178,36 @@ def _read_target(reader: TensorReader, spec: TensorSpec, cfg, name: str, target)
     return block[post].transpose(spec.perm)
 
 
+def _read_block(reader: TensorReader, spec: TensorSpec, cfg, target) -> np.ndarray:
+    """The ``target`` slice of a parameter: for a stacked one, its leading slices pick the
+    Hugging Face tensors (layers, experts) and the rest is read from each."""
+    stacked = spec.stacked(cfg)
+    k = len(stacked)
+    if not k:
+        return _read_target(reader, spec, cfg, spec.hf_name, target)
+    ranges = [axis[s.start : s.stop] for axis, s in zip(stacked, target[:k])]
+    parts = [
+        _read_target(reader, spec, cfg, spec.name(*index), target[k:])
+        for index in itertools.product(*ranges)
+    ]
+    return np.stack(parts).reshape(*(len(r) for r in ranges), *parts[0].shape)
+
+
 def check_tensors(reader: TensorReader, cfg: ModelConfig, config_source: str) -> None:
     """Raises, naming the file, if a tensor the config implies is missing or mis-shaped, or
     (readers that know dtypes) holds no floating-point weights."""
     dtype_of = getattr(reader, "dtype", None)
     fix = "re-download the checkpoint, or fix config.json if it was edited"
-    for pname, layered in _param_names(cfg):
+    for pname in _param_names(cfg):
         spec = TENSOR_SPECS[pname]
         want = spec.hf_shape(cfg)
-        for i in range(cfg.num_layers) if layered else (None,):
-            name = spec.hf_name.format(i=i)
+        for index, name in spec.tensors(cfg):
             got = reader.shape(name)
             if got is None:
                 raise ValueError(
-                    f"{reader.where(name)}: tensor {name} is missing (expected shape "
-                    f"{list(want)} from {config_source}); the checkpoint does not match its "
-                    f"config: {fix}"
+                    f"{reader.where(name)}: tensor {name}{describe(spec, index, cfg)} is missing "
+                    f"(expected shape {list(want)} from {config_source}); the checkpoint does "
+                    f"not match its config: {fix}"
                 )
             if tuple(got) != want:
                 raise ValueError(
@@ -271,9 +224,8 @@ def check_tensors(reader: TensorReader, cfg: ModelConfig, config_source: str) ->
                 )
 
 
-def _param_names(cfg: ModelConfig) -> list[tuple[str, bool]]:
-    graph_state = nnx.split(abstract_decoder(cfg))[1]
-    return [(name, name in LAYER_PARAMS) for name in nnx.to_pure_dict(graph_state)]
+def _param_names(cfg: ModelConfig) -> list[str]:
+    return list(nnx.to_pure_dict(nnx.split(abstract_decoder(cfg))[1]))
 
 
 def load_params(
@@ -285,23 +237,15 @@ def load_params(
     target_dtype = np.dtype(jax.numpy.dtype(cfg.param_dtype))
     arrays = {}
     for pname, struct in nnx.to_pure_dict(abstract).items():
-        spec, layered, shape = TENSOR_SPECS[pname], pname in LAYER_PARAMS, struct.shape
+        spec, shape = TENSOR_SPECS[pname], struct.shape
         cache: dict[tuple, np.ndarray] = {}
 
-        def callback(index, spec=spec, layered=layered, shape=shape, cache=cache):
+        def callback(index, spec=spec, shape=shape, cache=cache):
             full = tuple(index) + (slice(None),) * (len(shape) - len(index))
             norm = tuple(slice(*s.indices(d)[:2]) for s, d in zip(full, shape))
             key = tuple((s.start, s.stop) for s in norm)
             if key not in cache:  # replicated shards are read once
-                if layered:
-                    layers = range(norm[0].start, norm[0].stop)
-                    parts = [
-                        _read_target(reader, spec, cfg, spec.hf_name.format(i=i), norm[1:])
-                        for i in layers
-                    ]
-                    block = np.stack(parts)
-                else:
-                    block = _read_target(reader, spec, cfg, spec.hf_name, norm)
+                block = _read_block(reader, spec, cfg, norm)
                 cache[key] = np.ascontiguousarray(block.astype(target_dtype))
             return cache[key]
 
@@ -336,7 +280,8 @@ def load_hf(
     rules: ShardingRules,
     dtype: str | None = None,
 ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
-    """Loads a Hugging Face Llama/Qwen2/Qwen3 safetensors directory, sharded on ``mesh``.
+    """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE/Qwen2-MoE safetensors directory,
+    sharded on ``mesh``.
 
     Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
     ``model.safetensors.index.json``), bf16 or f32. ``dtype`` ("float32"/"bfloat16") sets the
@@ -366,11 +311,17 @@ def hf_tensors(cfg: ModelConfig, params: nnx.State | Mapping[str, Any]):
         inverse = tuple(int(a) for a in np.argsort(spec.perm))
         hf_shape = spec.hf_shape(cfg)
         host = np.asarray(jax.device_get(value))
-        if pname in LAYER_PARAMS:
-            for i in range(host.shape[0]):
-                yield spec.hf_name.format(i=i), host[i].transpose(inverse).reshape(hf_shape)
-        else:
-            yield spec.hf_name, host.transpose(inverse).reshape(hf_shape)
+        stacked = spec.stacked(cfg)
+        # A stacked axis may hold a prefix of its tensors (a model cut to its first layers).
+        if any(n > len(axis) for n, axis in zip(host.shape, stacked)):
+            raise ValueError(
+                f"parameter {pname!r} has shape {list(host.shape)} but the config stacks "
+                f"{[len(axis) for axis in stacked]} Hugging Face tensors in it; pass the "
+                "params' own config"
+            )
+        for pos in np.ndindex(*host.shape[: len(stacked)]):
+            index = tuple(axis[p] for axis, p in zip(stacked, pos))
+            yield spec.name(*index), host[pos].transpose(inverse).reshape(hf_shape)
 
 
 def save_hf(

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from rljax.config import ModelConfig
+from rljax.kernels.grouped_matmul import grouped_matmul
 from rljax.kernels.sharding import axis_names, axis_size, run_sharded
 
 # Weights of a mixture-of-experts layer, stacked over the MoE layers (their logical axes are in
@@ -175,11 +176,23 @@ class MoECall(NamedTuple):
     sharding: Any
 
 
+def prepare(cfg: ModelConfig, layers: dict, routes, valid_bt, impl: str, sharding) -> tuple:
+    """(layers, MoECall or None) for a forward over packed rows: forced ids ride with the
+    layer weights ([Lm, B, T, k] under :data:`FORCED_KEY`)."""
+    if not cfg.num_experts:
+        return layers, None
+    forced = None
+    if routes is not None:
+        layers = {**layers, FORCED_KEY: jnp.moveaxis(routes[0], 2, 0)}
+        forced = routes[1]
+    return layers, MoECall(forced, valid_bt, impl, sharding)
+
+
 class MoEStats(NamedTuple):
     """What a forward reports of its routing, for the loss, the metrics and replay.
 
     routes: [B, T, Lm, k] int32, the experts each token used in each MoE layer.
-    aux_loss: the load-balancing loss (Switch / Hugging Face form), mean over MoE layers.
+    aux_loss: the load-balancing loss over all MoE layers (Hugging Face's form).
     z_loss: the mean squared log-sum-exp of the router logits, mean over MoE layers.
     load: [Lm, E] tokens routed to each expert.
     """
@@ -191,22 +204,32 @@ class MoEStats(NamedTuple):
 
 
 class LayerStats(NamedTuple):
-    """One MoE layer's share of :class:`MoEStats` (routes [B, T, k], load [E])."""
+    """One MoE layer's share of :class:`MoEStats`: routes [B, T, k], the fraction of valid
+    tokens whose j-th choice is each expert [k, E], the mean router probability of each expert
+    [E], the z-loss, and the load [E]."""
 
     routes: jax.Array
-    aux_loss: jax.Array
+    tokens_per_expert: jax.Array
+    prob_per_expert: jax.Array
     z_loss: jax.Array
     load: jax.Array
 
 
 def gather_stats(per_layer: Sequence[LayerStats]) -> MoEStats:
-    """Stats stacked by layer (one entry per segment, each [layers, ...]) -> MoEStats."""
-    routes = jnp.concatenate([s.routes for s in per_layer])  # [Lm, B, T, k]
+    """Stats stacked by layer (one entry per segment, each [layers, ...]) -> MoEStats.
+
+    The load-balancing loss is Hugging Face's ``load_balancing_loss_func`` over the layers'
+    router logits together: ``E * sum(tokens_per_expert * prob_per_expert)`` with both means
+    taken over every layer's valid tokens.
+    """
+    cat = lambda name: jnp.concatenate([getattr(s, name) for s in per_layer])  # noqa: E731
+    tokens, probs = cat("tokens_per_expert"), cat("prob_per_expert")
+    e = probs.shape[-1]
     return MoEStats(
-        routes=jnp.moveaxis(routes, 0, 2),
-        aux_loss=jnp.concatenate([s.aux_loss for s in per_layer]).mean(),
-        z_loss=jnp.concatenate([s.z_loss for s in per_layer]).mean(),
-        load=jnp.concatenate([s.load for s in per_layer]),
+        routes=jnp.moveaxis(cat("routes"), 0, 2),
+        aux_loss=e * jnp.sum(tokens.mean(0) * probs.mean(0)[None]),
+        z_loss=cat("z_loss").mean(),
+        load=cat("load"),
     )
 
 
@@ -233,7 +256,7 @@ def route(
 def layer_stats(
     ids_nk: jax.Array, logits_ne: jax.Array, valid_n: jax.Array, shape: tuple[int, ...]
 ) -> LayerStats:
-    """The load-balancing and z losses and the expert load, over the valid tokens."""
+    """A layer's routing statistics over its valid tokens (see :class:`LayerStats`)."""
     e = logits_ne.shape[-1]
     valid = valid_n.astype(jnp.float32)
     count = jnp.maximum(valid.sum(), 1.0)
@@ -242,13 +265,8 @@ def layer_stats(
     load = jnp.einsum("N,NKE->E", valid, chosen)
     tokens_per_expert = jnp.einsum("N,NKE->KE", valid, chosen) / count
     prob_per_expert = jnp.einsum("N,NE->E", valid, probs) / count
-    aux = e * jnp.sum(tokens_per_expert * prob_per_expert[None])
     z = jnp.sum(valid * jax.nn.logsumexp(logits_ne, axis=-1) ** 2) / count
-    return LayerStats(ids_nk.reshape(*shape, -1), aux, z, load)
-
-
-def _grouped(lhs, rhs, sizes, impl: str):
-    return jax.lax.ragged_dot(lhs, rhs, sizes)
+    return LayerStats(ids_nk.reshape(*shape, -1), tokens_per_expert, prob_per_expert, z, load)
 
 
 def _swiglu_rows(x, wg, wu, wd, gmm):
@@ -266,7 +284,7 @@ def experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", 
     order = jnp.argsort(key, stable=True)
     rows = x_nd[order // k]
     sizes = jnp.bincount(key, length=e_local + 1)[:e_local].astype(jnp.int32)
-    gmm = lambda a, w: _grouped(a, w.astype(a.dtype), sizes, impl)  # noqa: E731
+    gmm = lambda a, w: grouped_matmul(a, w.astype(a.dtype), sizes, impl=impl)  # noqa: E731
     y = _swiglu_rows(rows, wg, wu, wd, gmm)  # rows past the groups come out 0
     w = jnp.where(mine, weights_nk, 0.0).reshape(-1)[order].astype(y.dtype)
     return jnp.zeros((n, x_nd.shape[-1]), y.dtype).at[order // k].add(y * w[:, None])

@@ -217,20 +217,17 @@ class CallPaths:
         'full', each layer's input) and recomputes the rest, trading FLOPs for activation
         memory. The values and gradients are unchanged.
 
-        ``unroll`` layers run per iteration of the layer scan (0: the whole stack, straight-line
-        code). Unrolling changes neither values nor memory needs; on the CPU it speeds up the
-        backward (no dynamic slicing of the stacked weights, gradients and residuals) at a
-        compile time that grows with the unrolled depth.
+        ``unroll`` layers run per iteration of the layer scan (0: all, straight-line code); on
+        the CPU it speeds up the backward at a compile time growing with the unrolled depth.
 
         ``adapters=False`` runs the base model of a LoRA-adapted one (its adapters left out):
         the reference policy of a KL penalty, with no second copy of the weights.
         ``dropout_key`` (training) draws the LoRA dropout masks (``lora.dropout``), one stream
         per layer and adapted weight; without it there is no dropout.
 
-        A mixture-of-experts model (``rljax.models.moe``): ``routes=(ids [B, T, Lm, k], forced
-        [B, T])`` forces those experts where ``forced`` is set (rollout routing replay); with
-        ``moe_stats`` the result gains a last element, the forward's
-        :class:`~rljax.models.moe.MoEStats` (None for a dense model).
+        Mixture of experts (``rljax.models.moe``): ``routes=(ids [B, T, Lm, k], forced [B, T])``
+        forces those experts where ``forced`` is set (routing replay); ``moe_stats`` appends
+        the forward's :class:`~rljax.models.moe.MoEStats` (None for a dense model).
         """
         if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 0:
             raise ValueError(f"unroll={unroll!r}; expected an integer >= 0 (0: all layers)")
@@ -263,13 +260,7 @@ class CallPaths:
         layers = self._layers() if adapters else _without_adapters(self._layers())
         if adapters and dropout_key is not None and self.lora_dropout > 0:
             layers = {**layers, lora_lib.DROPOUT_KEY: jax.random.split(dropout_key, depth)}
-        call = None
-        if self.cfg.num_experts:
-            forced = None
-            if routes is not None:
-                layers = {**layers, moe_lib.FORCED_KEY: jnp.moveaxis(routes[0], 2, 0)}
-                forced = routes[1]
-            call = moe_lib.MoECall(forced, segment_ids_bt > 0, impl, sharding)
+        layers, call = moe_lib.prepare(self.cfg, layers, routes, segment_ids_bt > 0, impl, sharding)
         x_btd, kv, stats = self._run(
             block, self._embed(tokens_bt), layers, unroll=unroll, call=call
         )
