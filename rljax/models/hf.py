@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from rljax import io
 from rljax.config import ModelConfig
 from rljax.models.families import config_from_hf, config_to_hf
+from rljax.models.hf_fused import FusedExperts, has_fused_experts
 from rljax.models.hf_specs import TENSOR_SPECS, TensorSpec, describe
 from rljax.models.sharding import ShardingRules, state_shardings
 from rljax.models.transformer import abstract_decoder
@@ -138,6 +139,10 @@ class SafetensorsReader:
     def shape(self, name: str) -> tuple[int, ...] | None:
         """The tensor's shape, or None when absent."""
         return self._shapes.get(name)
+
+    def names(self) -> list[str]:
+        """Every tensor's name."""
+        return list(self._shapes)
 
     def dtype(self, name: str) -> str | None:
         """The tensor's safetensors dtype name ('F32', 'BF16', ...), or None when absent."""
@@ -284,14 +289,16 @@ def load_hf(
     sharded on ``mesh``.
 
     Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
-    ``model.safetensors.index.json``), bf16 or f32. ``dtype`` ("float32"/"bfloat16") sets the
+    ``model.safetensors.index.json``), bf16 or f32; routed experts one tensor per expert (the
+    Hub's layout) or fused (:mod:`rljax.models.hf_fused`). ``dtype`` ("float32"/"bfloat16") sets the
     parameter and compute dtype; None keeps the checkpoint's. Returns ``(cfg, graphdef,
     params)``; ``nnx.merge(graphdef, params)`` is the Decoder.
     """
     config_source = str(io.join(path, CONFIG_FILE))
     overrides = {} if dtype is None else {"dtype": dtype, "param_dtype": dtype}
     cfg = config_from_hf(read_config(path), source=config_source, **overrides)
-    reader = SafetensorsReader(path)
+    files = SafetensorsReader(path)
+    reader: TensorReader = FusedExperts(files) if has_fused_experts(files.names()) else files
     check_tensors(reader, cfg, config_source)
     graphdef, params = load_params(reader, cfg, mesh=mesh, rules=rules)
     return cfg, graphdef, params

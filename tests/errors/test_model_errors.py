@@ -161,6 +161,27 @@ def test_tokenizer_larger_than_the_model(refused, check_row, workdir):
     check_row("M15", message, "use a tokenizer that fits or a model with vocab_size >= 18")
 
 
+def test_missing_expert_weight(refused, check_row, workdir, tmp_path):
+    moe = replace(
+        TINY_MODEL,
+        family="qwen3_moe",
+        qk_norm=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+    )
+    abstract = nnx.to_pure_dict(nnx.split(abstract_decoder(moe))[1])
+    rng = np.random.default_rng(0)
+    params = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in abstract.items()}
+    model_dir = tmp_path / "moe"
+    hf.save_hf(model_dir, moe, params, Tokenizer.char_level())
+    tensors = _tensors(model_dir)
+    del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
+    _save_tensors(model_dir, tensors)
+    message = refused(_run(model_dir, workdir), ConfigError, workdir)
+    check_row("M16", message, "re-download the checkpoint, or fix config.json")
+
+
 # ---- GGUF ------------------------------------------------------------------------------------
 
 

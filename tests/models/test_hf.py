@@ -230,7 +230,8 @@ def test_error_unsupported_architecture(saved, mesh, tmp_path):
     path = _copy(saved, tmp_path / "m", config_edit={"architectures": ["GPT2LMHeadModel"]})
     message = (
         r"m/config\.json: unsupported architecture GPT2LMHeadModel; supported architectures "
-        r"are LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+        r"are LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+        r"Qwen2MoeForCausalLM$"
     )
     with pytest.raises(ValueError, match=message):
         load_hf(path, mesh=mesh, rules=LEARNER_RULES)

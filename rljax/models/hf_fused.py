@@ -1,0 +1,90 @@
+"""transformers 5's fused expert tensors, read under the Hub's per-expert names.
+
+transformers 5 holds a mixture-of-experts layer's routed experts fused:
+``mlp.experts.gate_up_proj`` [E, 2*Fe, D] (each expert's gate_proj rows, then its up_proj rows)
+and ``mlp.experts.down_proj`` [E, D, Fe]. ``save_pretrained`` writes them back one tensor per
+expert and matrix, as the Hub holds them, unless it is called with
+``save_original_format=False``, which leaves them fused on disk. :class:`FusedExperts` presents
+such a checkpoint's experts under the per-expert names that
+:data:`rljax.models.hf_specs.MOE_TENSOR_SPECS` reads; each read takes only its expert's slice of
+the fused tensor. ``load_hf`` picks it once, when the checkpoint holds a fused tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rljax.models.hf import SafetensorsReader
+
+_PER_EXPERT = re.compile(
+    r"(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
+)
+FUSED_GATE_UP = ".mlp.experts.gate_up_proj"
+FUSED_DOWN = ".mlp.experts.down_proj"
+
+
+def has_fused_experts(names: Iterable[str]) -> bool:
+    """Whether a checkpoint with these tensor names holds its experts fused."""
+    return any(name.endswith(FUSED_GATE_UP) for name in names)
+
+
+class FusedExperts:
+    """A ``hf.TensorReader`` over a checkpoint whose experts are fused; every other tensor is
+    read as it is."""
+
+    def __init__(self, reader: SafetensorsReader):
+        self._reader = reader
+
+    def _locate(self, name: str) -> tuple[str, int, int] | None:
+        """(the fused tensor, the expert, its first row there) of a per-expert name the
+        checkpoint holds fused; None for any other name."""
+        match = _PER_EXPERT.fullmatch(name)
+        if match is None:
+            return None
+        down = match["proj"] == "down"
+        fused = match["prefix"].removesuffix(".mlp.experts") + (
+            FUSED_DOWN if down else FUSED_GATE_UP
+        )
+        shape = self._reader.shape(fused)
+        expert = int(match["expert"])
+        if shape is None or len(shape) != 3 or expert >= shape[0]:
+            return None
+        return fused, expert, shape[1] // 2 if match["proj"] == "up" else 0
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The per-expert tensor's shape: [Fe, D] for gate/up, [D, Fe] for down."""
+        located = self._locate(name)
+        if located is None:
+            return self._reader.shape(name)
+        fused, _, _ = located
+        _, rows, cols = self._reader.shape(fused) or (0, 0, 0)
+        return (rows, cols) if fused.endswith(FUSED_DOWN) else (rows // 2, cols)
+
+    def dtype(self, name: str) -> str | None:
+        """The safetensors dtype of the tensor that holds ``name``."""
+        located = self._locate(name)
+        return self._reader.dtype(located[0] if located else name)
+
+    def where(self, name: str) -> str:
+        """The file that holds (or should hold) the tensor."""
+        located = self._locate(name)
+        return self._reader.where(located[0] if located else name)
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """Reads only ``index`` of the expert's matrix from its fused tensor."""
+        located = self._locate(name)
+        if located is None:
+            return self._reader.read(name, index)
+        fused, expert, first = located
+        rows, cols = index
+        fused_index = (
+            slice(expert, expert + 1),
+            slice(rows.start + first, rows.stop + first),
+            cols,
+        )
+        return self._reader.read(fused, fused_index)[0]
