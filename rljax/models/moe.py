@@ -340,7 +340,7 @@ def _expert_axes(sharding, num_experts: int, rows: int):
     if num_experts % mesh.shape[expert[0]]:
         raise ValueError(
             f"{num_experts} experts do not split over the {mesh.shape[expert[0]]}-way mesh axis "
-            f"{expert[0]!r}; set moe.expert_parallel to a divisor of model.num_experts"
+            f"{expert[0]!r}; set mesh.expert_parallel to a divisor of model.num_experts"
         )
     batch = tuple(
         a for a in axis_names(rules.rules.get("batch")) if a in mesh.shape and a != expert[0]
