@@ -25,6 +25,7 @@ from rljax.kernels.fused_logprobs import (
     token_logprobs_and_entropy,
 )
 from rljax.learner.losses import Loss, LossInputs, train_inference_mismatch
+from rljax.learner.routing import RouterTraining, disagreement, forced_routes
 from rljax.models import lora
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes
 
@@ -45,6 +46,8 @@ class Gradients:
       lora: whether the params carry LoRA adapters (then only they train, and the KL reference
         is the base with the adapters off).
       seed: LoRA dropout's masks come from (seed, version, micro-batch index).
+      router: a mixture-of-experts model's routing replay, router losses and metrics
+        (:mod:`rljax.learner.routing`); None for a dense model.
     """
 
     cfg: LearnerConfig
@@ -56,6 +59,7 @@ class Gradients:
     kernel_impl: str
     lora: bool
     seed: int
+    router: RouterTraining | None = None
 
     def on(self, mesh: Mesh) -> Gradients:
         """The same computation on another mesh (lent chips)."""
@@ -85,19 +89,68 @@ class Gradients:
     ) -> tuple[jax.Array, jax.Array]:
         """Log-prob and entropy of each row position's target token, [R, T] each
         (``adapters=False``: the base model's, of LoRA-adapted params; ``dropout_key``: with
-        LoRA dropout, as the training loss takes them)."""
-        model = nnx.merge(self.graphdef, params)
-        sharding = (self.mesh, self.rules)
-        hidden = model(
+        LoRA dropout, as the training loss takes them). With routing replay, the batch's
+        recorded routes are forced (:mod:`rljax.learner.routing`)."""
+        logp, ent, _ = self.forward(params, mb, adapters=adapters, dropout_key=dropout_key)
+        return logp, ent
+
+    def _hidden(
+        self,
+        model: Any,
+        mb: dict[str, jax.Array],
+        *,
+        adapters: bool = True,
+        dropout_key: jax.Array | None = None,
+        force: bool = True,
+        stats: bool = False,
+    ) -> tuple[jax.Array, Any]:
+        """The decoder's final hidden states [R, T, D] of a micro-batch and, with ``stats`` (a
+        mixture-of-experts model), its ``MoEStats``; ``force``: the recorded routes under
+        routing replay."""
+        kw: dict[str, Any] = {}
+        router = self.router
+        if router is not None:
+            kw["moe_stats"] = stats
+            if force and router.replay and "routes" in mb:
+                kw["routes"] = forced_routes(mb["routes"], router.experts_per_token)
+        out = model(
             mb["tokens"],
             mb["positions"],
             mb["segment_ids"],
             impl=self.kernel_impl,
-            sharding=sharding,
+            sharding=(self.mesh, self.rules),
             remat=self.cfg.remat,
             unroll=self.cfg.layer_unroll,
             adapters=adapters,
             dropout_key=dropout_key,
+            **kw,
+        )
+        return (out[0], out[1]) if kw.get("moe_stats") else (out, None)
+
+    def router_disagreement(
+        self, params: nnx.State, mb: dict[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        """(pairs differing, pairs compared) between an unforced forward's experts and the
+        micro-batch's recorded routes (:func:`rljax.learner.routing.disagreement`)."""
+        model = nnx.merge(self.graphdef, params)
+        _, stats = self._hidden(model, mb, force=False, stats=True)
+        return disagreement(stats.routes, mb["routes"])
+
+    def forward(
+        self,
+        params: nnx.State,
+        mb: dict[str, jax.Array],
+        *,
+        adapters: bool = True,
+        dropout_key: jax.Array | None = None,
+        stats: bool = False,
+    ) -> tuple[jax.Array, jax.Array, Any]:
+        """:meth:`token_stats` and, with ``stats`` (a mixture-of-experts model), the forward's
+        ``MoEStats`` (else None)."""
+        model = nnx.merge(self.graphdef, params)
+        sharding = (self.mesh, self.rules)
+        hidden, moe_stats = self._hidden(
+            model, mb, adapters=adapters, dropout_key=dropout_key, stats=stats
         )
         r, t, d = hidden.shape
         unembed = model.unembed_dv
@@ -115,7 +168,7 @@ class Gradients:
             logp, ent = sharded_token_logprobs_and_entropy(
                 mesh, batch_axes, *args, vocab_axis=vocab_axis, **kw
             )
-        return logp.reshape(r, t), ent.reshape(r, t)
+        return logp.reshape(r, t), ent.reshape(r, t), moe_stats
 
     def micro_loss(
         self,
@@ -127,7 +180,8 @@ class Gradients:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The loss of micro-batch ``index`` of the step at ``version``, and its metric sums."""
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.seed), version), index)
-        logp, entropy = self.token_stats(params, mb, dropout_key=key)
+        router = self.router
+        logp, entropy, stats = self.forward(params, mb, dropout_key=key, stats=router is not None)
         ref = None
         if ref_params is not None:
             ref = jax.lax.stop_gradient(self.token_stats(ref_params, mb)[0])
@@ -149,6 +203,9 @@ class Gradients:
         loss = jnp.sum(per_token * mb["weights"] * mb["mask"])
         sums = {k: jnp.sum(v * mb["mask"]) for k, v in metrics.items()}
         sums["tokens"] = jnp.sum(mb["mask"])
+        if router is not None:
+            loss = loss + router.loss(stats, self.cfg.micro_batches)
+            sums |= router.sums(stats, mb)
         if self.loss.sampled:
             fresh = mb["mask"] * (mb["versions"] == version)
             for k, v in train_inference_mismatch(logp, mb["old_logprobs"], mb["mask"]).items():

@@ -45,6 +45,7 @@ from rljax.learner.gradients import Gradients
 from rljax.learner.loan import GradLoan, LentGrads
 from rljax.learner.losses import Loss, get_loss
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
+from rljax.learner.routing import DISAGREEMENT, RouterTraining
 from rljax.models import lora
 from rljax.models.sharding import (
     LEARNER_RULES,
@@ -99,7 +100,9 @@ class Learner:
         version: int = 0,
         opt_state: Any = None,
         seed: int = 0,
+        router: RouterTraining | None = None,
     ):
+        self.router = router
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.lora = lora.has_adapters(params)
         self.gradients = self._gradients(kernel_impl, seed)
@@ -151,6 +154,7 @@ class Learner:
             kernel_impl=kernel_impl,
             lora=self.lora,
             seed=seed,  # LoRA dropout's masks: from (seed, version, micro-batch)
+            router=self.router,
         )
 
     def trainable(self, tree: Any) -> Any:
@@ -184,6 +188,7 @@ class Learner:
         loss: str | Loss | None = None,
         temperature: float = 1.0,
         kernel_impl: str = "auto",
+        router: RouterTraining | None = None,
     ) -> Learner:
         """A learner whose state is ``jax.ShapeDtypeStruct``s: nothing is allocated.
 
@@ -193,6 +198,7 @@ class Learner:
         ahead-of-time compile, but not :meth:`step`.
         """
         self = cls.__new__(cls)
+        self.router = router
         self._configure(cfg, graphdef, mesh, rules, loss, None, temperature)
         self.lora = lora.has_adapters(params)
         self.gradients = self._gradients(kernel_impl, 0)
@@ -222,12 +228,16 @@ class Learner:
         Works on a real or an :meth:`abstract` learner; ``.compile().memory_analysis()`` on the
         result gives the step's per-device bytes.
         """
-        # The field names and dtypes pack_batch produces, read off a one-sequence batch.
-        example = pack_batch([TrainSequence([0, 0], 1)], row_len=2).arrays
+        # The field names and dtypes pack_batch produces, read off a one-sequence batch (with
+        # routes, as a mixture-of-experts model's sampler records them).
+        routes = [[0] * self.router.route_width] if self.router else ()
+        example = pack_batch([TrainSequence([0, 0], 1, routes=routes)], row_len=2).arrays
         if self._needs_proximal:
             example["prox_logprobs"] = example["old_logprobs"]
         batch = {
-            name: jax.ShapeDtypeStruct(batch_shape, a.dtype, sharding=self._batch_sharding)
+            name: jax.ShapeDtypeStruct(
+                (*batch_shape, *a.shape[3:]), a.dtype, sharding=self._batch_sharding
+            )
             for name, a in example.items()
         }
         version = jax.ShapeDtypeStruct((), jnp.int32, sharding=self._replicated)
@@ -255,7 +265,9 @@ class Learner:
         params = lora.join(lora.split_adapters(params)[1], train) if self.lora else train
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         fresh = sums.pop("fresh_tokens", None)
+        routing = self.router.metrics(sums) if self.router else {}
         metrics = {k: v / tokens for k, v in sums.items() if k not in MISMATCH_FRESH}
+        metrics |= routing
         if fresh is not None:
             # NaN with no fresh token; step() then drops the keys.
             metrics.update({k: sums[k] / fresh for k in MISMATCH_FRESH})
@@ -296,6 +308,9 @@ class Learner:
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
+        extra = {}
+        if self.router and self.router.measures_now(self.version) and "routes" in arrays:
+            extra[DISAGREEMENT] = self._disagreement_fn(self.params, arrays)  # before updating
         first = None
         for _ in range(self.cfg.ppo_epochs):
             version = jnp.int32(self.version)
@@ -306,7 +321,7 @@ class Learner:
             else:
                 metrics = self._lent_update(arrays, version, loan)
             first = metrics if first is None else first
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics = {k: float(v) for k, v in jax.device_get(metrics | extra).items()}
         for k, v in jax.device_get(first).items():
             if k.startswith("mismatch/"):
                 metrics[k] = float(v)
@@ -369,6 +384,18 @@ class Learner:
             donate_argnums=(0, 1),
             out_shardings=(self.param_shardings, self._opt_shardings(), self._replicated),
         )
+
+    @functools.cached_property
+    def _disagreement_fn(self) -> Any:
+        """The router disagreement of a batch by an unforced forward (replay on), one jit."""
+
+        def measure(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+            differ, pairs = jax.lax.map(
+                lambda mb: self.gradients.router_disagreement(params, mb), batch
+            )
+            return differ.sum() / jnp.maximum(pairs.sum(), 1.0)
+
+        return jax.jit(measure, out_shardings=self._replicated)
 
     @functools.cached_property
     def _logprob_fn(self) -> Any:

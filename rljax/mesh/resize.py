@@ -160,6 +160,7 @@ def move_learner(
             temperature=current.temperature,
             ref_params=current.ref_params,
             kernel_impl=current.gradients.kernel_impl,
+            router=current.router,
         ),
     )
     target.take_state(current, params=not fresh)  # a new learner copied them in its constructor

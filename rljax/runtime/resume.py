@@ -23,6 +23,7 @@ from rljax.checkpoint import Checkpointer, CheckpointError
 from rljax.config import ConfigError, RunConfig, to_config_dict
 from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss
+from rljax.learner.routing import router_training
 from rljax.mesh.resize import MeshCache
 from rljax.mesh.transfer import transfer
 from rljax.models import lora
@@ -71,9 +72,16 @@ def new_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
 
 def abstract_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
     """The learner state's shapes, dtypes and shardings on ``mesh``: the restore target."""
-    graphdef, abstract = abstract_params(initial_model_config(cfg), mesh, lora=cfg.lora)
+    model_cfg = initial_model_config(cfg)
+    graphdef, abstract = abstract_params(model_cfg, mesh, lora=cfg.lora)
     return Learner.abstract(
-        cfg.learner, graphdef, abstract, mesh, loss=loss, kernel_impl=cfg.kernel_impl
+        cfg.learner,
+        graphdef,
+        abstract,
+        mesh,
+        loss=loss,
+        kernel_impl=cfg.kernel_impl,
+        router=router_training(model_cfg, cfg.moe),
     )
 
 
@@ -207,7 +215,8 @@ def make_learner(
     loss: Loss,
     **kwargs: Any,
 ) -> Learner:
-    """The RL learner of ``cfg`` on ``mesh``."""
+    """The RL learner of ``cfg`` on ``mesh`` (a mixture-of-experts model's with its routing
+    replay, router losses and metrics, rljax.learner.routing)."""
     ref = kwargs.pop("ref_params", None)
     return Learner(
         cfg.learner,
@@ -219,6 +228,7 @@ def make_learner(
         ref_params=ref if cfg.learner.beta > 0 else None,
         kernel_impl=cfg.kernel_impl,
         seed=cfg.seed,
+        router=router_training(initial_model_config(cfg), cfg.moe),
         **kwargs,
     )
 

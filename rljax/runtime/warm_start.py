@@ -58,6 +58,7 @@ def warm_start(
         loss="sft",
         learning_rate=s.learning_rate,
         kernel_impl=cfg.kernel_impl,
+        router=learner.router,  # the router losses (a teacher's answers have no routes)
     )
     last: dict[str, float] = {}
     for step in range(s.steps):
