@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rljax.config import MeshConfig
+from rljax.mesh.topology import build_topology
 from rljax.models import hf
 from rljax.models.hf import SafetensorsReader, load_hf, save_hf
 from rljax.models.moe import dense_layers, moe_layers
-from rljax.models.sharding import LEARNER_RULES, make_mesh
+from rljax.models.sharding import LEARNER_RULES
 from tests.models.parity import assert_logits_close
 
 torch = pytest.importorskip("torch", reason="parity tests compare against transformers on torch")
@@ -91,7 +93,9 @@ def _hf_model(case, seed=0):
 
 
 def _mesh(ep):
-    return make_mesh(jax.devices(), {"fsdp": 8 // (2 * ep), "tensor": 2, "expert": ep})
+    """The learner's mesh of a colocated run on the 8 CPU devices: 'expert' (when ep > 1),
+    then fsdp x tensor=2 over the rest."""
+    return build_topology(MeshConfig(learner_tensor=2, expert_parallel=ep)).learner
 
 
 def _ours(graphdef, params, tokens=TOKENS):
