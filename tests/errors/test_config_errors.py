@@ -39,6 +39,17 @@ CASES = [
         ["--config.sft.teacher=looks_up_sometimes"],
         "set data.task='arithmetic_lookup', or sft.teacher='reference'",
     ),
+    (
+        "C26",
+        ["--config=configs/arith_moe.py:small", "--config.model.num_experts_per_tok=9"],
+        "expected between 1 and model.num_experts=8 (top-k of the experts)",
+    ),
+    (
+        "C27",
+        ["--config=configs/arith_moe.py:small", "--config.mesh.expert_parallel=3"],
+        "expected a divisor of model.num_experts=8: each expert-parallel shard holds whole",
+    ),
+    ("C28", ["--config.moe.router_replay=rollout"], "no experts to replay"),
 ]
 
 
