@@ -93,7 +93,7 @@ def expert_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[in
     if not lm:
         return {}
     fe, fs = cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-    shapes = {
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
         "router": ((lm, d, e), (1,)),
         "we_gate": ((lm, e, d, fe), (2,)),
         "we_up": ((lm, e, d, fe), (2,)),

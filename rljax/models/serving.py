@@ -47,7 +47,7 @@ TRANSPOSED = {
 }
 
 
-def _serving_axes(name: str) -> tuple[str, tuple[str, ...]]:
+def _serving_axes(name: str) -> tuple[str, tuple[str | None, ...]]:
     """Stacked layer weight ``name``'s key and logical axes in one layer of the serving layout."""
     axes = PARAM_AXES[name][1:]  # drop 'layers'
     if name not in TRANSPOSED:

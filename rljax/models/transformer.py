@@ -49,7 +49,7 @@ from rljax.models.sharding import ShardingRules, kernel_mesh_axes, state_shardin
 Sharding = tuple[Mesh, ShardingRules]
 
 # Each parameter's logical axes; models/sharding.py maps them to mesh axes per role.
-PARAM_AXES: dict[str, tuple[str, ...]] = {
+PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "embed": ("vocab", "embed"),
     "lm_head": ("embed", "vocab"),
     "final_norm": ("embed",),
