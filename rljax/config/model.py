@@ -8,7 +8,7 @@ into :class:`ModelConfig` key for key (``rljax.models.families``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rljax.config.checks import (
@@ -21,6 +21,7 @@ from rljax.config.checks import (
     _positive,
     _positive_float,
 )
+from rljax.models.lora_targets import ATTENTION_TARGETS, target_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,3 +213,26 @@ def check_moe(model: ModelConfig, moe: MoEConfig, expert_parallel: int) -> None:
         )
     if not model.num_experts and expert_parallel != 1:
         _fail("mesh.expert_parallel", expert_parallel, "1 for a dense model")
+
+
+def has_dense_mlp(cfg: ModelConfig) -> bool:
+    """Whether some layer has a dense MLP: every layer of a dense model; on a mixture of
+    experts, the layers in ``mlp_only_layers``, and layer 0 when ``decoder_sparse_step`` > 1.
+    (``rljax.models.moe.dense_layers`` lists them but needs JAX; a test checks they agree.)"""
+    return not cfg.num_experts or bool(cfg.mlp_only_layers) or cfg.decoder_sparse_step > 1
+
+
+def check_lora_targets(model: ModelConfig, targets: Sequence[str]) -> None:
+    """An enabled LoRA's targets must each adapt a weight of ``model``: an MLP target adapts
+    dense MLPs and shared experts, never the routed experts (rljax.models.lora_targets)."""
+    dense, shared = has_dense_mlp(model), bool(model.shared_expert_intermediate_size)
+    for t in targets:
+        if not target_weights(t, dense_mlp=dense, shared_expert=shared):
+            quoted = ",".join(f'"{a}"' for a in ATTENTION_TARGETS)
+            _fail(
+                "lora.targets",
+                t,
+                f"one of {', '.join(ATTENTION_TARGETS)} on this {model.family} model: its MLPs "
+                "are all routed experts (no dense layer, no shared expert), which LoRA leaves "
+                f"frozen; set lora.targets='({quoted})'",
+            )

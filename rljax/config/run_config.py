@@ -14,7 +14,7 @@ from rljax.config.checks import (
     check_needs,
     value_in,
 )
-from rljax.config.model import ModelConfig, MoEConfig, check_moe
+from rljax.config.model import ModelConfig, MoEConfig, check_lora_targets, check_moe
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -110,6 +110,8 @@ class RunConfig:
             )
         self._check_needs()
         check_moe(self.model, self.moe, self.mesh.expert_parallel)
+        if self.lora.enabled:
+            check_lora_targets(self.model, self.lora.targets)
         lr = self.learner
         updates = self.num_steps * lr.ppo_epochs
         if lr.decay_steps and lr.warmup_steps + lr.decay_steps < updates:

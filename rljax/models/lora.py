@@ -8,6 +8,11 @@ equal to its base. The adapters are :class:`LoRAParam` variables of the
 named ``<weight>_lora_a`` / ``<weight>_lora_b``; :func:`split_adapters` separates them from the
 base, which the learner never differentiates, updates or checkpoints again.
 
+On a mixture-of-experts model the MLP targets adapt the dense MLPs of its dense layers
+(``w_*``, stacked over :func:`~rljax.models.moe.dense_layers`) and Qwen2-MoE's shared expert
+(``ws_*``, stacked over :func:`~rljax.models.moe.moe_layers`); the routed experts stay frozen
+(:mod:`rljax.models.lora_targets`).
+
 The base model is the reference policy of a KL penalty: the call paths take ``adapters=False``
 (no second copy of the weights). A sampler serves base plus adapters either unmerged (the
 low-rank product at every step) or merged (:func:`merged_layers`: folded into the weights
@@ -25,7 +30,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.config import LoRAConfig, ModelConfig
-from rljax.models.lora_targets import TARGET_WEIGHTS
+from rljax.models.lora_targets import TARGET_WEIGHTS as TARGET_WEIGHTS
+from rljax.models.lora_targets import target_weights
+from rljax.models.moe import DENSE_PARAMS, SHARED_PARAMS, dense_layers, moe_layers
 
 # Each adapted weight's einsum in the stacked layout's axis order (per layer): A takes the
 # input axes to the rank R, B the rank to the output axes.
@@ -37,6 +44,10 @@ WEIGHT_SPECS = {
     "w_gate": ("DR", "RF"),
     "w_up": ("DR", "RF"),
     "w_down": ("FR", "RD"),
+    # Qwen2-MoE's shared expert (S: its width, shared_expert_intermediate_size).
+    "ws_gate": ("DR", "RS"),
+    "ws_up": ("DR", "RS"),
+    "ws_down": ("SR", "RD"),
 }
 
 _AXES = {
@@ -45,6 +56,7 @@ _AXES = {
     "K": "kv_heads",
     "H": "head_dim",
     "F": "mlp",
+    "S": "mlp",
     "R": None,  # the rank is small: replicated
 }
 
@@ -81,9 +93,25 @@ def b_key(weight: str) -> str:
     return weight + "_lora_b"
 
 
-def adapted_weights(lora: LoRAConfig) -> tuple[str, ...]:
-    """The decoder weights ``lora`` adapts, in ``lora.targets`` order."""
-    return tuple(TARGET_WEIGHTS[t] for t in lora.targets)
+def adapted_weights(lora: LoRAConfig, cfg: ModelConfig) -> tuple[str, ...]:
+    """The decoder weights ``lora`` adapts on model ``cfg``, in ``lora.targets`` order (an MLP
+    target: the dense MLP where ``cfg`` has dense layers, then the shared expert where its MoE
+    layers have one)."""
+    dense = bool(dense_layers(cfg))
+    shared = bool(moe_layers(cfg)) and cfg.shared_expert_intermediate_size > 0
+    return tuple(
+        w for t in lora.targets for w in target_weights(t, dense_mlp=dense, shared_expert=shared)
+    )
+
+
+def stacked_layers(cfg: ModelConfig, weight: str) -> tuple[int, ...]:
+    """The layers whose weights ``weight``'s stack holds, in order: a dense MLP's the dense
+    layers, a shared expert's the mixture-of-experts layers, the rest every layer."""
+    if weight in DENSE_PARAMS:
+        return dense_layers(cfg)
+    if weight in SHARED_PARAMS:
+        return moe_layers(cfg)
+    return tuple(range(cfg.num_layers))
 
 
 def _dims(cfg: ModelConfig, rank: int) -> dict[str, int]:
@@ -93,18 +121,21 @@ def _dims(cfg: ModelConfig, rank: int) -> dict[str, int]:
         "K": cfg.num_kv_heads,
         "H": cfg.head_dim,
         "F": cfg.intermediate_size,
+        "S": cfg.shared_expert_intermediate_size,
         "R": rank,
     }
 
 
 def adapter_shapes(cfg: ModelConfig, lora: LoRAConfig) -> dict[str, tuple[int, ...]]:
-    """Every adapter variable's name -> its stacked shape [L, ...]."""
+    """Every adapter variable's name -> its stacked shape [layers, ...], stacked over the
+    layers of the weight it adapts (:func:`stacked_layers`)."""
     dims = _dims(cfg, lora.rank)
     out = {}
-    for w in adapted_weights(lora):
+    for w in adapted_weights(lora, cfg):
         a, b = WEIGHT_SPECS[w]
-        out[a_key(w)] = (cfg.num_layers, *(dims[c] for c in a))
-        out[b_key(w)] = (cfg.num_layers, *(dims[c] for c in b))
+        depth = len(stacked_layers(cfg, w))
+        out[a_key(w)] = (depth, *(dims[c] for c in a))
+        out[b_key(w)] = (depth, *(dims[c] for c in b))
     return out
 
 

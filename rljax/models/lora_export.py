@@ -10,6 +10,10 @@ and ``lora_B.weight`` [out, r], where in and out are the flattened axes of the H
 weight [out, in]. Which of rljax's per-layer axes those flatten, and in what order, is read
 from the weight's :class:`~rljax.models.hf.TensorSpec` (the one layout map import and export
 share), e.g. for ``wq``: ``A`` "DR" -> [R, D], ``B`` "RNH" -> [N*H, R].
+
+On a mixture-of-experts model an adapter stacked over the dense layers (``w_*``) or the MoE
+layers (Qwen2-MoE's shared expert, ``ws_*``) is written under each of those layers' own
+index; the routed experts carry no adapters (docs/lora.md).
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ def hf_module(weight: str) -> str:
     return TENSOR_SPECS[weight].hf_name.removesuffix(".weight")
 
 
-def target_modules(lora: LoRAConfig) -> list[str]:
-    """PEFT's ``target_modules`` for ``lora.targets`` (``q`` -> ``q_proj``)."""
-    return [hf_module(w).rsplit(".", 1)[-1] for w in lora_lib.adapted_weights(lora)]
+def target_modules(lora: LoRAConfig, cfg: ModelConfig) -> list[str]:
+    """PEFT's ``target_modules`` for ``lora.targets`` (``q`` -> ``q_proj``; ``gate`` ->
+    ``gate_proj``, which names a dense MLP's and a shared expert's alike)."""
+    names = [hf_module(w).rsplit(".", 1)[-1] for w in lora_lib.adapted_weights(lora, cfg)]
+    return list(dict.fromkeys(names))
 
 
 def _hf_axes(weight: str, cfg: ModelConfig) -> tuple[str, str]:
@@ -63,22 +69,25 @@ def peft_tensors(
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Yields ``(peft key, float32 array)`` for each layer's ``lora_A`` [r, in] and
     ``lora_B`` [out, r] of every adapted module."""
-    pure = _checked_adapters(params, lora)
-    for weight in lora_lib.adapted_weights(lora):
+    pure = _checked_adapters(params, lora, cfg)
+    for weight in lora_lib.adapted_weights(lora, cfg):
         a_spec, b_spec = lora_lib.WEIGHT_SPECS[weight]
         out, in_ = _hf_axes(weight, cfg)
         a = np.asarray(jax.device_get(pure[lora_lib.a_key(weight)]), np.float32)
         b = np.asarray(jax.device_get(pure[lora_lib.b_key(weight)]), np.float32)
         module = _PEFT_PREFIX + hf_module(weight)
-        for i in range(a.shape[0]):
-            a_ri = np.einsum(f"{a_spec}->R{in_}", a[i]).reshape(lora.rank, -1)
-            b_or = np.einsum(f"{b_spec}->{out}R", b[i]).reshape(-1, lora.rank)
+        for row, i in enumerate(lora_lib.stacked_layers(cfg, weight)):
+            a_ri = np.einsum(f"{a_spec}->R{in_}", a[row]).reshape(lora.rank, -1)
+            b_or = np.einsum(f"{b_spec}->{out}R", b[row]).reshape(-1, lora.rank)
             yield module.format(i=i) + ".lora_A.weight", a_ri
             yield module.format(i=i) + ".lora_B.weight", b_or
 
 
-def adapter_config(lora: LoRAConfig, base_model_name_or_path: str) -> dict[str, Any]:
-    """The ``adapter_config.json`` of ``lora`` (plain LoRA: ``alpha / r`` scaling, no bias)."""
+def adapter_config(
+    lora: LoRAConfig, cfg: ModelConfig, base_model_name_or_path: str
+) -> dict[str, Any]:
+    """The ``adapter_config.json`` of ``lora`` on model ``cfg`` (plain LoRA: ``alpha / r``
+    scaling, no bias)."""
     alpha = lora.alpha
     return {
         "peft_type": "LORA",
@@ -88,7 +97,7 @@ def adapter_config(lora: LoRAConfig, base_model_name_or_path: str) -> dict[str, 
         # PEFT types lora_alpha as an int; a fractional alpha still scales correctly.
         "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": target_modules(lora),
+        "target_modules": target_modules(lora, cfg),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
@@ -117,7 +126,7 @@ def save_peft_adapter(
     tensors = {name: np.ascontiguousarray(a) for name, a in peft_tensors(cfg, params, lora)}
     io.makedirs(path)
     save_safetensors(tensors, io.join(path, ADAPTER_WEIGHTS_FILE), {"format": "pt"})
-    config = adapter_config(lora, base_model_name_or_path)
+    config = adapter_config(lora, cfg, base_model_name_or_path)
     io.write_text(io.join(path, ADAPTER_CONFIG_FILE), json.dumps(config, indent=2))
 
 
@@ -161,7 +170,7 @@ def save_merged_hf(
     summed in float32, stored in the weight's dtype); ``transformers`` and ``load_hf`` load the
     result with no adapters. ``tokenizer`` and ``max_shard_bytes`` are :func:`save_hf`'s.
     """
-    pure = _checked_adapters(params, lora)
+    pure = _checked_adapters(params, lora, cfg)
     if not any(k in pure for k in TENSOR_SPECS):
         raise ValueError(
             "params hold only LoRA adapters; a merged export needs the base too: pass "
@@ -171,8 +180,11 @@ def save_merged_hf(
     save_hf(path, cfg, merged, tokenizer, max_shard_bytes=max_shard_bytes)
 
 
-def _checked_adapters(params: nnx.State | Mapping[str, Any], lora: LoRAConfig) -> dict[str, Any]:
-    """``params`` as a pure dict, once its adapters are known to be those ``lora`` describes."""
+def _checked_adapters(
+    params: nnx.State | Mapping[str, Any], lora: LoRAConfig, cfg: ModelConfig
+) -> dict[str, Any]:
+    """``params`` as a pure dict, once its adapters are known to be those ``lora`` describes
+    on model ``cfg``."""
     # nnx.State is itself a Mapping (of Variables), so test for it first.
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else dict(params)
     held = sorted({k.rsplit("_lora_", 1)[0] for k in pure if lora_lib.is_adapter(k)})
@@ -185,7 +197,7 @@ def _checked_adapters(params: nnx.State | Mapping[str, Any], lora: LoRAConfig) -
         raise ValueError(
             "lora.enabled is False; pass the LoRAConfig the adapters were trained with"
         )
-    wanted = sorted(lora_lib.adapted_weights(lora))
+    wanted = sorted(lora_lib.adapted_weights(lora, cfg))
     if held != wanted:
         raise ValueError(
             f"params hold adapters of {held} but lora.targets={lora.targets!r} adapts "
