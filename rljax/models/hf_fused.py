@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from rljax.models.hf import SafetensorsReader
+
+class _Files(Protocol):
+    """What this reads of a checkpoint's files (``hf.SafetensorsReader`` has it)."""
+
+    def shape(self, name: str) -> tuple[int, ...] | None: ...
+
+    def dtype(self, name: str) -> str | None: ...
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray: ...
+
+    def where(self, name: str) -> str: ...
 
 _PER_EXPERT = re.compile(
     r"(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
@@ -37,7 +46,7 @@ class FusedExperts:
     """A ``hf.TensorReader`` over a checkpoint whose experts are fused; every other tensor is
     read as it is."""
 
-    def __init__(self, reader: SafetensorsReader):
+    def __init__(self, reader: _Files):
         self._reader = reader
 
     def _locate(self, name: str) -> tuple[str, int, int] | None:
