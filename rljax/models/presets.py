@@ -15,6 +15,14 @@ Keys (every preset has exactly these):
   qk_norm: per-head RMSNorm on q and k (Qwen3).
   qkv_bias: bias on the q, k, v projections (Qwen2).
   max_position_embeddings: the context length the checkpoint was configured for.
+A mixture-of-experts preset (family "qwen3_moe" | "qwen2_moe") has :data:`MOE_PRESET_KEYS` too,
+Hugging Face's names as in ``ModelConfig``: num_experts (E), num_experts_per_tok (k),
+moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
+shared_expert_intermediate_size.
+
+:func:`param_count` counts every parameter (every expert): what the weights occupy and what a
+weight sync moves. :func:`active_param_count` counts those one token computes with (attention,
+the router, k of the E experts, the shared expert, the dense MLPs): what its FLOPs scale with.
 """
 
 from __future__ import annotations
@@ -38,6 +46,15 @@ PRESET_KEYS = (
     "qk_norm",
     "qkv_bias",
     "max_position_embeddings",
+)
+MOE_PRESET_KEYS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "shared_expert_intermediate_size",
 )
 
 
@@ -93,6 +110,20 @@ def _qwen3(hidden, inter, layers, heads, kv, tie) -> dict[str, Any]:
     }
 
 
+def _qwen3_moe(hidden, layers, heads, kv, experts, k, expert_inter) -> dict[str, Any]:
+    return {
+        **_qwen3(hidden, 6_144, layers, heads, kv, False),
+        "family": "qwen3_moe",
+        "num_experts": experts,
+        "num_experts_per_tok": k,
+        "moe_intermediate_size": expert_inter,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": (),
+        "shared_expert_intermediate_size": 0,
+    }
+
+
 def _llama(vocab, hidden, inter, layers, heads, kv, theta, scaling, eps, tie, max_pos):
     return {
         "family": "llama",
@@ -119,6 +150,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": _qwen2(152_064, 3_584, 18_944, 28, 28, 4, False, 131_072),
     "qwen3-0.6b": _qwen3(1_024, 3_072, 28, 16, 8, True),
     "qwen3-8b": _qwen3(4_096, 12_288, 36, 32, 8, False),
+    # Every layer a mixture of 128 experts of width 768, 8 a token (intermediate_size 6144 is
+    # unused: it has no dense layer).
+    "qwen3-30b-a3b": _qwen3_moe(2_048, 48, 32, 4, 128, 8, 768),
     "llama-3.2-1b": _llama(
         128_256, 2_048, 8_192, 16, 32, 8, 500_000.0, _llama3_scaling(32.0), 1e-5, True, 131_072
     ),
@@ -137,8 +171,18 @@ def get_preset(name: str) -> dict[str, Any]:
     return dict(PRESETS[name])
 
 
-def param_count(preset: Mapping[str, Any]) -> int:
-    """Number of parameters of a preset (embeddings, LM head unless tied, all layers, norms)."""
+def moe_layer_count(preset: Mapping[str, Any]) -> int:
+    """The mixture-of-experts layers of a preset (0 for a dense one): Hugging Face's Qwen-MoE
+    rule, which ``rljax.models.moe.moe_layers`` applies to a ModelConfig (a test checks they
+    agree)."""
+    if not preset.get("num_experts"):
+        return 0
+    step, dense = preset["decoder_sparse_step"], set(preset["mlp_only_layers"])
+    return sum(1 for i in range(preset["num_layers"]) if i not in dense and (i + 1) % step == 0)
+
+
+def _count(preset: Mapping[str, Any], experts: int) -> int:
+    """Parameters of a preset with ``experts`` routed experts in each MoE layer counted."""
     h, hd = preset["hidden_size"], preset["head_dim"]
     q_dim = preset["num_heads"] * hd
     kv_dim = preset["num_kv_heads"] * hd
@@ -148,10 +192,30 @@ def param_count(preset: Mapping[str, Any]) -> int:
     if preset["qk_norm"]:
         attn += 2 * hd
     mlp = 3 * h * preset["intermediate_size"]  # gate, up, down (SwiGLU)
-    layer = attn + mlp + 2 * h  # two RMSNorm scales per layer
+    n_moe = moe_layer_count(preset)
+    moe = 0
+    if n_moe:
+        fs = preset["shared_expert_intermediate_size"]
+        moe = h * preset["num_experts"] + experts * 3 * h * preset["moe_intermediate_size"]
+        moe += (3 * h * fs + h) if fs else 0  # the shared expert and its sigmoid gate
+    layers = preset["num_layers"]
+    blocks = layers * (attn + 2 * h) + (layers - n_moe) * mlp + n_moe * moe  # + 2 RMSNorms
     embed = preset["vocab_size"] * h
     head = 0 if preset["tie_embeddings"] else embed
-    return embed + head + preset["num_layers"] * layer + h  # + final norm
+    return embed + head + blocks + h  # + final norm
+
+
+def param_count(preset: Mapping[str, Any]) -> int:
+    """Number of parameters of a preset (embeddings, LM head unless tied, all layers, norms;
+    every expert of a mixture of experts)."""
+    return _count(preset, preset.get("num_experts", 0))
+
+
+def active_param_count(preset: Mapping[str, Any]) -> int:
+    """Parameters one token computes with: :func:`param_count` with k of the E experts of each
+    mixture-of-experts layer (the router and a shared expert count whole); equal to
+    :func:`param_count` for a dense preset."""
+    return _count(preset, preset.get("num_experts_per_tok", 0) if preset.get("num_experts") else 0)
 
 
 def kv_bytes_per_token(preset: Mapping[str, Any], dtype_bytes: int) -> int:

@@ -8,6 +8,12 @@ Prefill and training are compute bound: 2 N FLOPs per token forward, ``train_flo
 N per token for a training step (6 for fwd+bwd; GRPO stacks add forward passes for the old
 and reference log-probs), divided by peak * MFU. Weight sync is bytes / link bandwidth.
 The efficiencies are the only free parameters; calibrate them once per hardware family.
+
+A mixture of experts splits N in two (``rljax.models.presets``): the FLOPs above count the
+active parameters (attention, the router, k of the E experts, a shared expert), the bytes
+(weights streamed by decode, held in HBM, moved by a weight sync) count all of them. Decode
+streams every expert: a batch of B sequences routes B * k tokens over E experts, which at the
+batch sizes RL decodes (B * k >> E) touches them all.
 """
 
 from __future__ import annotations
@@ -86,7 +92,13 @@ class CostModel:
 
     @property
     def n_params(self) -> int:
+        """Every parameter (every expert): the weights' bytes and a sync's."""
         return presets.param_count(self.model)
+
+    @property
+    def n_active(self) -> int:
+        """The parameters one token computes with: what the FLOPs scale with."""
+        return presets.active_param_count(self.model)
 
     @property
     def weight_bytes(self) -> float:
@@ -99,7 +111,7 @@ class CostModel:
     def decode_compute_s(self, batch: int) -> float:
         """Compute-side time of one decode step for ``batch`` live sequences."""
         eff = self.efficiencies
-        return 2.0 * self.n_params * batch / (self.tp * self.chip.bf16_flops * eff.decode_mfu)
+        return 2.0 * self.n_active * batch / (self.tp * self.chip.bf16_flops * eff.decode_mfu)
 
     def decode_memory_s(self, kv_tokens: float) -> float:
         """Memory-side time of one decode step that reads ``kv_tokens`` cached tokens."""
@@ -117,7 +129,7 @@ class CostModel:
 
     def prefill_s(self, tokens: int) -> float:
         """Time for one replica to prefill ``tokens`` prompt tokens."""
-        flops = 2.0 * self.n_params * tokens
+        flops = 2.0 * self.n_active * tokens
         return flops / (self.tp * self.chip.bf16_flops * self.efficiencies.prefill_mfu)
 
     @property
@@ -129,7 +141,7 @@ class CostModel:
         """Time for ``chips`` learner chips to train on ``tokens`` tokens (one optimizer step)."""
         if chips < 1:
             raise ValueError(f"train_step_s needs >= 1 learner chip, got {chips}")
-        flops = self.train_flops_per_param * self.n_params * tokens
+        flops = self.train_flops_per_param * self.n_active * tokens
         return flops / (chips * self.chip.bf16_flops * self.efficiencies.train_mfu)
 
     def sync_s(self, sampler_chips: int, learner_chips: int) -> float:

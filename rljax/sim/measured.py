@@ -83,5 +83,7 @@ class MeasuredCosts(CostModel):
 
 
 def tiny_preset(model_cfg) -> dict:
-    """A preset dict (``rljax.models.presets`` fields) from a run's ``ModelConfig``."""
-    return {k: getattr(model_cfg, k) for k in presets.PRESET_KEYS if hasattr(model_cfg, k)}
+    """A preset dict (``rljax.models.presets`` fields, a mixture of experts' too) from a run's
+    ``ModelConfig``."""
+    keys = presets.PRESET_KEYS + (presets.MOE_PRESET_KEYS if model_cfg.num_experts else ())
+    return {k: getattr(model_cfg, k) for k in keys if hasattr(model_cfg, k)}

@@ -11,6 +11,7 @@ PUBLISHED_BILLIONS = {
     "qwen2.5-7b": 7.61,
     "qwen3-0.6b": 0.6,
     "qwen3-8b": 8.2,
+    "qwen3-30b-a3b": 30.5,
     "llama-3.2-1b": 1.24,
     "llama-3.1-8b": 8.03,
     "smollm2-135m": 0.135,
@@ -26,8 +27,9 @@ def test_param_count_matches_published_size(name):
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))
 def test_every_preset_has_exactly_the_documented_keys(name):
     preset = presets.PRESETS[name]
-    assert set(preset) == set(presets.PRESET_KEYS)
-    assert preset["family"] in ("llama", "qwen2", "qwen3")
+    moe = preset["family"].endswith("_moe")
+    assert set(preset) == set(presets.PRESET_KEYS + presets.MOE_PRESET_KEYS * moe)
+    assert preset["family"] in ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
     assert preset["num_heads"] % preset["num_kv_heads"] == 0
     scaling = preset["rope_scaling"]
     if scaling is not None:
