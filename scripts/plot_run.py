@@ -10,7 +10,9 @@ against the step, one line per workdir, labelled by its folder name, so runs ove
 comparison. Reads ``<workdir>/trace.json`` (Chrome trace events from rljax.metrics.Timeline:
 'X' events with name, ts and dur in microseconds, tid = track) and writes ``timeline.png``:
 one row per track, spans coloured by name. With several workdirs the timeline is the first
-one's. ``--out`` defaults to the first workdir. Workdirs and ``--out`` may be ``gs://`` URLs
+one's. A mixture-of-experts run (its train records carry ``moe/*``) also gets ``moe.png``: the
+router disagreement, the log-prob mismatch and the expert load against the step, per run.
+``--out`` defaults to the first workdir. Workdirs and ``--out`` may be ``gs://`` URLs
 (every file goes through rljax.io).
 """
 
@@ -68,6 +70,35 @@ def curves(records: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
         steps = sorted(by_step)
         out[key] = (steps, [by_step[s] for s in steps])
     return out
+
+
+# moe.png's panels: (metric, title), one line per run.
+MOE_PANELS = (
+    ("moe/router_disagreement", "router disagreement (learner vs sampler top-k)"),
+    ("mismatch/abs_logp", "log-prob mismatch, mean |log p_learner - log p_sampler|"),
+    ("moe/load_max_over_mean", "expert load, max over mean"),
+)
+
+
+def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """A train metric against the step (the last record of a step wins)."""
+    by_step = {r["step"]: float(r[key]) for r in records if r["phase"] == "train" and key in r}
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def plot_moe(runs: dict[str, list[dict]], out_path: str) -> None:
+    """The mixture-of-experts panels: routing mismatch and load against the step."""
+    fig, axes = plt.subplots(1, len(MOE_PANELS), figsize=(15, 4))
+    for ax, (key, title) in zip(axes, MOE_PANELS):
+        for label, records in runs.items():
+            ax.plot(*series(records, key), marker=".", label=label)
+        ax.set(title=title, xlabel="step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    _save(fig, out_path)
+    plt.close(fig)
 
 
 def read_trace(path: str) -> list[dict]:
@@ -145,6 +176,9 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         runs[label] = read_metrics(str(io.join(workdir, "metrics.jsonl")))
     written = {"rewards": str(io.join(out, "rewards.png"))}
     plot_rewards(runs, written["rewards"])
+    if any(series(r, "moe/load_max_over_mean")[0] for r in runs.values()):
+        written["moe"] = str(io.join(out, "moe.png"))
+        plot_moe(runs, written["moe"])
     trace = str(io.join(args.workdir[0], "trace.json"))
     if io.exists(trace):
         written["timeline"] = str(io.join(out, "timeline.png"))

@@ -131,3 +131,22 @@ def test_reads_and_writes_a_gcs_workdir(plot, tmp_path):
             written = plot.main([f"--workdir={workdir}"])
         assert written == {k: f"{workdir}/{k}.png" for k in ("rewards", "timeline")}
         assert all(rio.read_bytes(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in written.values())
+
+
+def test_a_mixture_of_experts_run_gets_its_routing_panels(plot, tmp_path):
+    _write_run(tmp_path / "moe", 0.05, trace=False)
+    path = tmp_path / "moe" / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        if r["phase"] == "train":
+            r |= {"moe/router_disagreement": 0.1, "mismatch/abs_logp": 0.01}
+            r |= {"moe/load_max_over_mean": 1.5 + r["step"] / 10}
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    with contextlib.redirect_stdout(io.StringIO()):
+        written = plot.main([f"--workdir={tmp_path / 'moe'}"])
+    assert _is_png(pathlib.Path(written["moe"]))
+    assert plot.series(records, "moe/load_max_over_mean")[1][:2] == [1.5, 1.6]
+    # A dense run gets no moe.png.
+    _write_run(tmp_path / "dense", 0.05, trace=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert "moe" not in plot.main([f"--workdir={tmp_path / 'dense'}"])
