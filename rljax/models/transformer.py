@@ -256,7 +256,7 @@ class CallPaths:
         if remat != "none":
             # Inside a rolled scan XLA cannot CSE the recomputation away, so prevent_cse costs
             # nothing there; unrolled blocks are straight-line code, where it keeps the remat.
-            block = jax.checkpoint(block, policy=REMAT_POLICIES[remat], prevent_cse=unroll > 1)
+            block = _rematerialised(block, REMAT_POLICIES[remat], prevent_cse=unroll > 1)
         layers = self._layers() if adapters else _without_adapters(self._layers())
         if adapters and dropout_key is not None and self.lora_dropout > 0:
             layers = {**layers, lora_lib.DROPOUT_KEY: jax.random.split(dropout_key, depth)}
@@ -333,6 +333,17 @@ class CallPaths:
                 raise ValueError("record_routes=True needs a mixture-of-experts model")
             return hidden, k_pages, v_pages, stats.routes[:, 0]
         return hidden, k_pages, v_pages
+
+
+def _rematerialised(block, policy, *, prevent_cse: bool):
+    """``block(x, layer, moe)`` under ``jax.checkpoint``; ``moe`` (a MoECall: an impl name and
+    a mesh beside arrays) is bound outside it, as a checkpoint's arguments must be arrays."""
+
+    def run(x_btd, layer, moe):
+        inner = lambda x, lay: block(x, lay, moe)  # noqa: E731
+        return jax.checkpoint(inner, policy=policy, prevent_cse=prevent_cse)(x_btd, layer)
+
+    return run
 
 
 def _without_adapters(layers):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from rljax.configs import arith_moe
 
 from rljax.config import REMAT, ConfigError, LearnerConfig
 from rljax.learner.batch import TrainSequence, pack_batch
@@ -20,12 +21,18 @@ def test_every_config_choice_has_a_policy():
     assert set(REMAT) == {"none", *REMAT_POLICIES}
 
 
+# A tiny mixture of experts (configs/arith_moe.py's): its blocks take the MoE call through the
+# checkpoint too.
+MODELS = {"dense": TINY_MODEL, "moe": arith_moe.MODEL}
+
+
 @functools.cache
-def _loss_and_grads(remat: str):
-    model = Decoder(TINY_MODEL, rngs=nnx.Rngs(0))
+def _loss_and_grads(remat: str, model_name: str = "dense"):
+    model = Decoder(MODELS[model_name], rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(1, TINY_MODEL.vocab_size, size=(2, 12)), jnp.int32)
+    vocab = MODELS[model_name].vocab_size
+    tokens = jnp.asarray(rng.integers(1, vocab, size=(2, 12)), jnp.int32)
     positions = jnp.asarray(np.tile(np.r_[np.arange(7), np.arange(5)], (2, 1)), jnp.int32)
     segments = jnp.asarray(np.tile(np.r_[np.ones(7), 2 * np.ones(5)], (2, 1)), jnp.int32)
 
@@ -37,10 +44,11 @@ def _loss_and_grads(remat: str):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
+@pytest.mark.parametrize("model_name", sorted(MODELS))
 @pytest.mark.parametrize("remat", sorted(REMAT_POLICIES))
-def test_decoder_loss_and_grads_match_without_remat(remat):
-    want_loss, want_grads = _loss_and_grads("none")
-    got_loss, got_grads = _loss_and_grads(remat)
+def test_decoder_loss_and_grads_match_without_remat(remat, model_name):
+    want_loss, want_grads = _loss_and_grads("none", model_name)
+    got_loss, got_grads = _loss_and_grads(remat, model_name)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     flat_want = jax.tree.leaves(want_grads)
     flat_got = jax.tree.leaves(got_grads)
