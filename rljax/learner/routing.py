@@ -14,7 +14,8 @@ each micro-batch adds 1 / ``learner.micro_batches`` of its own, so a batch adds 
 **Metrics** (per step): ``moe/aux_loss``, ``moe/z_loss`` (mean over micro-batches);
 ``moe/load_max_over_mean`` (tokens of the busiest expert over the mean per expert, mean over
 MoE layers) and ``moe/load_max_over_mean/layer_{i}`` for the model's layer i; and
-``moe/router_disagreement``: the fraction of (fed response token, MoE layer) pairs whose
+``moe/router_disagreement`` (over ``moe/routed_pairs`` pairs): the fraction of (fed response
+token, MoE layer) pairs whose
 learner top-k set, unforced, differs from the sampler's recorded set. With replay off the loss's
 own forward measures it every step; with replay on (that forward is forced) an extra unforced
 forward does, every ``moe.disagreement_every`` steps.
@@ -90,7 +91,9 @@ class RouterTraining:
         out = {AUX: sums.pop(AUX) / count, Z: sums.pop(Z) / count, LOAD_RATIO: ratio.mean()}
         out |= {f"{LOAD_RATIO}/layer_{i}": ratio[n] for n, i in enumerate(self.layers)}
         if DIFFER in sums:
-            out[DISAGREEMENT] = sums.pop(DIFFER) / jnp.maximum(sums.pop(PAIRS), 1.0)
+            pairs = sums.pop(PAIRS)
+            out[DISAGREEMENT] = sums.pop(DIFFER) / jnp.maximum(pairs, 1.0)
+            out[PAIRS] = pairs  # what it is over: 0 pairs means nothing was recorded
         return out
 
 
