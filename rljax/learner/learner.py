@@ -45,7 +45,7 @@ from rljax.learner.gradients import Gradients
 from rljax.learner.loan import GradLoan, LentGrads
 from rljax.learner.losses import Loss, get_loss
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
-from rljax.learner.routing import DISAGREEMENT, RouterTraining
+from rljax.learner.routing import DISAGREEMENT, PAIRS, RouterTraining
 from rljax.models import lora
 from rljax.models.sharding import (
     LEARNER_RULES,
@@ -310,7 +310,7 @@ class Learner:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
         extra = {}
         if self.router and self.router.measures_now(self.version) and "routes" in arrays:
-            extra[DISAGREEMENT] = self._disagreement_fn(self.params, arrays)  # before updating
+            extra[DISAGREEMENT], extra[PAIRS] = self._disagreement_fn(self.params, arrays)
         first = None
         for _ in range(self.cfg.ppo_epochs):
             version = jnp.int32(self.version)
@@ -387,15 +387,16 @@ class Learner:
 
     @functools.cached_property
     def _disagreement_fn(self) -> Any:
-        """The router disagreement of a batch by an unforced forward (replay on), one jit."""
+        """(the router disagreement, the pairs it compared) of a batch by an unforced forward
+        (replay on), before the update; one jit."""
 
         def measure(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
             differ, pairs = jax.lax.map(
                 lambda mb: self.gradients.router_disagreement(params, mb), batch
             )
-            return differ.sum() / jnp.maximum(pairs.sum(), 1.0)
+            return differ.sum() / jnp.maximum(pairs.sum(), 1.0), pairs.sum()
 
-        return jax.jit(measure, out_shardings=self._replicated)
+        return jax.jit(measure, out_shardings=(self._replicated, self._replicated))
 
     @functools.cached_property
     def _logprob_fn(self) -> Any:
