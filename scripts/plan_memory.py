@@ -6,6 +6,8 @@
     python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5e8_lora
     python scripts/plan_memory.py --config=configs/qwen3_8b_gsm8k.py:v5e8_lora \
       --config.lora.enabled=False   # the same run with full fine-tuning
+    python scripts/plan_memory.py --config=configs/qwen3_30b_a3b_gsm8k.py:v5p16 \
+      --kernel_impl=pallas --no_sampler_hoist   # a mixture of experts, colocated
 
 ``--config.KEY=VALUE`` overrides one field of the config (the value is a Python literal, else
 a string), as the launcher's flags do.
@@ -29,6 +31,26 @@ update stages only the adapters (WeightSync(adapters_only=True)), so the staged 
 the adapters' bytes. ``lora.serving='merged'`` decodes from a merged copy while the unmerged
 base and adapters stay held beside it; the sampler's total counts both. The table and the
 JSON name the LoRA settings and the trainable parameter count against the total.
+
+A mixture of experts (``model.num_experts`` > 0) is planned from every parameter: the learner
+and the sampler hold all E experts (split over ``mesh.expert_parallel``), whatever k a token
+uses. Its FLOPs are the active parameters' (attention, the router, k of the E experts, a
+shared expert: ``rljax.models.presets.active_param_count``); the JSON's ``params`` gives both
+counts and the FLOPs of a token and of a step. On the CPU, ``jax.lax.ragged_dot`` (the experts'
+'xla' grouped matmul) lowers to a dense product masked per expert, whose temp is E times the
+real one's: plan a mixture with ``--kernel_impl=pallas``, which compiles the grouped-matmul
+kernel (and the attention kernels) in interpret mode, holding their blocks as the TPU does.
+
+A bf16 sampler (``sampling.dtype``) on the CPU computes its dots in f32, and XLA's
+while-loop-invariant code motion hoists the upcast of every weight out of the decode loop: a
+whole f32 copy of the model in the generate's temp, which a TPU (bf16 natively) never makes.
+``--no_sampler_hoist`` compiles the sampler's generate without that pass (the learner's step
+keeps it), so each layer's weights are upcast inside the loop: a 30B-parameter sampler's temp
+is then GiBs, not twice its weights.
+
+A colocated run (``mesh.mode='colocated'``) holds both roles on the same chips: its verdict is
+the larger of the learner's step beside the sampler's weights and KV pool, and the sampler's
+generate (with its staged update) beside the learner's params and optimiser state.
 
 CPU compilation is a proxy for the TPU one: the same shardings and buffers, a different fusion
 and scheduler, and the XLA attention (which materialises [T, T] scores per layer) where the
@@ -133,7 +155,15 @@ def _analysis(compiled) -> dict[str, int]:
     return out
 
 
-def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -> dict:
+def plan(
+    cfg,
+    chip_name: str,
+    *,
+    devices=None,
+    hbm_bytes: float | None = None,
+    kernel_impl: str = "xla",
+    hoist_sampler_upcasts: bool = True,
+) -> dict:
     """Compiles both roles of ``cfg`` abstractly; per-device bytes and the fit verdict.
 
     Args:
@@ -141,6 +171,10 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
       chip_name: a chip of rljax.sim.chips; its HBM is the budget unless ``hbm_bytes`` is set.
       devices: the devices to lay the meshes on (default: all visible).
       hbm_bytes: budget per chip in bytes, overriding the chip's HBM.
+      kernel_impl: the kernels' implementation: 'xla' (the CPU cannot compile Pallas TPU
+        kernels), or 'pallas' in interpret mode (a mixture of experts: see the module doc).
+      hoist_sampler_upcasts: False compiles the sampler's generate without XLA's
+        while-loop-invariant code motion (see the module doc).
     """
     from rljax.learner.learner import Learner
     from rljax.mesh.topology import build_topology
@@ -157,7 +191,7 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
         abstract,
         topo.learner,
         temperature=cfg.sampling.temperature,
-        kernel_impl="xla",  # the CPU cannot compile Pallas TPU kernels
+        kernel_impl=kernel_impl,
     )
     out = {
         "chip": chip_name,
@@ -171,16 +205,53 @@ def plan(cfg, chip_name: str, *, devices=None, hbm_bytes: float | None = None) -
             "trainable_params": _count(learner.trainable(learner.params)),
             "total_params": _count(learner.params),
         },
+        "params": _param_figures(cfg),
     }
     for role, r in (
         ("learner", _plan_learner(cfg, learner, topo.learner_devices)),
-        ("sampler", _plan_sampler(cfg, graphdef, topo, lora)),
+        ("sampler", _plan_sampler(cfg, graphdef, topo, lora, kernel_impl, hoist_sampler_upcasts)),
     ):
         r["fits"] = r["total"] <= hbm
         r["headroom"] = hbm - r["total"]
         out[role] = r
-    out["fits"] = out["learner"]["fits"] and out["sampler"]["fits"]
+    out["params"]["step_train_flops"] = out["params"]["train_flops_per_token"] * math.prod(
+        out["learner"]["batch_shape"]
+    )
+    out["colocated"] = topo.colocated
+    if topo.colocated:
+        together = _together(out["learner"], out["sampler"])
+        out["together"] = {"total": together, "fits": together <= hbm, "headroom": hbm - together}
+        out["fits"] = out["together"]["fits"]
+    else:
+        out["fits"] = out["learner"]["fits"] and out["sampler"]["fits"]
     return out
+
+
+def _param_figures(cfg) -> dict:
+    """Every parameter (what the memory holds) and the active ones (what a token computes
+    with), and the FLOPs of a token: 2 N_active forward, 6 N_active trained."""
+    from rljax.models import presets
+    from rljax.sim.measured import tiny_preset
+
+    preset = tiny_preset(cfg.model)
+    active = presets.active_param_count(preset)
+    return {
+        "total": presets.param_count(preset),
+        "active": active,
+        "experts": cfg.model.num_experts,
+        "experts_per_token": cfg.model.num_experts_per_tok if cfg.model.num_experts else 0,
+        "forward_flops_per_token": 2 * active,
+        "train_flops_per_token": 6 * active,
+    }
+
+
+def _together(learner: dict, sampler: dict) -> int:
+    """Bytes per chip of both roles on the same chips: each role's peak beside what the other
+    holds between its own calls (the learner its params, reference and optimiser state; the
+    sampler its weights, KV pool and what a LoRA merge keeps)."""
+    learner_held = learner["params"] + learner["optimizer"]
+    sampler_held = sampler["weights"] + sampler["kv_pool"] + sampler["weights_kept"]
+    return max(learner["total"] + sampler_held, sampler["total"] + learner_held)
 
 
 def _plan_learner(cfg, learner, devices: int) -> dict:
@@ -207,7 +278,7 @@ def _plan_learner(cfg, learner, devices: int) -> dict:
     return learn
 
 
-def _plan_sampler(cfg, graphdef, topo, lora) -> dict:
+def _plan_sampler(cfg, graphdef, topo, lora, kernel_impl: str, hoist: bool) -> dict:
     """The engine's generate per device, plus what a weight update holds beside it."""
     import jax
     from flax import nnx
@@ -222,9 +293,10 @@ def _plan_sampler(cfg, graphdef, topo, lora) -> dict:
     sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype, lora)
     sampler_params = nnx.split(abstract_decoder(sampler_cfg, lora))[1]
     engine = PagedEngine(
-        sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl="xla", lora=lora
+        sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl=kernel_impl, lora=lora
     )
-    gen = _analysis(engine.lower_generate(sampler_params).compile())
+    options = {} if hoist else {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+    gen = _analysis(engine.lower_generate(sampler_params).compile(options))
     placed = with_shardings(sampler_params, engine.param_shardings(sampler_params))
     weights = _per_device_bytes(placed)
     state = with_shardings(
@@ -281,7 +353,49 @@ def report(result: dict, title: str) -> str:
         + f"  = total {g(smp['total'])} of {hbm / GIB:.1f}"
         f"  {'fits' if smp['fits'] else 'DOES NOT FIT'} (headroom {g(smp['headroom'])})",
     ]
+    if result["colocated"]:
+        both = result["together"]
+        lines.append(
+            f"both roles on the same chips (colocated): total {g(both['total'])} of "
+            f"{hbm / GIB:.1f}  {'fits' if both['fits'] else 'DOES NOT FIT'}"
+            f" (headroom {g(both['headroom'])})"
+        )
+    p = result["params"]
+    if p["experts"]:
+        lines.append(
+            f"mixture of {p['experts']} experts, {p['experts_per_token']} a token: memory holds "
+            f"{p['total']:,} params, FLOPs use {p['active']:,} ({p['train_flops_per_token']:.3g}"
+            f" a trained token, {p['step_train_flops']:.3g} a step)"
+        )
     return "\n".join(lines)
+
+
+def _misfits(result: dict, config: str) -> list[str]:
+    """One line per role (or, colocated, for both together) that does not fit, with the fix."""
+    budget = f"the budget is {result['hbm'] / GIB:.2f} GiB ({result['chip']}); lower "
+    fixes = {
+        "learner": "the rows per micro-batch (raise learner.micro_batches), set learner.remat, "
+        "or give the learner more chips",
+        "sampler": "sampling.max_concurrent_decodes or max_new_tokens, or give the sampler "
+        "more chips (mesh.sampler_data / sampler_tensor)",
+    }
+    out = []
+    if result["colocated"] and not result["fits"]:
+        need = result["together"]["total"] / GIB
+        out.append(
+            f"plan_memory: {config}: both roles on the same chips (colocated) need {need:.2f} GiB "
+            f"per chip but {budget}either role's load ({fixes['learner']}; "
+            f"{fixes['sampler']}), or split the mesh (mesh.mode='split')"
+        )
+    for role in () if result["colocated"] else ("learner", "sampler"):
+        r = result[role]
+        if not r["fits"]:
+            need = r["total"] / GIB
+            out.append(
+                f"plan_memory: {config}: the {role} needs {need:.2f} GiB per chip but "
+                f"{budget}{fixes[role]}"
+            )
+    return out
 
 
 def main(argv=None) -> int:
@@ -289,6 +403,18 @@ def main(argv=None) -> int:
     parser.add_argument("--config", required=True, help="configs/NAME.py[:arg]")
     parser.add_argument(
         "--hbm_gib", type=float, default=None, help="budget per chip in GiB (default: the chip's)"
+    )
+    parser.add_argument(
+        "--kernel_impl",
+        choices=("xla", "pallas"),
+        default="xla",
+        help="the kernels' implementation; 'pallas' (interpret mode) for a mixture of experts",
+    )
+    parser.add_argument(
+        "--no_sampler_hoist",
+        action="store_true",
+        help="compile generate without hoisting the CPU's bf16->f32 weight upcasts out of the "
+        "decode loop (a bf16 sampler: see the module doc)",
     )
     args, rest = parser.parse_known_args(argv)
     overrides = parse_overrides(rest, parser)
@@ -314,24 +440,17 @@ def main(argv=None) -> int:
     except (TypeError, AttributeError, ValueError) as e:  # an unknown key, a bad value
         raise SystemExit(f"plan_memory: --config overrides {overrides}: {e}") from None
     hbm = None if args.hbm_gib is None else args.hbm_gib * GIB
-    result = plan(cfg, chip, devices=jax.devices()[:chips], hbm_bytes=hbm)
+    result = plan(
+        cfg,
+        chip,
+        devices=jax.devices()[:chips],
+        hbm_bytes=hbm,
+        kernel_impl=args.kernel_impl,
+        hoist_sampler_upcasts=not args.no_sampler_hoist,
+    )
     print(report(result, f"{args.config} on {chips} chips"), flush=True)
-    for role in ("learner", "sampler"):
-        r = result[role]
-        if not r["fits"]:
-            print(
-                f"plan_memory: {args.config}: the {role} needs {r['total'] / GIB:.2f} GiB per chip "
-                f"but the budget is {result['hbm'] / GIB:.2f} GiB ({result['chip']}); lower "
-                + (
-                    "the rows per micro-batch (raise learner.micro_batches), set learner.remat, "
-                    "or give the learner more chips"
-                    if role == "learner"
-                    else "sampling.max_concurrent_decodes or max_new_tokens, or give the "
-                    "sampler more chips (mesh.sampler_data / sampler_tensor)"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
+    for reason in _misfits(result, args.config):
+        print(reason, file=sys.stderr, flush=True)
     # Last, so `| tail -1` gives the figures even when stderr is merged in.
     print(json.dumps({"config": args.config, "chips": chips, **result}), flush=True)
     return 0 if result["fits"] else 1

@@ -179,3 +179,97 @@ def test_a_budget_too_small_exits_1_naming_the_role(planner, config_file):
 def test_unknown_variant_is_a_clear_error(planner, config_file):
     with pytest.raises(SystemExit, match="unknown variant 'v9'.*cpu8"):
         planner.main([f"--config={config_file}:v9"])
+
+
+# ---- mixtures of experts ----------------------------------------------------------------------
+
+# A tiny Qwen3-MoE colocated on the 8 devices, its 8 experts split over expert_parallel=4 on
+# both meshes (x tensor=2): the plan counts every expert's bytes and the active ones' FLOPs.
+MOE_CONFIG = """
+from rljax.config import LearnerConfig, MeshConfig, ModelConfig, SamplingConfig, replace
+from rljax.config import to_config_dict
+from rljax.configs import arith_tiny
+
+TARGETS = {"cpu8": ("tpu-v5e", 8)}
+MODEL = ModelConfig(family="qwen3_moe", vocab_size=256, hidden_size=64, intermediate_size=128,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64)
+
+
+def get_config(arg):
+    cfg = replace(
+        arith_tiny.recipe("small"),
+        model=MODEL,
+        sampling=SamplingConfig(max_new_tokens=16, max_prefill_length=16,
+                                max_concurrent_decodes=8, page_size=8),
+        learner=LearnerConfig(group_size=4, batch_groups=4, micro_batches=2, remat="full"),
+        mesh=MeshConfig(expert_parallel=4, learner_fsdp=1, learner_tensor=2, sampler_data=1,
+                        sampler_tensor=2),
+    )
+    return to_config_dict(replace(cfg, **{"moe.router_replay": "rollout"}))
+"""
+# Per layer: attention 64*64*2 + 64*32*2 + 2*16 (q/k norms), 2 norms of 64, router 64*8,
+# 8 experts of 3*64*64; embeddings 256*64 twice (untied) and the final norm.
+MOE_ATTENTION = 2 * 64 * 64 + 2 * 64 * 32 + 2 * 16 + 2 * 64 + 64 * 8
+MOE_EXPERT = 3 * 64 * 64
+MOE_TOTAL = 2 * 256 * 64 + 64 + 2 * (MOE_ATTENTION + 8 * MOE_EXPERT)
+MOE_ACTIVE = 2 * 256 * 64 + 64 + 2 * (MOE_ATTENTION + 2 * MOE_EXPERT)
+
+
+@pytest.fixture(scope="module")
+def moe_plan(planner, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "tiny_moe.py"
+    path.write_text(MOE_CONFIG)
+    return _run(planner, [f"--config={path}:cpu8", "--kernel_impl=pallas", "--no_sampler_hoist"])
+
+
+def test_a_mixture_is_planned_from_every_expert_and_its_flops_from_k(moe_plan):
+    code, lines, err = moe_plan
+    assert code == 0 and err == ""
+    result = json.loads(lines[-1])
+    params = result["params"]
+    assert params["total"] == MOE_TOTAL == result["lora"]["total_params"]  # the built model's
+    assert params["active"] == MOE_ACTIVE
+    assert (params["experts"], params["experts_per_token"]) == (8, 2)
+    assert params["train_flops_per_token"] == 6 * MOE_ACTIVE
+    assert params["step_train_flops"] == 6 * MOE_ACTIVE * 2 * 8 * 32  # [micro, rows, len]
+    # Every expert's f32 bytes are held, split 8 ways (4 expert shards x 2 tensor).
+    lrn = result["learner"]
+    assert lrn["params"] >= 4 * 2 * 8 * MOE_EXPERT / 8
+    assert lrn["params"] <= 4 * MOE_TOTAL / 2
+    assert "mixture of 8 experts, 2 a token" in "\n".join(lines)
+
+
+def test_colocated_roles_add_up_on_the_same_chips(moe_plan):
+    result = json.loads(moe_plan[1][-1])
+    lrn, smp, both = result["learner"], result["sampler"], result["together"]
+    assert result["colocated"] is True and result["fits"] == both["fits"] is True
+    sampler_held = smp["weights"] + smp["kv_pool"] + smp["weights_kept"]
+    learner_held = lrn["params"] + lrn["optimizer"]
+    assert both["total"] == max(lrn["total"] + sampler_held, smp["total"] + learner_held)
+    assert both["total"] > max(lrn["total"], smp["total"])
+    assert both["headroom"] == result["hbm"] - both["total"]
+
+
+def test_colocated_misfit_names_both_roles(planner, tmp_path):
+    path = tmp_path / "tiny_moe.py"
+    path.write_text(MOE_CONFIG)
+    code, lines, err = _run(planner, [f"--config={path}:cpu8", "--hbm_gib=0.0001"])
+    assert code == 1 and json.loads(lines[-1])["together"]["fits"] is False
+    assert "both roles on the same chips (colocated) need" in err
+    assert "mesh.mode='split'" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["v5p16", "v6e8_lora"])
+def test_qwen3_30b_a3b_recipes_fit(planner, variant):
+    """configs/qwen3_30b_a3b_gsm8k.py's variants fit their chips (about a minute each)."""
+    config = REPO / "configs" / "qwen3_30b_a3b_gsm8k.py"
+    argv = [f"--config={config}:{variant}", "--kernel_impl=pallas", "--no_sampler_hoist"]
+    code, lines, err = _run(planner, argv)
+    result = json.loads(lines[-1])
+    assert code == 0 and err == "" and result["fits"] and result["colocated"]
+    assert result["params"]["total"] == 30_532_122_624
+    assert result["params"]["active"] == 3_353_032_704
+    # The learner holds its share of every expert: 30.5B f32 weights over 8 chips, and more.
+    assert result["learner"]["params"] >= 4 * 30_532_122_624 / 8
