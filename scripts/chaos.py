@@ -22,10 +22,13 @@ Audits once the run has finished (each one a list of failures, empty when it pas
   - sigterm: each SIGTERM exits 0 within the step after the one in flight, with a checkpoint;
   - bitwise (synchronous scenarios): every step's metrics and the final params and optimiser
     state equal, bit for bit, those of an uninterrupted run of the same config;
-  - resizes (async_resize): the reallocator moved chips at least once during the run.
+  - resizes (async_resize): the reallocator moved chips at least once during the run;
+  - routes (a mixture of experts, moe and moe_async): the groups buffered in every checkpoint
+    (those resumed from, those left) carry routes for each model token they fed, and each is
+    trained after the resume on the routes its checkpoint held (a digest per group).
 Scenarios: sync and async arithmetic (configs/arith_tiny.py, configs/arith_async.py), async with
-the reallocator resizing, and conversations with the lookup tool (configs/arith_tools.py) in
-sync and async. No scenario lends chips (lending is single-process and off by default).
+the reallocator resizing, conversations with the lookup tool (configs/arith_tools.py) and a
+mixture of experts with routing replay (configs/arith_moe.py), each in sync and async. No scenario lends chips (lending is single-process and off by default).
 Figures are wall times of this run: the interrupted run against an uninterrupted baseline of
 the same config measured here. The last line printed is one JSON object of figures.
 """
@@ -72,8 +75,9 @@ RESIZE = (
 )
 
 
-# arith_tools.py:small made asynchronous on split meshes, as configs/arith_async.py does.
-AGENTS_ASYNC = (
+# A small variant (arith_tools.py's, arith_moe.py's) made asynchronous on split meshes, as
+# configs/arith_async.py does.
+ASYNC_SPLIT = (
     ("mode", "async"),
     ("buffer.max_staleness", 2),
     ("learner.loss", "decoupled_ppo"),
@@ -108,7 +112,10 @@ SCENARIOS = {
     "agents": Scenario(
         "agents", "configs/arith_tools.py:small", 2, bitwise=True, volatile=("sampler_occupancy",)
     ),
-    "agents_async": Scenario("agents_async", "configs/arith_tools.py:small", 8, AGENTS_ASYNC),
+    "agents_async": Scenario("agents_async", "configs/arith_tools.py:small", 8, ASYNC_SPLIT),
+    # A mixture of experts with rollout routing replay (the recipe's default): the routes audit.
+    "moe": Scenario("moe", "configs/arith_moe.py:small", 2, bitwise=True),
+    "moe_async": Scenario("moe_async", "configs/arith_moe.py:small", 8, ASYNC_SPLIT),
 }
 
 
@@ -319,6 +326,9 @@ def interrupted_run(
         record = interrupt(launch, workdir, moment, sig)
         records.append(record)
         logs.append(launch.log())
+        resumed = latest(workdir)  # what the next launch resumes from (the routes audit)
+        if resumed is not None:
+            record["resume_meta"] = audit.read_meta(workdir, resumed)
         if "startup_s" in record:
             startup_s = (
                 record["startup_s"] if startup_s is None else min(startup_s, record["startup_s"])
@@ -398,6 +408,18 @@ def run_scenario(
         clean_metrics = audit.read_metrics(clean)
         audits["bitwise"] = audit.audit_same_metrics(clean_metrics, metrics, sc.volatile)
         audits["bitwise"] += audit.audit_same_state(clean, workdir, num_steps)
+    if cfg.model.num_experts:  # a mixture of experts: the sampler records routes
+        from rljax.models.moe import moe_layers
+
+        metas = [r["resume_meta"] for r in records if "resume_meta" in r]
+        metas += [audit.read_meta(workdir, s) for s in checkpoints(workdir)]
+        audits["routes"] = audit.audit_routes(
+            metrics,
+            metas,
+            audit.leftover_prompts(meta),
+            width=len(moe_layers(cfg.model)) * cfg.model.num_experts_per_tok,
+            num_experts=cfg.model.num_experts,
+        )
     resizes = sum(log.count("resized sampler/learner chips") for log in logs)
     if sc.min_resizes:
         short = resizes < sc.min_resizes
@@ -442,7 +464,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--scenarios",
-        default="sync,async,async_resize,agents,agents_async",
+        default="sync,async,async_resize,agents,agents_async,moe,moe_async",
         help=f"of {list(SCENARIOS)}",
     )
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs per scenario")

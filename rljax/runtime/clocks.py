@@ -17,6 +17,7 @@ import numpy as np
 
 from rljax.policy import meter as phase_meter
 from rljax.runtime.parts import SamplerPart
+from rljax.runtime.rollout import routes_digest
 
 if TYPE_CHECKING:
     from rljax.mesh.weight_sync import SyncStats
@@ -146,6 +147,9 @@ def step_metrics(
         "sync_s": sync.seconds if sync else 0.0,
         "sync_stage_bytes": sync.stage_bytes if sync else 0,
     }
+    if any(t.routes is not None for g in groups for t in g.trajectories):
+        # A mixture of experts recording routes: each consumed group's, digested (audits).
+        out["routes_digest"] = [routes_digest([t.routes for t in g.trajectories]) for g in groups]
     return out
 
 

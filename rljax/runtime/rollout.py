@@ -8,6 +8,8 @@ one prompt, scored: the unit the staleness buffer stores and the learner consume
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,6 +73,16 @@ def train_sequence(t: Trajectory, advantage: float) -> TrainSequence:
         t.loss_mask or (),
         t.routes or (),
     )
+
+
+def routes_digest(routes: Sequence[Sequence[Sequence[int]] | None]) -> str:
+    """A short digest of a group's routes (``routes``: each trajectory's, in sample order; None
+    where not recorded): what a train record logs per group, so an audit can tell the routes a
+    resumed run trained on from those its checkpoint held (``rljax.testing.audit``). Computed
+    on plain lists, so the audit reads them from a checkpoint's JSON without decoding it."""
+    flat = [None if r is None else [[int(e) for e in ids] for ids in r] for r in routes]
+    text = json.dumps(flat, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def encode_group(g: Group) -> dict[str, Any]:

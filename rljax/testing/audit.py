@@ -8,7 +8,10 @@ checkpoint's meta or arrays) and returns a list of failures, empty when the run 
 - :func:`audit_staleness`: no consumed group staler than eta;
 - :func:`audit_prompts`: every prompt drawn from the stream consumed once or still held;
 - :func:`audit_sigterms`: each SIGTERM (a preemption notice) exited 0 at the next boundary;
-- :func:`audit_same_metrics` / :func:`audit_same_state`: two runs equal, bit for bit.
+- :func:`audit_same_metrics` / :func:`audit_same_state`: two runs equal, bit for bit;
+- :func:`audit_routes` (a mixture of experts recording routes): every checkpoint's buffered
+  trajectories carry routes for each model token they fed, and the learner trained each
+  buffered group on the routes its checkpoint held (lost, altered or shifted routes show).
 """
 
 from __future__ import annotations
@@ -188,3 +191,78 @@ def drawn_prompts(cfg, data_state: Any, limit: int = 100_000) -> list[Any]:
             return ids
         ids.extend(ex["id"] for ex in next(it))
     raise ValueError(f"the prompt stream never reaches the saved data state {data_state}")
+
+
+def held_groups(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The buffered groups of a checkpoint's meta, as the JSON ``encode_group`` wrote."""
+    driver = meta.get("driver") or {}
+    return [g["group"] for b in driver.get("buffer", {}).get("buffers", []) for g in b["groups"]]
+
+
+def route_failures(group: dict[str, Any], width: int, num_experts: int) -> list[str]:
+    """A buffered group's trajectories each hold one route per response token: ``width``
+    (Lm*k) expert ids in [0, num_experts) for every model token that was fed (all but the
+    last), none for the last token and for env tokens."""
+    failures = []
+    for j, t in enumerate(group["trajectories"]):
+        name = f"prompt {group['example'].get('id')} sample {j}"
+        routes, n = t.get("routes"), len(t["response_tokens"])
+        if routes is None or len(routes) != n:
+            got = None if routes is None else len(routes)
+            failures.append(f"{name}: {got} routes for {n} response tokens")
+            continue
+        mask = t.get("loss_mask") or [1] * n
+        bad = [
+            p
+            for p, ids in enumerate(routes)
+            if (
+                (len(ids) != width or not all(0 <= e < num_experts for e in ids))
+                if p < n - 1 and mask[p]
+                else bool(ids)
+            )
+        ]
+        if bad:
+            failures.append(f"{name}: malformed routes at response positions {bad[:8]}")
+    return failures
+
+
+def audit_routes(
+    records: list[dict[str, Any]],
+    metas: list[dict[str, Any]],
+    final_leftover: list[Any],
+    *,
+    width: int,
+    num_experts: int,
+) -> list[str]:
+    """Routes survive interruptions: each train record logs a ``routes_digest`` per consumed
+    group; each group buffered in a checkpoint of ``metas`` (those the relaunches resumed
+    from, those left at the end) has well-formed routes (:func:`route_failures`) and is
+    trained, at its first consumption from the checkpoint's version on, with the digest of
+    the routes the checkpoint held (or is still held at the end: ``final_leftover``)."""
+    from rljax.runtime.rollout import routes_digest
+
+    failures = []
+    trained: list[tuple[int, Any, str]] = []
+    for r in records:
+        if r["phase"] != "train":
+            continue
+        digests = r.get("routes_digest")
+        if digests is None or len(digests) != len(r["prompt_ids"]):
+            failures.append(f"step {r['step']}: routes_digest {digests} for {r['prompt_ids']}")
+            continue
+        trained.extend((r["step"], i, d) for i, d in zip(r["prompt_ids"], digests, strict=True))
+    for meta in metas:
+        version = meta["version"]
+        for g in held_groups(meta):
+            failures += [f"version {version}: {f}" for f in route_failures(g, width, num_experts)]
+            pid = g["example"].get("id")
+            held = routes_digest([t.get("routes") for t in g["trajectories"]])
+            later = [d for s, i, d in trained if i == pid and s >= version]
+            if not later and pid not in final_leftover:
+                failures.append(f"prompt {pid} held at version {version} was never trained")
+            elif later and later[0] != held:
+                failures.append(
+                    f"prompt {pid} trained with routes digest {later[0]}, its checkpoint at "
+                    f"version {version} held {held}"
+                )
+    return failures

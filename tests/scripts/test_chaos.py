@@ -4,6 +4,7 @@ The quick run launches, kills (SIGKILL at seeded random moments) and resumes rea
 small sync and async configs, then audits them; its assertions hold wherever the kills land.
 """
 
+import collections
 import contextlib
 import importlib.util
 import io
@@ -139,6 +140,105 @@ def test_audit_sigterms():
     assert audit.audit_sigterms([{"signal": "SIGKILL", "fired": True, "rc": -9}]) == []
 
 
+def _held(pid, routes, tokens=3):
+    """A checkpoint's buffered group (encode_group's JSON) of one trajectory."""
+    traj = {"response_tokens": list(range(tokens)), "routes": routes}
+    return {"group": {"example": {"id": pid}, "trajectories": [traj]}}
+
+
+def _meta(version, *groups):
+    return {"version": version, "driver": {"buffer": {"buffers": [{"groups": list(groups)}]}}}
+
+
+def test_audit_routes_catches_lost_altered_and_shifted_routes():
+    from rljax.runtime.rollout import routes_digest
+
+    routes = [[0, 3], [7, 1], []]  # two fed tokens of width Lm*k = 2, the last never fed
+    meta = _meta(1, _held(5, routes))
+    digest = routes_digest([routes])
+    records = _run(
+        _train(0, [4]) | {"routes_digest": ["d4"]}, _train(1, [5]) | {"routes_digest": [digest]}
+    )
+
+    def check(records=records, meta=meta, leftover=()):
+        return audit.audit_routes(records, [meta], list(leftover), width=2, num_experts=8)
+
+    assert check() == []
+    # The checkpoint's routes, mutated (one expert id), dropped, shifted by one, out of range.
+    altered = _meta(1, _held(5, [[0, 3], [7, 2], []]))
+    assert check(meta=altered) == [
+        f"prompt 5 trained with routes digest {digest}, its checkpoint at version 1 held "
+        + routes_digest([[[0, 3], [7, 2], []]])
+    ]
+    dropped = check(meta=_meta(1, _held(5, None)))
+    assert dropped[0] == "version 1: prompt 5 sample 0: None routes for 3 response tokens"
+    shifted = check(meta=_meta(1, _held(5, [[], [0, 3], [7, 1]])))
+    assert (
+        shifted[0] == "version 1: prompt 5 sample 0: malformed routes at response positions [0, 2]"
+    )
+    assert check(meta=_meta(1, _held(5, [[0, 8], [7, 1], []])))[0].endswith("positions [0]")
+    # The learner trained it on other routes (a resume that lost them), or on none.
+    other = _run(
+        _train(0, [4]) | {"routes_digest": ["d4"]}, _train(1, [5]) | {"routes_digest": ["x"]}
+    )
+    assert "trained with routes digest x" in check(records=other)[0]
+    assert check(records=_run(_train(0, [4]), _train(1, [5]) | {"routes_digest": [digest]}))
+    # Trained before the checkpoint's version does not count; still held at the end does.
+    early = _run(
+        _train(0, [5]) | {"routes_digest": [digest]}, _train(1, [4]) | {"routes_digest": ["d"]}
+    )
+    assert check(records=early) == ["prompt 5 held at version 1 was never trained"]
+    assert check(records=early, leftover=[5]) == []
+    # An env token (loss_mask 0) has no routes; one that has them is malformed.
+    conv = _held(5, [[0, 3], [], [7, 1], []], tokens=4)
+    conv["group"]["trajectories"][0]["loss_mask"] = [1, 0, 1, 1]
+    assert audit.route_failures(conv["group"], 2, 8) == []
+    conv["group"]["trajectories"][0]["routes"][1] = [1, 1]
+    assert audit.route_failures(conv["group"], 2, 8)
+
+
+def test_audit_routes_fails_when_decode_group_drops_routes(monkeypatch):
+    """A resume that loses the checkpoint's routes (decode_group without them) trains on other
+    routes than those recorded: the digest the learner logs then differs from the checkpoint's."""
+    import numpy as np
+
+    from rljax.engine.sampler import Trajectory
+    from rljax.runtime import clocks, rollout
+
+    traj = Trajectory(
+        [1, 2], [3, 4, 5], [-0.1] * 3, [0] * 3, "stop", 9, 0, routes=[[0, 1], [2, 3], []]
+    )
+    group = rollout.make_group({"id": 5}, [traj], [1.0])
+    encoded = json.loads(json.dumps(rollout.encode_group(group)))
+    meta = _meta(1, {"group": encoded})
+    stats = {"wall_s": 1.0, "sampler_busy_s": 0.5, "learner_busy_s": 0.5, "reward_s": 0.0}
+    stats |= {"sampler_idle_s": 0.5, "learner_idle_s": 0.5, "sampler_tokens": 3}
+    stats |= {"learner_tokens": 3, "occupancy": None}
+
+    def trained(decode):
+        step = clocks.step_metrics([decode(encoded)], collections.Counter([0]), stats, None)
+        records = _run(_train(0, [4]) | {"routes_digest": ["d"]}, _train(1, [5]) | step)
+        return audit.audit_routes(records, [meta], [], width=2, num_experts=4)
+
+    assert trained(rollout.decode_group) == []
+
+    def dropping(d):  # routes lost: the step has none to digest
+        g = rollout.decode_group(d)
+        for t in g.trajectories:
+            t.routes = None
+        return g
+
+    def shifting(d):  # routes one token off
+        g = rollout.decode_group(d)
+        for t in g.trajectories:
+            t.routes = [[], *t.routes[:-1]]
+        return g
+
+    assert trained(dropping)[0] == "step 1: routes_digest None for [5]"
+    assert "trained with routes digest" in trained(shifting)[0]
+    assert np.asarray(encoded["trajectories"][0]["routes"][:2]).shape == (2, 2)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_moments_leave_room_for_the_interruptions_to_come(chaos, seed):
     rng, num_steps, planned = random.Random(seed), 8, 5
@@ -214,6 +314,24 @@ def test_quick_chaos_run(chaos, tmp_path):
         "steps",
     ]
     assert figures["audits_failed"] == 0
+
+
+@pytest.mark.slow
+def test_moe_async_chaos_run(chaos, tmp_path):
+    """A SIGKILL of the small MoE run made async (eta 2, 6/2 split) with routing replay, resumed;
+    every audit passes, the routes audit included: the groups its checkpoints buffered carry
+    their routes and are trained on them after the resume."""
+    argv = ["--scenarios=moe_async", "--kills=1", "--terms=0", "--no_baseline", "--num_steps=4"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        figures = chaos.main([*argv, f"--workdir={tmp_path}", "--seed=1"])
+    r = figures["scenarios"]["moe_async"]
+    assert r["failures"] == [], r
+    assert r["audits_passed"] == ["prompts", "routes", "sigterm", "staleness", "steps"]
+    metas = [
+        audit.read_meta(tmp_path / "moe_async", s)
+        for s in chaos.checkpoints(tmp_path / "moe_async")
+    ]
+    assert any(audit.held_groups(m) for m in metas)  # the routes audit had groups to check
 
 
 # -- regressions the chaos audits found (in-process, deterministic: no signal, no timing) ------
