@@ -16,9 +16,9 @@ devices (JAX_NUM_CPU_DEVICES=8); ``:off`` turns replay off. Library code builds 
 """
 
 import ml_collections
+from rljax.configs import arith_tiny
 
 from rljax.config import ModelConfig, RunConfig, replace, to_config_dict
-from rljax.configs import arith_tiny
 
 VARIANTS = ("sync", "eta2", "off", "small")
 

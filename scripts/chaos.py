@@ -28,7 +28,8 @@ Audits once the run has finished (each one a list of failures, empty when it pas
     trained after the resume on the routes its checkpoint held (a digest per group).
 Scenarios: sync and async arithmetic (configs/arith_tiny.py, configs/arith_async.py), async with
 the reallocator resizing, conversations with the lookup tool (configs/arith_tools.py) and a
-mixture of experts with routing replay (configs/arith_moe.py), each in sync and async. No scenario lends chips (lending is single-process and off by default).
+mixture of experts with routing replay (configs/arith_moe.py), each in sync and async. No
+scenario lends chips (lending is single-process and off by default).
 Figures are wall times of this run: the interrupted run against an uninterrupted baseline of
 the same config measured here. The last line printed is one JSON object of figures.
 """

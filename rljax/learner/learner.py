@@ -390,7 +390,7 @@ class Learner:
         """(the router disagreement, the pairs it compared) of a batch by an unforced forward
         (replay on), before the update; one jit."""
 
-        def measure(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        def measure(params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
             differ, pairs = jax.lax.map(
                 lambda mb: self.gradients.router_disagreement(params, mb), batch
             )
