@@ -38,7 +38,8 @@ adapters) + Adam 0.04 + temp 5.19 = 19.47; sampler 8.22 + 0.94 + 2.62 + staged a
 
 ``scripts/plan_memory.py`` plans both on the CPU (XLA's memory analysis with the real
 shardings; ``--kernel_impl=pallas`` and ``--no_sampler_hoist`` keep two CPU lowerings, the
-masked dense ``ragged_dot`` and the hoisted bf16 upcast of every weight, out of the plan); the
+experts' XLA grouped matmul (per-tile weight copies) and the hoisted bf16 upcast of every
+weight, out of the plan); the
 table is in docs/benchmarks.md ("Qwen3-30B-A3B memory plans").
 """
 

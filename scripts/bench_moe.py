@@ -7,13 +7,14 @@ Four comparisons, each a ratio taken in this run; every timing is the median of 
 repeats (each the mean of ``--iters`` calls after a compiling warm-up), reported with its
 [min, max], and every ratio is taken within a repeat (the two sides timed back to back):
   (a) the routed experts' forward + backward (``rljax.models.moe.experts_sorted``, the
-      grouped matmul's 'xla' implementation) at D 512, 32 experts, top 4, expert width 256,
-      4096 tokens, as a fraction of this machine's sgemm peak, measured on its own (a plain f32
-      matmul of comparable size, FLOP/s), counting the active FLOPs only:
-      6 * tokens * k * 3 * D * F (three projections of every (token, expert) pair, forward 2
-      and backward 4 FLOPs a multiply-add);
+      grouped matmul's 'xla' implementation in this backend's form) at D 512, 32 experts,
+      top 4, expert width 256, 4096 tokens, as a fraction of this machine's sgemm peak,
+      measured on its own (a plain f32 matmul of comparable size, FLOP/s), counting the
+      active FLOPs only: 6 * tokens * k * 3 * D * F (three projections of every (token,
+      expert) pair, forward 2 and backward 4 FLOPs a multiply-add);
   (b) its speedup over computing every expert densely: all E experts on all tokens, weighed by
-      the router's weights (zero off the top k), forward + backward;
+      the router's weights (zero off the top k), forward + backward; and over the same layer
+      through ``jax.lax.ragged_dot`` (the XLA form off the CPU);
   (c) the engine's decode tokens per second (``PagedEngine.generate`` with every slot busy) on
       a tiny Qwen3-MoE against the dense Qwen3 of equal active parameters (its MLP width is k
       experts' widths), the dense model in the engine's default weights layout and stacked
@@ -24,8 +25,9 @@ repeats (each the mean of ``--iters`` calls after a compiling warm-up), reported
 The last line printed is one JSON object holding every figure and the CPU's model name.
 
 On the CPU, ``jax.lax.ragged_dot`` lowers to a dense product masked per expert (every expert
-over every row), so (a) and (b) measure that lowering there; on a TPU or GPU it is a grouped
-kernel. Run it alone: the timings share the machine's cores with whatever else runs.
+over every row), so the grouped matmul's XLA path there is group-aligned row tiles and a
+batched matmul (``rljax.kernels.grouped_matmul.xla.tiled``); on a GPU it is ragged_dot. Run it
+alone: the timings share the machine's cores with whatever else runs.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rljax.kernels.grouped_matmul import xla
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.paged import PagedEngine
@@ -131,30 +134,41 @@ def bench_layer(args, figures) -> None:
     tokens, d, e, k, f = QUICK_LAYER if args.quick else FULL_LAYER
     x, ids, weights, (wg, wu, wd) = layer_inputs(tokens, d, e, k, f)
     sorted_fn = functools.partial(moe.experts_sorted, impl="xla")
-    sorted_step, dense_step = train_step(sorted_fn), train_step(dense_experts)
+    ragged_fn = functools.partial(moe.experts_sorted, impl="xla", xla_form="ragged_dot")
+    steps = {
+        "sorted_s": train_step(sorted_fn),
+        "ragged_dot_s": train_step(ragged_fn),
+        "dense_s": train_step(dense_experts),
+    }
     operands = (x, wg, wu, wd, ids, weights)
     active = 6.0 * tokens * k * 3 * d * f
-    rows = {"sorted_s": [], "dense_s": [], "sgemm_flops": [], "fraction": [], "speedup": []}
+    rows: dict[str, list[float]] = {name: [] for name in steps}
+    rows |= {"sgemm_flops": [], "fraction": [], "speedup": [], "over_ragged_dot": []}
     for _ in range(args.repeats):
         # The peak's matmul does one projection of every pair at once: [N, D] @ [D, k F].
         peak = sgemm_flops(tokens, d, k * f, args.iters)
-        t_sorted = seconds(sorted_step, *operands, iters=args.iters)
-        t_dense = seconds(dense_step, *operands, iters=args.iters)
-        rows["sorted_s"].append(t_sorted)
-        rows["dense_s"].append(t_dense)
+        times = {name: seconds(step, *operands, iters=args.iters) for name, step in steps.items()}
+        for name, t in times.items():
+            rows[name].append(t)
         rows["sgemm_flops"].append(peak)
-        rows["fraction"].append(active / t_sorted / peak)
-        rows["speedup"].append(t_dense / t_sorted)
-    out = {"shape": dict(tokens=tokens, d=d, experts=e, k=k, f=f), "active_flops": active}
+        rows["fraction"].append(active / times["sorted_s"] / peak)
+        rows["speedup"].append(times["dense_s"] / times["sorted_s"])
+        rows["over_ragged_dot"].append(times["ragged_dot_s"] / times["sorted_s"])
+    out = {
+        "shape": dict(tokens=tokens, d=d, experts=e, k=k, f=f),
+        "active_flops": active,
+        "xla_form": xla.form_for_backend(jax.default_backend()),
+    }
     out |= {name: spread(values) for name, values in rows.items()}
     out["sgemm_flops"] = {key: round(v) for key, v in out["sgemm_flops"].items()}
     log(
-        f"(a) experts fwd+bwd ({tokens} tokens, D {d}, {e} experts, top {k}, F {f}): "
-        f"{statistics.median(rows['sorted_s']) * 1e3:.2f} ms, "
+        f"(a) experts fwd+bwd ({tokens} tokens, D {d}, {e} experts, top {k}, F {f}; "
+        f"{out['xla_form']}): {statistics.median(rows['sorted_s']) * 1e3:.2f} ms, "
         f"{_fmt(out['fraction'], 3)} of the sgemm peak "
         f"({statistics.median(rows['sgemm_flops']) / 1e9:.1f} GFLOP/s) at active FLOPs"
     )
     log(f"(b) sorted experts over every expert densely: {_fmt(out['speedup'], 2)}x faster")
+    log(f"    and over jax.lax.ragged_dot's lowering here: {_fmt(out['over_ragged_dot'], 2)}x")
     figures["layer"] = out
 
 

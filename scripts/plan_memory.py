@@ -36,9 +36,10 @@ A mixture of experts (``model.num_experts`` > 0) is planned from every parameter
 and the sampler hold all E experts (split over ``mesh.expert_parallel``), whatever k a token
 uses. Its FLOPs are the active parameters' (attention, the router, k of the E experts, a
 shared expert: ``rljax.models.presets.active_param_count``); the JSON's ``params`` gives both
-counts and the FLOPs of a token and of a step. On the CPU, ``jax.lax.ragged_dot`` (the experts'
-'xla' grouped matmul) lowers to a dense product masked per expert, whose temp is E times the
-real one's: plan a mixture with ``--kernel_impl=pallas``, which compiles the grouped-matmul
+counts and the FLOPs of a token and of a step. On the CPU, the experts' 'xla' grouped matmul
+holds temporaries the TPU kernel does not (its row tiles gather a copy of their expert's
+weights, and ``jax.lax.ragged_dot`` lowers to a dense product masked per expert, E times the
+real temp): plan a mixture with ``--kernel_impl=pallas``, which compiles the grouped-matmul
 kernel (and the attention kernels) in interpret mode, holding their blocks as the TPU does.
 
 A bf16 sampler (``sampling.dtype``) on the CPU computes its dots in f32, and XLA's

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from rljax.kernels import dispatch, validation
 from rljax.kernels.grouped_matmul import block_sizes as block_sizes_lib
+from rljax.kernels.grouped_matmul import xla
 from rljax.kernels.grouped_matmul.kernel import gmm_kernel, tgmm_kernel
 
 _LHS = "[M, K]"
@@ -86,14 +87,18 @@ def _gmm_pallas_bwd(block_sizes, precision, interpret, residuals, dout):
 _gmm_pallas.defvjp(_gmm_pallas_fwd, _gmm_pallas_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("block_sizes", "precision", "use_pallas", "interpret"))
-def grouped_matmul_core(lhs, rhs, group_sizes, *, block_sizes, precision, use_pallas, interpret):
+@functools.partial(
+    jax.jit, static_argnames=("block_sizes", "precision", "use_pallas", "interpret", "xla_form")
+)
+def grouped_matmul_core(
+    lhs, rhs, group_sizes, *, block_sizes, precision, use_pallas, interpret, xla_form="ragged_dot"
+):
     """The jitted op with options already resolved by ``resolve_options``."""
     dtype = jnp.result_type(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
     group_sizes = group_sizes.astype(jnp.int32)
     if not use_pallas:
-        return jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision)
+        return xla.grouped(lhs, rhs, group_sizes, form=xla_form, precision=precision)
     (rows, k), n = lhs.shape, rhs.shape[2]
     if 0 in (rows, k, n):  # nothing to tile; the result (and every cotangent) is zeros
         return jnp.zeros((rows, n), dtype)
@@ -116,6 +121,7 @@ def grouped_matmul(
     block_sizes: block_sizes_lib.BlockSizes | None = None,
     interpret: Any = None,
     precision: Any = None,
+    xla_form: str | None = None,
 ):
     """Dropless grouped matmul (mixture-of-experts): each group's rows times its own matrix.
 
@@ -127,19 +133,22 @@ def grouped_matmul(
       lhs: [M, K] float, rows sorted by group (tokens sorted by expert).
       rhs: [G, K, N] float, one matrix per group (expert).
       group_sizes: [G] integer rows per group, sum <= M.
-      impl: 'auto' (Pallas on TPU, ``jax.lax.ragged_dot`` elsewhere), 'pallas' (interpret
-        mode off TPU) or 'xla' (``jax.lax.ragged_dot``).
+      impl: 'auto' (Pallas on TPU, XLA elsewhere), 'pallas' (interpret mode off TPU) or 'xla'
+        (``jax.lax.ragged_dot``; on the CPU, whose ragged_dot is a masked dense product,
+        group-aligned row tiles and a batched matmul: ``xla.tiled``).
       block_sizes: override the tuned ``BlockSizes`` for this chip (Pallas path).
       interpret: override ``pallas_call``'s interpret argument on the Pallas path (e.g. a
         ``pltpu.InterpretParams``); None: interpret exactly when off TPU.
       precision: None, 'default' or 'highest' (or the ``lax.Precision`` members): the
         precisions the TPU kernel's MXU matmuls take.
+      xla_form: the XLA path's form, 'ragged_dot' or 'tiled' (``xla.FORMS``); None: the
+        backend's (tiled on the CPU, ragged_dot elsewhere).
 
     Returns:
       [M, N] in the common dtype of lhs and rhs. Differentiable in lhs and rhs: on the Pallas
       path d_lhs is the grouped product of the cotangent with each rhs transposed and d_rhs
       [G, K, N] the transposed grouped product (``kernel.tgmm_kernel``), zeros for an empty
-      group; on the XLA path by ragged_dot's own autodiff. group_sizes gets no cotangent.
+      group; on the XLA path by autodiff. group_sizes gets no cotangent.
 
     Raises:
       ValueError: a misshaped argument (named in the message), an unknown ``impl``, a bad
@@ -147,6 +156,10 @@ def grouped_matmul(
     """
     validate(lhs, rhs, group_sizes)
     options = resolve_options(impl, block_sizes, interpret, precision)
+    if xla_form is not None:
+        if xla_form not in xla.FORMS:
+            raise ValueError(f"xla_form must be one of {xla.FORMS} or None, got {xla_form!r}.")
+        options["xla_form"] = xla_form
     return grouped_matmul_core(lhs, rhs, group_sizes, **options)
 
 
@@ -161,4 +174,5 @@ def resolve_options(impl: str, block_sizes, interpret, precision) -> dict:
         precision=resolve_precision(precision),
         use_pallas=backend.use_pallas,
         interpret=backend.interpret if interpret is None or not backend.use_pallas else interpret,
+        xla_form=xla.form_for_backend(jax.default_backend()),
     )

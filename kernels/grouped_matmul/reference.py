@@ -1,7 +1,7 @@
 """Plain-jnp grouped matmul: one masked dense matmul per group. The test oracle.
 
 It multiplies every row by every group's rhs, G times the work of the grouped product, so it
-is never used by the op itself; the op's ``'xla'`` path is ``jax.lax.ragged_dot``.
+is never used by the op itself; the op's ``'xla'`` path is in ``xla.py``.
 """
 
 from __future__ import annotations

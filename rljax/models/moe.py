@@ -7,8 +7,9 @@ the experts' SwiGLU outputs weighed by their probabilities (renormalised over th
 ``sigmoid(x @ ws_router)``.
 
 **Dropless.** The (token, expert) pairs are sorted by expert and each expert's rows multiply its
-own weights (:func:`rljax.kernels.grouped_matmul.grouped_matmul`: ``jax.lax.ragged_dot`` on
-XLA, a Pallas kernel on TPU); no capacity factor, no token dropped. With few pairs (a decode
+own weights (:func:`rljax.kernels.grouped_matmul.grouped_matmul`: a Pallas kernel on TPU,
+``jax.lax.ragged_dot`` on GPU, group-aligned row tiles on the CPU, whose ragged_dot is a masked
+dense product); no capacity factor, no token dropped. With few pairs (a decode
 step) each pair's expert weights are gathered instead (:data:`GATHER_MAX_PAIRS`).
 
 **Forced routes** (rollout routing replay, docs/moe.md): where ``forced`` is set the given expert
@@ -273,9 +274,12 @@ def _swiglu_rows(x, wg, wu, wd, gmm):
     return gmm(jax.nn.silu(gmm(x, wg)) * gmm(x, wu), wd)
 
 
-def experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", first: Any = 0):
+def experts_sorted(
+    x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", first: Any = 0, xla_form=None
+):
     """The routed experts over sorted (token, expert) pairs; pairs whose expert is not among
-    these weights' E_local experts (numbered from ``first``) contribute nothing."""
+    these weights' E_local experts (numbered from ``first``) contribute nothing. ``impl`` and
+    ``xla_form``: the grouped matmul's."""
     n, k = ids_nk.shape
     e_local = wg.shape[0]
     local = ids_nk - first
@@ -284,7 +288,9 @@ def experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", 
     order = jnp.argsort(key, stable=True)
     rows = x_nd[order // k]
     sizes = jnp.bincount(key, length=e_local + 1)[:e_local].astype(jnp.int32)
-    gmm = lambda a, w: grouped_matmul(a, w.astype(a.dtype), sizes, impl=impl)  # noqa: E731
+    gmm = lambda a, w: grouped_matmul(  # noqa: E731
+        a, w.astype(a.dtype), sizes, impl=impl, xla_form=xla_form
+    )
     y = _swiglu_rows(rows, wg, wu, wd, gmm)  # rows past the groups come out 0
     w = jnp.where(mine, weights_nk, 0.0).reshape(-1)[order].astype(y.dtype)
     return jnp.zeros((n, x_nd.shape[-1]), y.dtype).at[order // k].add(y * w[:, None])

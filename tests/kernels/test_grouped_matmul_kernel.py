@@ -1,5 +1,6 @@
-"""Grouped matmul: the Pallas kernels (interpret mode) and the ragged_dot path against the
-per-group masked reference, values and gradients."""
+"""Grouped matmul: the Pallas kernels (interpret mode) and both XLA forms (ragged_dot, and
+the CPU's group-aligned row tiles) against the per-group masked reference, values and
+gradients."""
 
 import functools
 
@@ -8,7 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
-from rljax.kernels.grouped_matmul import BlockSizes, grouped_matmul, grouped_matmul_reference
+from rljax.kernels.grouped_matmul import (
+    BlockSizes,
+    grouped_matmul,
+    grouped_matmul_reference,
+    xla,
+)
 from rljax.kernels.grouped_matmul.kernel import check_tpu_tiles, gmm_kernel, tgmm_kernel
 from rljax.kernels.grouped_matmul.reference import row_groups
 from rljax.kernels.grouped_matmul.schedule import gmm_schedule, tgmm_schedule
@@ -93,9 +99,36 @@ def test_matches_reference_with_gradients(impl, dtype):
         ((8, 0, 8, 0, 8), 24),  # boundaries on tile edges, empty groups between them
     ],
 )
-def test_group_layouts(group_sizes, rows):
-    out, (_, d_rhs) = compare(group_sizes, jnp.float32, "pallas", rows=rows)
+@pytest.mark.parametrize("impl", ["pallas", "xla"])
+def test_group_layouts(group_sizes, rows, impl):
+    out, (_, d_rhs) = compare(group_sizes, jnp.float32, impl, rows=rows)
     assert not np.any(np.asarray(out[sum(group_sizes) :]))
+
+
+@pytest.mark.parametrize("form, tile", [("ragged_dot", None), ("tiled", 4), ("tiled", 16)])
+@pytest.mark.parametrize("group_sizes", [GROUP_SIZES, (13, 0, 2, 25), (0, 0, 0)])
+def test_xla_forms(form, tile, group_sizes):
+    """Each XLA form, whichever this backend picks: tiles smaller than a group (a group spans
+    several), larger (many part-filled), empty groups and rows past the groups."""
+    lhs, rhs, sizes = make_inputs(jnp.float32, group_sizes)
+    if form == "tiled":
+        ours = lambda a, b: xla.tiled(a, b, sizes, tile=tile)  # noqa: E731
+    else:
+        ours = lambda a, b: xla.grouped(a, b, sizes, form=form)  # noqa: E731
+    out, grads = values_and_grads(jax.jit(ours), lhs, rhs)
+    reference = lambda a, b: grouped_matmul_reference(a, b, sizes)  # noqa: E731
+    want, want_grads = values_and_grads(reference, lhs, rhs)
+    close(out, want, TOL[jnp.float32])
+    for got, expected in zip(grads, want_grads):
+        close(got, expected, GRAD_TOL[jnp.float32])
+    assert not np.any(np.asarray(out[sum(group_sizes) :]))
+
+
+def test_tile_rows():
+    assert xla.tile_rows(16384, 32) == 128  # capped
+    assert xla.tile_rows(40, 7) == 8  # floored
+    assert xla.tile_rows(300, 8) == 64  # the mean group's 38 rows, rounded up
+    assert xla.form_for_backend("cpu") == "tiled" and xla.form_for_backend("gpu") == "ragged_dot"
 
 
 def test_one_tile_covers_everything():
