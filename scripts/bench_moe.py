@@ -26,7 +26,8 @@ The last line printed is one JSON object holding every figure and the CPU's mode
 
 On the CPU, ``jax.lax.ragged_dot`` lowers to a dense product masked per expert (every expert
 over every row), so the grouped matmul's XLA path there is group-aligned row tiles and a
-batched matmul (``rljax.kernels.grouped_matmul.xla.tiled``); on a GPU it is ragged_dot. Run it
+loop of matmuls over them (``rljax.kernels.grouped_matmul.xla.tiled``, and the layer's fused
+``rljax.models.moe.experts_tiled``); on a GPU it is ragged_dot. Run it
 alone: the timings share the machine's cores with whatever else runs.
 """
 

@@ -135,7 +135,7 @@ def grouped_matmul(
       group_sizes: [G] integer rows per group, sum <= M.
       impl: 'auto' (Pallas on TPU, XLA elsewhere), 'pallas' (interpret mode off TPU) or 'xla'
         (``jax.lax.ragged_dot``; on the CPU, whose ragged_dot is a masked dense product,
-        group-aligned row tiles and a batched matmul: ``xla.tiled``).
+        group-aligned row tiles in a loop of matmuls: ``xla.tiled``).
       block_sizes: override the tuned ``BlockSizes`` for this chip (Pallas path).
       interpret: override ``pallas_call``'s interpret argument on the Pallas path (e.g. a
         ``pltpu.InterpretParams``); None: interpret exactly when off TPU.
@@ -156,11 +156,25 @@ def grouped_matmul(
     """
     validate(lhs, rhs, group_sizes)
     options = resolve_options(impl, block_sizes, interpret, precision)
-    if xla_form is not None:
-        if xla_form not in xla.FORMS:
-            raise ValueError(f"xla_form must be one of {xla.FORMS} or None, got {xla_form!r}.")
+    if check_form(xla_form) is not None:
         options["xla_form"] = xla_form
     return grouped_matmul_core(lhs, rhs, group_sizes, **options)
+
+
+def check_form(xla_form: str | None) -> str | None:
+    """``xla_form`` if it is None or one of ``xla.FORMS``; else ValueError."""
+    if xla_form is not None and xla_form not in xla.FORMS:
+        raise ValueError(f"xla_form must be one of {xla.FORMS} or None, got {xla_form!r}.")
+    return xla_form
+
+
+def path_for(impl: str = "auto", xla_form: str | None = None) -> str:
+    """The path ``grouped_matmul(impl=impl, xla_form=xla_form)`` takes here: 'pallas', or
+    the XLA path's form ('ragged_dot' or 'tiled'). Raises ValueError as the op does."""
+    check_form(xla_form)
+    if dispatch.resolve_impl(impl).use_pallas:
+        return "pallas"
+    return xla_form or xla.form_for_backend(jax.default_backend())
 
 
 def resolve_options(impl: str, block_sizes, interpret, precision) -> dict:

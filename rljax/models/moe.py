@@ -35,6 +35,8 @@ from jax.sharding import PartitionSpec as P
 
 from rljax.config import ModelConfig
 from rljax.kernels.grouped_matmul import grouped_matmul
+from rljax.kernels.grouped_matmul import ops as grouped_matmul_ops
+from rljax.kernels.grouped_matmul import xla as grouped_xla
 from rljax.kernels.sharding import axis_names, axis_size, run_sharded
 
 # Weights of a mixture-of-experts layer, stacked over the MoE layers (their logical axes are in
@@ -43,8 +45,9 @@ EXPERT_PARAMS = ("router", "we_gate", "we_up", "we_down")
 SHARED_PARAMS = ("ws_gate", "ws_up", "ws_down", "ws_router")
 DENSE_PARAMS = ("w_gate", "w_up", "w_down")
 # A step with at most this many (token, expert) pairs gathers each pair's expert weights
-# instead of sorting (scripts/bench_moe.py measures the crossover).
-GATHER_MAX_PAIRS = 8
+# instead of sorting (scripts/bench_moe.py measures the crossover: on the AMD EPYC CPU gathering
+# was 1.5x faster at 16 pairs, 5x slower at 32, docs/benchmarks.md).
+GATHER_MAX_PAIRS = 16
 # The key under which a layer's forced expert ids ride with its weights through the layer scan.
 FORCED_KEY = "_forced_ids"
 
@@ -274,26 +277,55 @@ def _swiglu_rows(x, wg, wu, wd, gmm):
     return gmm(jax.nn.silu(gmm(x, wg)) * gmm(x, wu), wd)
 
 
+def _sort_pairs(ids_nk, e_local: int, first: Any):
+    """The (token, expert) pairs sorted by local expert: (mine [N, k], order [N*k], sizes
+    [E_local]); pairs of other shards' experts sort last, past every group."""
+    local = ids_nk - first
+    mine = (local >= 0) & (local < e_local)
+    key = jnp.where(mine, local, e_local).reshape(-1)
+    order = jnp.argsort(key, stable=True)
+    sizes = jnp.bincount(key, length=e_local + 1)[:e_local].astype(jnp.int32)
+    return mine, order, sizes
+
+
 def experts_sorted(
     x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", first: Any = 0, xla_form=None
 ):
     """The routed experts over sorted (token, expert) pairs; pairs whose expert is not among
     these weights' E_local experts (numbered from ``first``) contribute nothing. ``impl`` and
-    ``xla_form``: the grouped matmul's."""
+    ``xla_form``: the grouped matmul's; its tiled XLA form runs as ``experts_tiled``."""
+    if grouped_matmul_ops.path_for(impl, xla_form) == "tiled":
+        return experts_tiled(x_nd, ids_nk, weights_nk, wg, wu, wd, first=first)
     n, k = ids_nk.shape
-    e_local = wg.shape[0]
-    local = ids_nk - first
-    mine = (local >= 0) & (local < e_local)
-    key = jnp.where(mine, local, e_local).reshape(-1)  # others sort last, past every group
-    order = jnp.argsort(key, stable=True)
+    mine, order, sizes = _sort_pairs(ids_nk, wg.shape[0], first)
     rows = x_nd[order // k]
-    sizes = jnp.bincount(key, length=e_local + 1)[:e_local].astype(jnp.int32)
     gmm = lambda a, w: grouped_matmul(  # noqa: E731
         a, w.astype(a.dtype), sizes, impl=impl, xla_form=xla_form
     )
     y = _swiglu_rows(rows, wg, wu, wd, gmm)  # rows past the groups come out 0
     w = jnp.where(mine, weights_nk, 0.0).reshape(-1)[order].astype(y.dtype)
     return jnp.zeros((n, x_nd.shape[-1]), y.dtype).at[order // k].add(y * w[:, None])
+
+
+def experts_tiled(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0, tile=None):
+    """``experts_sorted`` in the grouped matmul's tiled XLA form, the three projections fused:
+    the pairs are laid out in group-aligned row tiles once (``grouped_matmul.xla.tile_layout``),
+    gate, up, SwiGLU and down run on the tiles, and each slot adds into its token. Against three
+    ``grouped_matmul`` calls it saves the sorted copy of the rows and two tilings and untilings
+    of [pairs, D or F]; ``tile`` (rows a tile) defaults to ``tile_rows(pairs, E_local)``."""
+    n, k = ids_nk.shape
+    e_local, d = wg.shape[0], x_nd.shape[-1]
+    _, order, sizes = _sort_pairs(ids_nk, e_local, first)  # others' pairs sort past the tiles
+    lay = grouped_xla.tile_layout(sizes, n * k, tile or grouped_xla.tile_rows(n * k, e_local))
+    pair = order[lay.source]  # the (token, expert) pair each slot holds
+    token = pair // k
+    dt = x_nd.dtype
+    x = jnp.where(lay.valid[:, None], x_nd[token], 0).reshape(lay.tile_group.shape[0], -1, d)
+    groups = lay.clipped_groups(e_local)
+    mm = lambda a, w: grouped_xla.tile_matmul(a, w.astype(dt), groups).astype(dt)  # noqa: E731
+    y = mm(jax.nn.silu(mm(x, wg)) * mm(x, wu), wd).reshape(-1, d)
+    w = jnp.where(lay.valid, weights_nk.reshape(-1)[pair], 0.0)
+    return jnp.zeros((n, d), dt).at[token].add(y * w.astype(dt)[:, None])
 
 
 def experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0):

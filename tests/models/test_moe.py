@@ -49,7 +49,7 @@ def _every_expert(x, ids, weights, wg, wu, wd):
     return jnp.einsum("NED,NE->ND", outs, gate)
 
 
-@pytest.mark.parametrize("pairs", ["sorted", "gathered"])
+@pytest.mark.parametrize("pairs", ["tiled", "ragged_dot", "pallas", "gathered"])
 def test_dropless_experts_equal_every_expert_dense_with_empty_experts(pairs):
     m = Decoder(CFG, rngs=nnx.Rngs(0))
     wg, wu, wd = (getattr(m, k)[...][0] for k in ("we_gate", "we_up", "we_down"))
@@ -58,11 +58,44 @@ def test_dropless_experts_equal_every_expert_dense_with_empty_experts(pairs):
     ids = jnp.asarray(np.random.default_rng(0).choice([1, 2, 2, 2, 3, 5, 6], (20, 2)), jnp.int32)
     weights = jax.random.uniform(jax.random.key(3), (20, 2))
     want = _every_expert(x, ids, weights, wg, wu, wd)
-    if pairs == "sorted":
-        got = moe.experts_sorted(x, ids, weights, wg, wu, wd, impl="xla")
-    else:
+    if pairs == "gathered":
         got = moe.experts_gathered(x, ids, weights, wg, wu, wd)
+    elif pairs == "pallas":
+        got = moe.experts_sorted(x, ids, weights, wg, wu, wd, impl="pallas")
+    else:
+        got = moe.experts_sorted(x, ids, weights, wg, wu, wd, impl="xla", xla_form=pairs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tile", [None, 4, 8])
+def test_fused_tiles_equal_three_grouped_matmuls_with_other_shards_experts(tile):
+    """experts_tiled (the CPU's path) against experts_sorted through ragged_dot, values and
+    gradients, on local experts 2..5 of 8 (an expert shard): pairs of experts 0, 1, 6, 7 add
+    nothing, expert 4 gets none, tiles of 4 split groups over several tiles."""
+    m = Decoder(CFG, rngs=nnx.Rngs(0))
+    wg, wu, wd = (getattr(m, k)[...][0][2:6] for k in ("we_gate", "we_up", "we_down"))
+    x = jax.random.normal(jax.random.key(4), (18, CFG.hidden_size))
+    ids = jnp.asarray(np.random.default_rng(1).choice([0, 2, 2, 3, 5, 5, 5, 6], (18, 2)), jnp.int32)
+    weights = jax.random.uniform(jax.random.key(5), (18, 2))
+
+    def loss(fn, x, weights, wg, wu, wd):
+        out = fn(x, ids, weights, wg, wu, wd, first=2)
+        return jnp.sum(out * jnp.cos(out)), out
+
+    tiled = lambda *a, **kw: moe.experts_tiled(*a, **kw, tile=tile)  # noqa: E731
+    ragged = lambda *a, **kw: moe.experts_sorted(*a, **kw, xla_form="ragged_dot")  # noqa: E731
+    args = (x, weights, wg, wu, wd)
+    (_, got), got_grads = jax.value_and_grad(loss, argnums=(1, 2, 3, 4, 5), has_aux=True)(
+        tiled, *args
+    )
+    (_, want), want_grads = jax.value_and_grad(loss, argnums=(1, 2, 3, 4, 5), has_aux=True)(
+        ragged, *args
+    )
+    assert float(jnp.abs(want).max()) > 0.1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(want_grads[2][2]).max()) == 0.0  # local expert 2 (expert 4): no pair
 
 
 def test_segments_follow_the_sparse_step_and_the_dense_layers():
