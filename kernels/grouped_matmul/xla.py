@@ -112,12 +112,13 @@ def _tile_matmul_bwd(precision, residuals, d_y):
         dx = jnp.dot(dy, _tile(rhs, g).T, precision=precision, preferred_element_type=F32)
         dw = jnp.dot(x.T, dy, precision=precision, preferred_element_type=F32)
         mine = jax.lax.dynamic_index_in_dim(d_rhs, g, 0)
-        d_rhs = jax.lax.dynamic_update_index_in_dim(d_rhs, mine + dw.astype(rhs.dtype), g, 0)
+        d_rhs = jax.lax.dynamic_update_index_in_dim(d_rhs, mine + dw, g, 0)
         return d_rhs, dx.astype(x_tmk.dtype)
 
     tiles = (x_tmk, d_y.astype(x_tmk.dtype), groups_t)
-    d_rhs, d_x = jax.lax.scan(one, jnp.zeros_like(rhs), tiles)
-    return d_x, d_rhs, None  # integer groups have no cotangent
+    # A group's tiles add up in f32 (a bf16 sum over many tiles would round at every add).
+    d_rhs, d_x = jax.lax.scan(one, jnp.zeros(rhs.shape, F32), tiles)
+    return d_x, d_rhs.astype(rhs.dtype), None  # integer groups have no cotangent
 
 
 tile_matmul.defvjp(_tile_matmul_fwd, _tile_matmul_bwd)
