@@ -15,6 +15,11 @@ disagreement (the fraction of (model token, MoE layer) pairs whose learner top-k
 from the sampler's; with replay on from an extra unforced forward, measured every step here:
 ``moe.disagreement_every=1``) and the log-prob mismatch (``mismatch/abs_logp``: mean
 |log p_learner - log p_sampler| over the response tokens, from the loss's own forward).
+On the replay-on run's batches it also prints, paired (same batch, same params, before the
+update), the mismatch an unforced forward would have had (``moe/abs_logp_unforced``), the number
+of flipped tokens (whose own expert set the unforced forward changed in some MoE layer), and the
+forced and unforced mismatch over those tokens (``moe/abs_logp_{forced,unforced}/flipped``):
+what replay changes where it changes anything.
 
 Both end with one JSON line of every figure.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -81,6 +87,17 @@ def learn(args: argparse.Namespace, root: pathlib.Path) -> dict:
     return {"runs": runs, "by_variant": by_variant}
 
 
+# (table key, metric): per step, from each run's train records (nan where a step has none).
+COLUMNS = (
+    ("disagreement", "moe/router_disagreement"),
+    ("abs_logp", "mismatch/abs_logp"),
+    ("abs_logp_unforced", "moe/abs_logp_unforced"),
+    ("flipped_tokens", "moe/flipped_tokens"),
+    ("abs_logp_forced_flipped", "moe/abs_logp_forced/flipped"),
+    ("abs_logp_unforced_flipped", "moe/abs_logp_unforced/flipped"),
+)
+
+
 def mismatch(args: argparse.Namespace, root: pathlib.Path) -> dict:
     overrides = {
         "sampling.dtype": "bfloat16",
@@ -96,26 +113,44 @@ def mismatch(args: argparse.Namespace, root: pathlib.Path) -> dict:
             launch(args.base, workdir, {**overrides, "seed": seed, "moe.router_replay": replay})
             records = train_records(workdir)
             table[f"{replay}_{seed}"] = {
-                "disagreement": [r.get("moe/router_disagreement", float("nan")) for r in records],
-                "abs_logp": [r["mismatch/abs_logp"] for r in records],
+                key: [r.get(m, math.nan) for r in records] for key, m in COLUMNS
             }
-        print(f"seed {seed}    replay off: disagree  |logp|   replay on: disagree  |logp|")
+        print(
+            f"seed {seed}  replay off: disagree |logp|  replay on: disagree |logp|  "
+            "| on's batch, unforced: |logp|  flipped tokens: n, |logp| forced / unforced"
+        )
         off, on = table[f"off_{seed}"], table[f"rollout_{seed}"]
         for step in range(len(off["abs_logp"])):
             print(
-                f"  step {step:3d}              {off['disagreement'][step]:.4f}  "
-                f"{off['abs_logp'][step]:.5f}              {on['disagreement'][step]:.4f}  "
-                f"{on['abs_logp'][step]:.5f}",
+                f"  step {step:3d}  {off['disagreement'][step]:.4f} {off['abs_logp'][step]:.5f}"
+                f"  {on['disagreement'][step]:.4f} {on['abs_logp'][step]:.5f}"
+                f"  {on['abs_logp_unforced'][step]:.5f}  {on['flipped_tokens'][step]:4.0f} "
+                f"{on['abs_logp_forced_flipped'][step]:.5f} / "
+                f"{on['abs_logp_unforced_flipped'][step]:.5f}",
                 flush=True,
             )
     summary = {}
     for replay in ("off", "rollout"):
-        for key in ("disagreement", "abs_logp"):
+        keys = [key for key, _ in COLUMNS] if replay == "rollout" else ["disagreement", "abs_logp"]
+        for key in keys:
             per_seed = [
                 statistics.median(v[key]) for name, v in table.items() if name.startswith(replay)
             ]
             summary[f"{replay}_{key}_median_of_seed_medians"] = statistics.median(per_seed)
             summary[f"{replay}_{key}_seed_medians"] = per_seed
+    # Paired, on the replay-on runs' batches: unforced over forced mismatch, per step with a
+    # flipped token (the steps without one have no figure: nan is left out).
+    ratios = [
+        free / forced
+        for name, v in table.items()
+        if name.startswith("rollout")
+        for free, forced in zip(v["abs_logp_unforced_flipped"], v["abs_logp_forced_flipped"])
+        if forced > 0 and not math.isnan(free)
+    ]
+    if ratios:
+        summary["flipped_unforced_over_forced_median"] = statistics.median(ratios)
+        summary["flipped_unforced_over_forced_range"] = [min(ratios), max(ratios)]
+        summary["flipped_steps"] = len(ratios)
     return {"per_step": table, "summary": summary}
 
 

@@ -183,9 +183,10 @@ class MoEConfig:
     Attributes:
       router_replay: 'off', or 'rollout': the engine records the experts each model token was
         routed to, and the learner's forwards (current, old and reference log-probs) use them.
-      disagreement_every: with replay on, every this many learner steps one extra unforced
-        forward measures the router disagreement (it costs a forward); 0: never. With replay
-        off every step measures it from the forward the loss already runs.
+      disagreement_every: with replay on, every this many learner steps an extra unforced
+        forward measures the router disagreement, and a forced one beside it the log-prob
+        mismatch replay removes (it costs two forwards); 0: never. With replay off every step
+        measures the disagreement from the forward the loss already runs.
     """
 
     router_replay: str = "off"

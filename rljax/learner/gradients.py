@@ -25,7 +25,7 @@ from rljax.kernels.fused_logprobs import (
     token_logprobs_and_entropy,
 )
 from rljax.learner.losses import Loss, LossInputs, train_inference_mismatch
-from rljax.learner.routing import RouterTraining, disagreement, forced_routes
+from rljax.learner.routing import RouterTraining, forced_routes, replay_effect_sums
 from rljax.models import lora
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes
 
@@ -127,14 +127,13 @@ class Gradients:
         )
         return (out[0], out[1]) if kw.get("moe_stats") else (out, None)
 
-    def router_disagreement(
-        self, params: nnx.State, mb: dict[str, jax.Array]
-    ) -> tuple[jax.Array, jax.Array]:
-        """(pairs differing, pairs compared) between an unforced forward's experts and the
-        micro-batch's recorded routes (:func:`rljax.learner.routing.disagreement`)."""
-        model = nnx.merge(self.graphdef, params)
-        _, stats = self._hidden(model, mb, force=False, stats=True)
-        return disagreement(stats.routes, mb["routes"])
+    def replay_effect(self, params: nnx.State, mb: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """A micro-batch's sums of :func:`rljax.learner.routing.replay_effect_sums`: an unforced
+        forward's experts against the recorded routes, and the sampled tokens' log-prob mismatch
+        of the forced forward and of that unforced one."""
+        forced_logp, _, _ = self.forward(params, mb)
+        free_logp, _, stats = self.forward(params, mb, force=False, stats=True)
+        return replay_effect_sums(forced_logp, free_logp, stats.routes, mb)
 
     def forward(
         self,
@@ -144,13 +143,14 @@ class Gradients:
         adapters: bool = True,
         dropout_key: jax.Array | None = None,
         stats: bool = False,
+        force: bool = True,
     ) -> tuple[jax.Array, jax.Array, Any]:
         """:meth:`token_stats` and, with ``stats`` (a mixture-of-experts model), the forward's
-        ``MoEStats`` (else None)."""
+        ``MoEStats`` (else None); ``force=False``: the router chooses even under replay."""
         model = nnx.merge(self.graphdef, params)
         sharding = (self.mesh, self.rules)
         hidden, moe_stats = self._hidden(
-            model, mb, adapters=adapters, dropout_key=dropout_key, stats=stats
+            model, mb, adapters=adapters, dropout_key=dropout_key, force=force, stats=stats
         )
         r, t, d = hidden.shape
         unembed = model.unembed_dv

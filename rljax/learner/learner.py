@@ -45,7 +45,14 @@ from rljax.learner.gradients import Gradients
 from rljax.learner.loan import GradLoan, LentGrads
 from rljax.learner.losses import Loss, get_loss
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
-from rljax.learner.routing import DISAGREEMENT, PAIRS, RouterTraining
+from rljax.learner.routing import (
+    FLIPPED,
+    FLIPPED_SUFFIX,
+    GAP_FORCED,
+    GAP_FREE,
+    RouterTraining,
+    replay_effect_metrics,
+)
 from rljax.models import lora
 from rljax.models.sharding import (
     LEARNER_RULES,
@@ -308,9 +315,9 @@ class Learner:
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
-        extra = {}
+        extra: dict[str, jax.Array] = {}
         if self.router and self.router.measures_now(self.version) and "routes" in arrays:
-            extra[DISAGREEMENT], extra[PAIRS] = self._disagreement_fn(self.params, arrays)
+            extra = self._replay_effect_fn(self.params, arrays)
         first = None
         for _ in range(self.cfg.ppo_epochs):
             version = jnp.int32(self.version)
@@ -328,6 +335,9 @@ class Learner:
         if metrics.get("mismatch/fresh_frac") == 0.0:
             for k in MISMATCH_FRESH:
                 del metrics[k]
+        if metrics.get(FLIPPED) == 0.0:  # no flipped token: no mismatch over them
+            for k in (GAP_FORCED, GAP_FREE):
+                del metrics[k + FLIPPED_SUFFIX]
         self.version += 1
         return metrics
 
@@ -386,17 +396,16 @@ class Learner:
         )
 
     @functools.cached_property
-    def _disagreement_fn(self) -> Any:
-        """(the router disagreement, the pairs it compared) of a batch by an unforced forward
-        (replay on), before the update; one jit."""
+    def _replay_effect_fn(self) -> Any:
+        """Replay on: the router disagreement of an unforced forward, and the log-prob mismatch
+        with and without the forced routes (:func:`replay_effect_metrics`), on the batch before
+        the update; one jit."""
 
-        def measure(params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-            differ, pairs = jax.lax.map(
-                lambda mb: self.gradients.router_disagreement(params, mb), batch
-            )
-            return differ.sum() / jnp.maximum(pairs.sum(), 1.0), pairs.sum()
+        def measure(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            sums = jax.lax.map(lambda mb: self.gradients.replay_effect(params, mb), batch)
+            return replay_effect_metrics({k: v.sum() for k, v in sums.items()})
 
-        return jax.jit(measure, out_shardings=(self._replicated, self._replicated))
+        return jax.jit(measure, out_shardings=self._replicated)
 
     @functools.cached_property
     def _logprob_fn(self) -> Any:

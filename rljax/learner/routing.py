@@ -18,7 +18,10 @@ MoE layers) and ``moe/load_max_over_mean/layer_{i}`` for the model's layer i; an
 token, MoE layer) pairs whose
 learner top-k set, unforced, differs from the sampler's recorded set. With replay off the loss's
 own forward measures it every step; with replay on (that forward is forced) an extra unforced
-forward does, every ``moe.disagreement_every`` steps.
+forward does, every ``moe.disagreement_every`` steps, and then also reports what replay changes
+on that batch (:func:`replay_effect_sums`): ``moe/abs_logp_forced`` and ``moe/abs_logp_unforced``
+(the log-prob mismatch with and without the forced routes), the same over the
+``moe/flipped_tokens`` whose routes the unforced forward changed (``.../flipped``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ from rljax.models.moe import moe_layers
 AUX, Z, LOAD, COUNT = "moe/aux_loss", "moe/z_loss", "moe/load", "moe/micro_batches"
 DIFFER, PAIRS = "moe/differ_pairs", "moe/routed_pairs"
 DISAGREEMENT = "moe/router_disagreement"
+# What replay changes, measured with the disagreement (replay on): the sampled-token log-prob
+# mismatch of the forced forward and of an unforced one, over all tokens and the flipped ones.
+TOKENS, FLIPPED = "moe/replay_tokens", "moe/flipped_tokens"
+GAP_FORCED, GAP_FREE = "moe/abs_logp_forced", "moe/abs_logp_unforced"
+FLIPPED_SUFFIX = "/flipped"
 LOAD_RATIO = "moe/load_max_over_mean"
 
 
@@ -116,6 +124,56 @@ def forced_routes(routes_btw: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     routes, forced where recorded (not -1)."""
     b, t, w = routes_btw.shape
     return routes_btw.reshape(b, t, w // k, k), routes_btw[..., 0] >= 0
+
+
+def replay_effect_sums(
+    forced_logp: jax.Array,
+    free_logp: jax.Array,
+    used_btlk: jax.Array,
+    mb: dict[str, jax.Array],
+) -> dict[str, jax.Array]:
+    """A micro-batch's sums for what replay changes (replay on, before the update): the router
+    disagreement of the unforced forward (experts ``used_btlk``), and the log-prob mismatch
+    against the sampler's log-probs of the forced forward (``forced_logp``, the loss's) and of
+    the unforced one (``free_logp``, what replay off would have trained on), over every
+    response token and over the flipped ones: those whose own position's expert set differs
+    from the recorded one in some MoE layer. Same batch, same params: a paired comparison."""
+    b, t, lm, k = used_btlk.shape
+    recorded = mb["routes"].reshape(b, t, lm, k)
+    differ = jnp.any(jnp.sort(used_btlk, -1) != jnp.sort(recorded, -1), axis=-1)  # [B, T, Lm]
+    on = (mb["routes"][..., 0] >= 0).astype(jnp.float32)
+    mask = mb["mask"]
+    flipped = mask * on * jnp.any(differ, -1)
+    gap_forced = jnp.abs(forced_logp - mb["old_logprobs"]) * mask
+    gap_free = jnp.abs(free_logp - mb["old_logprobs"]) * mask
+    return {
+        DIFFER: jnp.sum(differ * on[..., None]),
+        PAIRS: jnp.sum(on) * lm,
+        TOKENS: jnp.sum(mask),
+        FLIPPED: jnp.sum(flipped),
+        GAP_FORCED: jnp.sum(gap_forced),
+        GAP_FREE: jnp.sum(gap_free),
+        GAP_FORCED + FLIPPED_SUFFIX: jnp.sum(gap_forced * flipped),
+        GAP_FREE + FLIPPED_SUFFIX: jnp.sum(gap_free * flipped),
+    }
+
+
+def replay_effect_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The step's metrics from :func:`replay_effect_sums` summed over its micro-batches."""
+    tokens, flipped = jnp.maximum(sums[TOKENS], 1.0), sums[FLIPPED]
+    out = {
+        DISAGREEMENT: sums[DIFFER] / jnp.maximum(sums[PAIRS], 1.0),
+        PAIRS: sums[PAIRS],
+        FLIPPED: flipped,
+        GAP_FORCED: sums[GAP_FORCED] / tokens,
+        GAP_FREE: sums[GAP_FREE] / tokens,
+    }
+    for key in (GAP_FORCED, GAP_FREE):  # nan where no token flipped: nothing to compare
+        total = sums[key + FLIPPED_SUFFIX]
+        out[key + FLIPPED_SUFFIX] = jnp.where(
+            flipped > 0, total / jnp.maximum(flipped, 1.0), jnp.nan
+        )
+    return out
 
 
 def disagreement(used_btlk: jax.Array, recorded_btw: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -16,7 +16,13 @@ from flax import nnx
 from rljax.config import LearnerConfig, ModelConfig, MoEConfig
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
-from rljax.learner.routing import disagreement, forced_routes, router_training
+from rljax.learner.routing import (
+    disagreement,
+    forced_routes,
+    replay_effect_metrics,
+    replay_effect_sums,
+    router_training,
+)
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
 
@@ -106,6 +112,15 @@ def test_replay_forces_the_recorded_experts_in_every_log_prob_forward(setup):
     assert abs(first["kl"]) < 1e-5
     # version 0: the extra unforced forward finds every recorded set differs
     assert first["moe/router_disagreement"] == pytest.approx(1.0)
+    # and, on the same batch and params, the mismatch with and without the forced routes: every
+    # recorded token flipped (a prompt's last position is trained but carries no routes)
+    gap = np.abs(free_logp - forced_logp)
+    flipped = mask & (batch.arrays["routes"][..., 0] >= 0)
+    assert first["moe/flipped_tokens"] == flipped.sum() < mask.sum()
+    for key in ("moe/abs_logp_forced", "moe/abs_logp_forced/flipped"):
+        assert first[key] < 1e-4
+    assert first["moe/abs_logp_unforced"] == pytest.approx(gap[mask].mean(), rel=1e-3)
+    assert first["moe/abs_logp_unforced/flipped"] == pytest.approx(gap[flipped].mean(), rel=1e-3)
     assert "moe/router_disagreement" not in learner.step(batch)  # every 2 steps
 
 
@@ -147,6 +162,24 @@ def test_disagreement_compares_expert_sets_where_recorded():
     recorded = jnp.asarray([[[2, 1, 3, 5], [5, 6, 0, 7], [-1, -1, -1, -1]]])  # [1, 3, 4]
     differ, pairs = disagreement(used, recorded)
     assert (float(differ), float(pairs)) == (1.0, 4.0)  # one of 4 (token, layer) pairs
+
+
+def test_replay_effect_compares_forced_and_free_mismatch_on_the_flipped_tokens():
+    used = jnp.asarray([[[[1, 2], [3, 4]], [[5, 6], [7, 0]], [[1, 2], [3, 4]]]])  # [1, 3, 2, 2]
+    mb = {
+        "routes": jnp.asarray([[[2, 1, 3, 5], [5, 6, 0, 7], [-1, -1, -1, -1]]]),  # [1, 3, 4]
+        "mask": jnp.asarray([[1.0, 1.0, 1.0]]),
+        "old_logprobs": jnp.asarray([[-1.0, -2.0, -3.0]]),
+    }
+    forced = jnp.asarray([[-1.0, -2.5, -3.0]])
+    free = jnp.asarray([[-1.5, -2.0, -2.0]])
+    sums = replay_effect_sums(forced, free, used, mb)
+    m = {k: float(v) for k, v in replay_effect_metrics(sums).items()}
+    # token 0 flipped (layer 1 differs); token 1 agrees; token 2 has no routes
+    assert (m["moe/router_disagreement"], m["moe/flipped_tokens"]) == (0.25, 1.0)
+    assert m["moe/abs_logp_forced"] == pytest.approx(0.5 / 3)
+    assert m["moe/abs_logp_unforced"] == pytest.approx(1.5 / 3)
+    assert (m["moe/abs_logp_forced/flipped"], m["moe/abs_logp_unforced/flipped"]) == (0.0, 0.5)
 
 
 def test_the_memory_plan_lowers_a_batch_with_routes(setup):
