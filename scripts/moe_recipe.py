@@ -91,6 +91,7 @@ def learn(args: argparse.Namespace, root: pathlib.Path) -> dict:
 COLUMNS = (
     ("disagreement", "moe/router_disagreement"),
     ("abs_logp", "mismatch/abs_logp"),
+    ("abs_logp_forced", "moe/abs_logp_forced"),
     ("abs_logp_unforced", "moe/abs_logp_unforced"),
     ("flipped_tokens", "moe/flipped_tokens"),
     ("abs_logp_forced_flipped", "moe/abs_logp_forced/flipped"),
@@ -110,48 +111,77 @@ def mismatch(args: argparse.Namespace, root: pathlib.Path) -> dict:
     for seed in map(int, args.seeds.split(",")):
         for replay in ("off", "rollout"):
             workdir = root / f"{replay}_{seed}"
-            launch(args.base, workdir, {**overrides, "seed": seed, "moe.router_replay": replay})
+            if not (args.reuse and (workdir / "metrics.jsonl").exists()):
+                over = {**overrides, "seed": seed, "moe.router_replay": replay}
+                launch(args.base, workdir, over)
             records = train_records(workdir)
             table[f"{replay}_{seed}"] = {
                 key: [r.get(m, math.nan) for r in records] for key, m in COLUMNS
             }
         print(
-            f"seed {seed}  replay off: disagree |logp|  replay on: disagree |logp|  "
-            "| on's batch, unforced: |logp|  flipped tokens: n, |logp| forced / unforced"
+            f"seed {seed}   replay off:     replay on:      replay on's batch, |logp|:"
+            "\n           disagree |logp|  disagree |logp|  forced  unforced  "
+            "flipped tokens: n, forced / unforced"
         )
         off, on = table[f"off_{seed}"], table[f"rollout_{seed}"]
         for step in range(len(off["abs_logp"])):
             print(
                 f"  step {step:3d}  {off['disagreement'][step]:.4f} {off['abs_logp'][step]:.5f}"
                 f"  {on['disagreement'][step]:.4f} {on['abs_logp'][step]:.5f}"
-                f"  {on['abs_logp_unforced'][step]:.5f}  {on['flipped_tokens'][step]:4.0f} "
-                f"{on['abs_logp_forced_flipped'][step]:.5f} / "
-                f"{on['abs_logp_unforced_flipped'][step]:.5f}",
+                f"  {on['abs_logp_forced'][step]:.5f} {on['abs_logp_unforced'][step]:.5f}"
+                f"  {on['flipped_tokens'][step]:4.0f} {on['abs_logp_forced_flipped'][step]:.5f}"
+                f" / {on['abs_logp_unforced_flipped'][step]:.5f}",
                 flush=True,
             )
-    summary = {}
+    return {"per_step": table, "summary": mismatch_summary(table)}
+
+
+def _median(values: list[float]) -> float:
+    """The median of the values that are numbers (a step with nothing to measure is nan)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.median(kept) if kept else math.nan
+
+
+def mismatch_summary(table: dict[str, dict[str, list[float]]]) -> dict:
+    """Per-seed medians over steps and their median; the paired replay-on comparisons."""
+    summary: dict[str, object] = {}
     for replay in ("off", "rollout"):
+        runs = [v for name, v in table.items() if name.startswith(replay)]
         keys = [key for key, _ in COLUMNS] if replay == "rollout" else ["disagreement", "abs_logp"]
         for key in keys:
-            per_seed = [
-                statistics.median(v[key]) for name, v in table.items() if name.startswith(replay)
-            ]
-            summary[f"{replay}_{key}_median_of_seed_medians"] = statistics.median(per_seed)
+            per_seed = [_median(v[key]) for v in runs]
+            summary[f"{replay}_{key}_median_of_seed_medians"] = _median(per_seed)
             summary[f"{replay}_{key}_seed_medians"] = per_seed
-    # Paired, on the replay-on runs' batches: unforced over forced mismatch, per step with a
-    # flipped token (the steps without one have no figure: nan is left out).
-    ratios = [
-        free / forced
-        for name, v in table.items()
-        if name.startswith("rollout")
+        summary[f"{replay}_steps_disagreeing"] = [
+            sum(d > 0 for d in v["disagreement"]) for v in runs
+        ]
+        summary[f"{replay}_steps"] = [len(v["disagreement"]) for v in runs]
+    on_runs = [v for name, v in table.items() if name.startswith("rollout")]
+    # Paired, on the replay-on runs' batches (same batch, same params): per step with a flipped
+    # token, the unforced over the forced mismatch over the flipped tokens and over all of them.
+    flipped = [
+        (free, forced)
+        for v in on_runs
         for free, forced in zip(v["abs_logp_unforced_flipped"], v["abs_logp_forced_flipped"])
-        if forced > 0 and not math.isnan(free)
+        if not math.isnan(free)
     ]
-    if ratios:
-        summary["flipped_unforced_over_forced_median"] = statistics.median(ratios)
-        summary["flipped_unforced_over_forced_range"] = [min(ratios), max(ratios)]
-        summary["flipped_steps"] = len(ratios)
-    return {"per_step": table, "summary": summary}
+    overall = [
+        (free, forced)
+        for v in on_runs
+        for free, forced, n in zip(
+            v["abs_logp_unforced"], v["abs_logp_forced"], v["flipped_tokens"]
+        )
+        if n > 0
+    ]
+    for name, pairs in (("flipped", flipped), ("overall", overall)):
+        ratios = [free / forced for free, forced in pairs if forced > 0]
+        if ratios:
+            summary[f"{name}_unforced_over_forced_median"] = statistics.median(ratios)
+            summary[f"{name}_unforced_over_forced_range"] = [min(ratios), max(ratios)]
+            summary[f"{name}_steps_unforced_above_forced"] = sum(f > g for f, g in pairs)
+            summary[f"{name}_steps_forced_above_unforced"] = sum(f < g for f, g in pairs)
+            summary[f"{name}_steps"] = len(pairs)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -162,6 +192,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num_steps", type=int, default=30, help="mismatch: RL steps per run")
     p.add_argument("--base", default="sync", help="mismatch: the variant ('small': a smoke run)")
     p.add_argument("--workdir", default="", help="where the runs go (default: a temporary dir)")
+    p.add_argument(
+        "--reuse", action="store_true", help="mismatch: read runs already in --workdir again"
+    )
     args = p.parse_args(argv)
     root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="moe_recipe_"))
     figures = learn(args, root) if args.what == "learn" else mismatch(args, root)
