@@ -138,17 +138,14 @@ def replay_effect_sums(
     the unforced one (``free_logp``, what replay off would have trained on), over every
     response token and over the flipped ones: those whose own position's expert set differs
     from the recorded one in some MoE layer. Same batch, same params: a paired comparison."""
-    b, t, lm, k = used_btlk.shape
-    recorded = mb["routes"].reshape(b, t, lm, k)
-    differ = jnp.any(jnp.sort(used_btlk, -1) != jnp.sort(recorded, -1), axis=-1)  # [B, T, Lm]
-    on = (mb["routes"][..., 0] >= 0).astype(jnp.float32)
+    differ, on = _differ(used_btlk, mb["routes"])
     mask = mb["mask"]
-    flipped = mask * on * jnp.any(differ, -1)
+    flipped = mask * jnp.any(differ > 0, -1)
     gap_forced = jnp.abs(forced_logp - mb["old_logprobs"]) * mask
     gap_free = jnp.abs(free_logp - mb["old_logprobs"]) * mask
     return {
-        DIFFER: jnp.sum(differ * on[..., None]),
-        PAIRS: jnp.sum(on) * lm,
+        DIFFER: jnp.sum(differ),
+        PAIRS: jnp.sum(on) * differ.shape[-1],
         TOKENS: jnp.sum(mask),
         FLIPPED: jnp.sum(flipped),
         GAP_FORCED: jnp.sum(gap_forced),
@@ -176,11 +173,18 @@ def replay_effect_metrics(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return out
 
 
+def _differ(used_btlk: jax.Array, recorded_btw: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(differ [B, T, Lm]: the learner's expert set differs from the recorded one, as sets;
+    on [B, T]: 1 where routes were recorded)."""
+    b, t, lm, k = used_btlk.shape
+    recorded = recorded_btw.reshape(b, t, lm, k)
+    on = (recorded_btw[..., 0] >= 0).astype(jnp.float32)
+    differ = jnp.any(jnp.sort(used_btlk, -1) != jnp.sort(recorded, -1), axis=-1)
+    return differ * on[..., None], on
+
+
 def disagreement(used_btlk: jax.Array, recorded_btw: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(pairs whose expert sets differ, pairs compared) over the (position, MoE layer) pairs
     with recorded routes: the learner's experts ``used`` against the sampler's, as sets."""
-    b, t, lm, k = used_btlk.shape
-    recorded = recorded_btw.reshape(b, t, lm, k)
-    on = (recorded_btw[..., 0] >= 0).astype(jnp.float32)  # [B, T]
-    differ = jnp.any(jnp.sort(used_btlk, -1) != jnp.sort(recorded, -1), axis=-1)  # [B, T, Lm]
-    return jnp.sum(differ * on[..., None]), jnp.sum(on) * lm
+    differ, on = _differ(used_btlk, recorded_btw)
+    return jnp.sum(differ), jnp.sum(on) * differ.shape[-1]
