@@ -20,6 +20,7 @@ from rljax.config.checks import (
     _positive,
     _positive_float,
 )
+from rljax.learner.loss_names import ADVANTAGE_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,9 @@ class LearnerConfig:
     Attributes:
       loss: the loss, by its name in rljax.LOSSES: grpo, dapo, dr_grpo, gspo, decoupled_ppo,
         or one research code registered.
+      advantage: the advantage estimator (rljax.learner.advantages, docs/algorithms.md): grpo
+        (the group's mean and std), rloo (the mean of the group's other responses) or
+        reinforce_plus_plus_baseline (the group's mean, then whitened over the batch's tokens).
       group_size: G, responses per prompt (>= 2: GRPO normalises rewards within a group).
       batch_groups: B, groups (prompts) per learner step.
       micro_batches: gradient accumulation steps per learner step.
@@ -68,6 +72,7 @@ class LearnerConfig:
     """
 
     loss: str = "grpo"
+    advantage: str = "grpo"
     group_size: int = 8
     batch_groups: int = 16
     micro_batches: int = 1
@@ -126,8 +131,16 @@ class LearnerConfig:
         _positive_float("learner.beta", self.beta, allow_zero=True)
         _positive_float("learner.truncated_is", self.truncated_is, allow_zero=True)
         _one_of("learner.proximal", self.proximal, ("recompute", "loglinear"))
+        _one_of("learner.advantage", self.advantage, ADVANTAGE_NAMES)
         if self.scale_advantages is not None and not isinstance(self.scale_advantages, bool):
             _fail("learner.scale_advantages", self.scale_advantages, "True, False or None")
+        if self.scale_advantages and self.advantage != "grpo":
+            _fail(
+                "learner.scale_advantages",
+                self.scale_advantages,
+                f"None or False with learner.advantage={self.advantage!r} (only grpo divides by "
+                "the group's std)",
+            )
         # 0 is allowed: a control run that samples and scores but never moves the policy.
         _positive_float("learner.learning_rate", self.learning_rate, allow_zero=True)
         _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)

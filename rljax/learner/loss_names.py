@@ -17,3 +17,7 @@ LOSS_NEEDS: dict[str, Needs] = {
     "decoupled_ppo": NOTHING,
     "sft": NOTHING,
 }
+
+# The outcome advantage estimators by name (``learner.advantage``;
+# rljax.learner.advantages.outcome_advantages computes them).
+ADVANTAGE_NAMES = ("grpo", "rloo", "reinforce_plus_plus_baseline")

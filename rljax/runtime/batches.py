@@ -9,6 +9,7 @@ a warm start's sequence per teacher answer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -21,7 +22,7 @@ from rljax.data.teachers import Answer
 from rljax.engine.sampler import Request
 from rljax.engine.state import SlotSampling
 from rljax.envs.conversation import Conversations
-from rljax.learner.advantages import group_advantages, resolve_scale
+from rljax.learner.advantages import outcome_advantages, resolve_scale
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
 from rljax.learner.losses import Loss
 from rljax.runtime import agents
@@ -81,19 +82,25 @@ class Encoding:
         )
 
     def batch(self, groups: list[Group]) -> TrainBatch:
-        """Group-normalised advantages, then a packed batch for the configured loss."""
+        """Each response's advantage (``learner.advantage``), then a packed batch for the
+        configured loss."""
         if log.isEnabledFor(logging.DEBUG):  # one JSON line per batch, for pod debugging
             fields = {"prompts": [g.example["prompt"] for g in groups]}
             log.debug("data %s %s", "learner", json.dumps(fields))
-        adv = group_advantages(
-            np.stack([g.rewards for g in groups]), scale=resolve_scale(self.cfg.learner, self.loss)
+        learner = self.cfg.learner
+        seqs = [[train_sequence(t, 0.0) for t in g.trajectories] for g in groups]
+        adv = outcome_advantages(
+            learner.advantage,
+            np.stack([g.rewards for g in groups]),
+            np.asarray([[s.trained_len for s in row] for row in seqs]),
+            scale=resolve_scale(learner, self.loss),
         )
-        seqs = [
-            train_sequence(t, float(a))
-            for g, row in zip(groups, adv, strict=True)
-            for t, a in zip(g.trajectories, row, strict=True)
+        flat = [
+            dataclasses.replace(s, advantage=float(a))
+            for row, arow in zip(seqs, adv, strict=True)
+            for s, a in zip(row, arow, strict=True)
         ]
-        return self.pack(seqs, self.loss.aggregation)
+        return self.pack(flat, self.loss.aggregation)
 
     def teacher_sequence(self, example: dict, answer: Answer) -> TrainSequence:
         """What the warm start trains for a teacher's ``answer`` to ``example``: the prompt, then

@@ -8,7 +8,14 @@ from absl import flags
 from ml_collections import config_flags
 
 from rljax.config import LearnerConfig, RunConfig, from_config_dict, to_config_dict
-from rljax.learner.advantages import group_advantages, resolve_scale
+from rljax.config.checks import ConfigError
+from rljax.learner.advantages import (
+    group_advantages,
+    outcome_advantages,
+    reinforce_pp_baseline_advantages,
+    resolve_scale,
+    rloo_advantages,
+)
 from rljax.learner.losses import Loss, grpo
 
 
@@ -77,3 +84,32 @@ def test_scale_advantages_is_still_overridable_from_the_command_line(monkeypatch
 def test_scale_advantages_rejects_non_booleans():
     with pytest.raises(ValueError, match="learner.scale_advantages"):
         LearnerConfig(scale_advantages=1)
+
+
+def test_rloo_is_the_leave_one_out_baseline():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 6.0]])
+    others = (rewards.sum(1, keepdims=True) - rewards) / (rewards.shape[1] - 1)
+    np.testing.assert_allclose(rloo_advantages(rewards), rewards - others, rtol=1e-6)
+
+
+def test_reinforce_pp_baseline_weighs_each_response_by_its_tokens():
+    rewards, tokens = np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([[3, 1], [2, 2]])
+    a = reinforce_pp_baseline_advantages(rewards, tokens)
+    per_token = np.repeat(np.array([0.5, -0.5, 0.0, 0.0]), tokens.reshape(-1))
+    expected = (np.array([0.5, -0.5, 0.0, 0.0]) - per_token.mean()) / per_token.std(ddof=1)
+    np.testing.assert_allclose(a.reshape(-1), expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="at least 2"):
+        reinforce_pp_baseline_advantages(np.array([[1.0, 0.0]]), np.array([[1, 0]]))
+
+
+def test_the_estimator_is_chosen_by_name_and_checked_in_the_config():
+    rewards, tokens = np.array([[1.0, 0.0, 0.0]]), np.array([[2, 2, 2]])
+    np.testing.assert_array_equal(
+        outcome_advantages("rloo", rewards, tokens), rloo_advantages(rewards)
+    )
+    with pytest.raises(ValueError, match="unknown advantage estimator 'gae'"):
+        outcome_advantages("gae", rewards, tokens)
+    with pytest.raises(ConfigError, match="'learner.advantage' = 'gae' is invalid"):
+        LearnerConfig(advantage="gae")
+    with pytest.raises(ConfigError, match="only grpo divides"):
+        LearnerConfig(advantage="rloo", scale_advantages=True)
