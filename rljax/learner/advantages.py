@@ -7,8 +7,8 @@
   tokens (:func:`reinforce_pp_baseline_advantages`).
 
 Each is one number per response, which the learner applies to every trained token of it. The
-definitions follow verl's ``core_algos`` (tests/learner/test_advantages_verl.py checks them
-against it); where rljax differs, the function says so. docs/algorithms.md has the formulas.
+definitions follow verl's ``core_algos``; where rljax differs, the function says so.
+docs/algorithms.md has the formulas.
 """
 
 from __future__ import annotations
