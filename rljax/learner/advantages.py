@@ -40,9 +40,7 @@ def group_advantages(
             f"group_advantages(scale={scale!r}): pass a bool; for a run's config use "
             "scale=resolve_scale(cfg.learner, loss) (scale_advantages=None means the loss decides)"
         )
-    rewards_ng = np.asarray(rewards_ng, np.float64)
-    if rewards_ng.ndim != 2 or rewards_ng.shape[1] < 2:
-        raise ValueError(f"rewards must be [groups, G] with G >= 2, got shape {rewards_ng.shape}")
+    rewards_ng = _groups(rewards_ng)
     centred = rewards_ng - rewards_ng.mean(axis=1, keepdims=True)
     if scale:
         centred = centred / (rewards_ng.std(axis=1, ddof=0, keepdims=True) + eps)
