@@ -403,6 +403,29 @@ class Checkpointer:
         )
         return out.params, out.opt_state, _unwrap_meta(out.meta)
 
+    def restore_params(self, abstract_params: Any) -> Any:
+        """The newest step's params alone (a frozen model made from a run: a teacher), onto
+        ``abstract_params``' shardings; :class:`CheckpointError` when none restores."""
+        self.wait()
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(
+                f"no finalised checkpoint in {self.directory}; point at a run's workdir that "
+                "saved one"
+            )
+        try:
+            out = self._manager.restore(
+                steps[-1],
+                args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
+            )
+        except Exception as e:  # noqa: BLE001 - orbax raises many types for a damaged step
+            raise CheckpointError(
+                f"could not restore the params of checkpoint step {steps[-1]} at "
+                f"{self.step_dir(steps[-1])} ({_brief(e)}); it may be damaged or hold another "
+                "model"
+            ) from e
+        return out.params
+
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         """The run meta of ``step`` (default: the latest) alone, without reading any array.
 

@@ -17,7 +17,14 @@ conversion) and ``keys`` (the table of every key, from the sections' ``Attribute
 docstrings, that docs/runtime.md holds); everything public is importable from ``rljax.config``.
 """
 
-from rljax.config.algorithm import BufferConfig, LearnerConfig, LoRAConfig, SFTConfig
+from rljax.config.algorithm import (
+    BufferConfig,
+    CriticConfig,
+    LearnerConfig,
+    LoRAConfig,
+    SFTConfig,
+    TeacherConfig,
+)
 from rljax.config.checks import (
     DTYPES,
     FAMILIES,
@@ -57,6 +64,7 @@ __all__ = [
     "BufferConfig",
     "CheckpointConfig",
     "ConfigError",
+    "CriticConfig",
     "DataConfig",
     "EnvConfig",
     "LoRAConfig",
@@ -68,6 +76,7 @@ __all__ = [
     "RewardConfig",
     "RunConfig",
     "SFTConfig",
+    "TeacherConfig",
     "SamplingConfig",
     "from_config_dict",
     "replace",

@@ -34,9 +34,18 @@ class LearnerConfig:
     Attributes:
       loss: the loss, by its name in rljax.LOSSES: grpo, dapo, dr_grpo, gspo, decoupled_ppo,
         or one research code registered.
-      advantage: the advantage estimator (rljax.learner.advantages, docs/algorithms.md): grpo
-        (the group's mean and std), rloo (the mean of the group's other responses) or
-        reinforce_plus_plus_baseline (the group's mean, then whitened over the batch's tokens).
+      advantage: the advantage estimator (docs/algorithms.md). Per response, on the host
+        (rljax.learner.advantages): grpo (the group's mean and std), rloo (the mean of the
+        group's other responses) or reinforce_plus_plus_baseline (the group's mean, then
+        whitened over the batch's tokens). Per token, at learn time
+        (rljax.learner.token_advantages): reinforce_plus_plus (discounted returns of the
+        reward less kl_reward times the KL to the reference, whitened), gae (a critic's
+        values; needs critic.enabled) or opd (the teacher's log-probs minus the student's;
+        needs teacher.init).
+      gamma: the discount of reinforce_plus_plus's returns and of gae (verl: 1.0).
+      lam: lambda, gae's bias-variance trade-off (verl: 1.0).
+      kl_reward: reinforce_plus_plus's KL coefficient in the per-token reward (k1 to the
+        reference, the initial policy); 0 disables. Unlike beta it is not a loss term.
       group_size: G, responses per prompt (>= 2: GRPO normalises rewards within a group).
       batch_groups: B, groups (prompts) per learner step.
       micro_batches: gradient accumulation steps per learner step.
@@ -87,6 +96,9 @@ class LearnerConfig:
     truncated_is: float = 0.0
     proximal: str = "recompute"
     scale_advantages: bool | None = None
+    gamma: float = 1.0
+    lam: float = 1.0
+    kl_reward: float = 0.0
     learning_rate: float = 1e-4
     warmup_steps: int = 0
     decay_steps: int = 0
@@ -141,6 +153,18 @@ class LearnerConfig:
                 f"None or False with learner.advantage={self.advantage!r} (only grpo divides by "
                 "the group's std)",
             )
+        for k in ("gamma", "lam"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+                _fail(f"learner.{k}", v, "a number in [0, 1]")
+        _positive_float("learner.kl_reward", self.kl_reward, allow_zero=True)
+        if self.kl_reward and self.advantage != "reinforce_plus_plus":
+            _fail(
+                "learner.kl_reward",
+                self.kl_reward,
+                f"0 with learner.advantage={self.advantage!r} (only reinforce_plus_plus puts the "
+                "KL in the reward; learner.beta is the KL loss term of the others)",
+            )
         # 0 is allowed: a control run that samples and scores but never moves the policy.
         _positive_float("learner.learning_rate", self.learning_rate, allow_zero=True)
         _positive("learner.warmup_steps", self.warmup_steps, allow_zero=True)
@@ -156,6 +180,76 @@ class LearnerConfig:
     def batch_size(self) -> int:
         """Sequences per learner step."""
         return self.batch_groups * self.group_size
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the step reads the reference policy's log-probs (a KL loss or reward)."""
+        return self.beta > 0 or self.kl_reward > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig:
+    """The critic of ``learner.advantage='gae'`` (rljax.learner.critic; docs/algorithms.md): a
+    decoder of the policy's architecture with a scalar value head, its own parameters and
+    AdamW, trained on the learner mesh beside the policy with PPO's clipped value loss.
+
+    Attributes:
+      enabled: train a critic (required by, and only allowed with, advantage='gae').
+      init: the decoder's initial weights: 'policy' (the policy's at the start of RL, after
+        the warm start) or a Hugging Face directory of a model with the policy's
+        architecture. The value head starts at zero, so the first values are 0.
+      learning_rate: the critic's AdamW rate (constant).
+      warmup_steps: the first RL steps train the critic alone; the policy starts moving after
+        them (verl's critic_warmup).
+      value_clip: the clipped value loss's band around the values the batch was scored with
+        (verl's cliprange_value).
+      grad_clip: the critic's global gradient-norm clip; 0 disables.
+      weight_decay: the critic's AdamW weight decay.
+    """
+
+    enabled: bool = False
+    init: str = "policy"
+    learning_rate: float = 1e-4
+    warmup_steps: int = 0
+    value_clip: float = 0.5
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            _fail("critic.enabled", self.enabled, "True or False")
+        if not isinstance(self.init, str) or not self.init:
+            _fail("critic.init", self.init, "'policy' or a Hugging Face directory")
+        _positive_float("critic.learning_rate", self.learning_rate)
+        _positive("critic.warmup_steps", self.warmup_steps, allow_zero=True)
+        _positive_float("critic.value_clip", self.value_clip)
+        _positive_float("critic.grad_clip", self.grad_clip, allow_zero=True)
+        _positive_float("critic.weight_decay", self.weight_decay, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherConfig:
+    """The frozen teacher of ``learner.advantage='opd'`` (on-policy distillation;
+    rljax.learner.teacher): it scores the student's sampled tokens with its log-probs on the
+    learner mesh, one forward per batch through the fused log-prob kernel.
+
+    Attributes:
+      init: the teacher's weights: a run's workdir (its newest checkpoint, with the model and
+        tokenizer its config recorded), a Hugging Face directory, a GGUF file or 'smollm2';
+        '' (no teacher). It must share the policy's tokenizer.
+      tokenizer: the teacher's tokenizer when init does not record one: 'init' (the checkpoint's
+        own), 'char' or a directory with tokenizer.json. Compared with the policy's before
+        anything loads.
+    """
+
+    init: str = ""
+    tokenizer: str = "init"
+
+    def __post_init__(self):
+        if not isinstance(self.init, str):
+            _fail("teacher.init", self.init, "a workdir, a Hugging Face directory, or ''")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            _fail("teacher.tokenizer", self.tokenizer, "'init', 'char' or a tokenizer directory")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from rljax.config.algorithm import BufferConfig, LearnerConfig, LoRAConfig, SFTConfig
+from rljax.config.algorithm import (
+    BufferConfig,
+    CriticConfig,
+    LearnerConfig,
+    LoRAConfig,
+    SFTConfig,
+    TeacherConfig,
+)
 from rljax.config.checks import (
     RUN_MODES,
     ConfigError,
@@ -47,6 +54,8 @@ class RunConfig:
         dtype is kept).
       sampling: generation (SamplingConfig).
       learner: the RL algorithm and its optimiser (LearnerConfig).
+      critic: the value model of learner.advantage='gae' (CriticConfig).
+      teacher: the frozen teacher of learner.advantage='opd' (TeacherConfig).
       sft: the supervised warm start (SFTConfig).
       buffer: the staleness-aware buffer (BufferConfig).
       mesh: the devices of the two roles (MeshConfig).
@@ -77,6 +86,8 @@ class RunConfig:
     init: str = "random"
     sampling: SamplingConfig = SamplingConfig()
     learner: LearnerConfig = LearnerConfig()
+    critic: CriticConfig = CriticConfig()
+    teacher: TeacherConfig = TeacherConfig()
     sft: SFTConfig = SFTConfig()
     buffer: BufferConfig = BufferConfig()
     mesh: MeshConfig = MeshConfig()
@@ -109,6 +120,7 @@ class RunConfig:
                 "0 in sync mode (set mode='async' to train off-policy)",
             )
         self._check_needs()
+        self._check_roles()
         check_moe(self.model, self.moe, self.mesh.expert_parallel)
         if self.lora.enabled:
             check_lora_targets(self.model, self.lora.targets)
@@ -155,6 +167,32 @@ class RunConfig:
                 "sampling.max_concurrent_decodes",
                 self.sampling.max_concurrent_decodes,
                 f"at least learner.group_size={self.learner.group_size} (a group shares a prefill)",
+            )
+
+    def _check_roles(self) -> None:
+        """The critic and the teacher exist exactly when the estimator uses them."""
+        advantage = self.learner.advantage
+        if advantage == "gae" and not self.critic.enabled:
+            raise ConfigError(
+                "config key 'learner.advantage' = 'gae' needs a critic; set critic.enabled=True "
+                "(critic.init='policy' starts it from the policy) or pick another estimator"
+            )
+        if self.critic.enabled and advantage != "gae":
+            _fail(
+                "critic.enabled",
+                True,
+                f"False with learner.advantage={advantage!r} (only gae reads a critic's values)",
+            )
+        if advantage == "opd" and not self.teacher.init:
+            raise ConfigError(
+                "config key 'learner.advantage' = 'opd' needs a teacher; set teacher.init to a "
+                "run's workdir or a Hugging Face directory"
+            )
+        if self.teacher.init and advantage != "opd":
+            _fail(
+                "teacher.init",
+                self.teacher.init,
+                f"'' with learner.advantage={advantage!r} (only opd reads a teacher)",
             )
 
     def _check_needs(self) -> None:

@@ -5,6 +5,8 @@ ids, rather than padded to the longest one (:mod:`rljax.policy.packing` decides 
 At row position t the arrays hold the input token and everything about the *next* token, the
 one that position predicts: its id (``targets``), whether it is a trained response token
 (``mask``), its behaviour log-prob, advantage and policy version, and its weight in the loss.
+``rewards`` holds each sequence's reward at its last trained token (0 elsewhere), where the
+per-token estimators (:mod:`rljax.learner.token_advantages`) take it.
 
 The weight encodes the loss aggregation, so micro-batches simply add up:
 - ``token_mean``: every response token of the batch weighs 1 / (response tokens in the batch);
@@ -44,6 +46,7 @@ FIELDS = (
     "old_logprobs",
     "advantages",
     "versions",
+    "rewards",
 )
 
 
@@ -59,6 +62,7 @@ class TrainSequence:
     loss_mask: Sequence[int] = ()  # per response token: 1 trained (model), 0 not (env); (): all
     # per response token: its flat Lm*k expert ids ([]: none recorded); (): no routes at all
     routes: Sequence[Sequence[int]] = ()
+    reward: float = 0.0  # the outcome reward, packed at its last trained token
 
     @property
     def response_len(self) -> int:
@@ -159,7 +163,7 @@ def pack_batch(
     return TrainBatch(stacked, len(seqs), sum(len(s.tokens) for s in seqs), n_resp)
 
 
-_FLOATS = ("mask", "weights", "old_logprobs", "advantages")
+_FLOATS = ("mask", "weights", "old_logprobs", "advantages", "rewards")
 
 
 def _weight(s: TrainSequence, aggregation: str, n_resp: int, n_seqs: int, max_new: int) -> float:
@@ -185,6 +189,9 @@ def _write(
     arrays["mask"][row, tgt] = trained
     arrays["weights"][row, tgt] = weight * trained
     arrays["advantages"][row, tgt] = s.advantage
+    trained_at = np.flatnonzero(s.loss_mask) if s.loss_mask else [s.response_len - 1]
+    if len(trained_at):
+        arrays["rewards"][row, start + p - 1 + trained_at[-1]] = s.reward
     if s.logprobs:
         # An env token's behaviour log-prob never reaches a loss: no policy sampled it.
         arrays["old_logprobs"][row, tgt] = np.where(trained, np.asarray(s.logprobs, np.float32), 0)

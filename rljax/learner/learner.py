@@ -28,6 +28,7 @@ differ; see docs/runtime.md).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -39,12 +40,15 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.config import ConfigError, LearnerConfig
+from rljax.config import ConfigError, CriticConfig, LearnerConfig
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
+from rljax.learner.critic import Critic, critic_optimizer
 from rljax.learner.gradients import Gradients
 from rljax.learner.loan import GradLoan, LentGrads
+from rljax.learner.loss_names import TOKEN_ADVANTAGES
 from rljax.learner.losses import Loss, get_loss
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
+from rljax.learner.scoring import BatchScoring
 from rljax.learner.routing import (
     FLIPPED,
     FLIPPED_SUFFIX,
@@ -89,6 +93,13 @@ class Learner:
     trained: gradients and optimiser state exist for them alone, the base weights pass
     through every step untouched, and the KL reference is the base (adapters off), so
     ``ref_params`` is not kept.
+
+    The per-token estimators (``cfg.advantage`` reinforce_plus_plus, gae, opd) score each batch
+    on this mesh before the updates (:class:`~rljax.learner.scoring.BatchScoring`). With a
+    ``critic`` (gae) the learner trains it beside the policy, every update, and
+    ``opt_state`` is ``{"policy": the policy's optimiser state, "critic": the critic's
+    params and optimiser state}`` (:mod:`rljax.learner.critic`); a ``teacher`` (opd: its graph
+    and params) is frozen and placed like the reference.
     """
 
     def __init__(
@@ -108,23 +119,76 @@ class Learner:
         opt_state: Any = None,
         seed: int = 0,
         router: RouterTraining | None = None,
+        critic: CriticConfig | None = None,
+        critic_init: nnx.State | None = None,
+        teacher: tuple[nnx.GraphDef, nnx.State] | None = None,
     ):
         self.router = router
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.lora = lora.has_adapters(params)
         self.gradients = self._gradients(kernel_impl, seed)
+        self._roles(critic, params, teacher)
         self.version = version
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
         self.params = jax.device_put(params, self.param_shardings, may_alias=False)
         self.ref_params = None
-        if ref_params is not None and cfg.beta > 0 and not self.lora:
+        if ref_params is not None and cfg.needs_reference and not self.lora:
             self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
+        self.teacher_params = None
+        if teacher is not None:
+            self.teacher_params = jax.device_put(
+                teacher[1], state_shardings(teacher[1], mesh, rules), may_alias=False
+            )
         if opt_state is None:  # a fresh run; a resumed one passes its restored state
-            init = jax.jit(self.tx.init, out_shardings=self._opt_shardings())
-            opt_state = init(self.trainable(self.params))
+            opt_state = self._initial_opt_state(critic_init)
         self.opt_state = jax.device_put(opt_state, self._opt_shardings())
         self._build_step()
+
+    def _roles(
+        self,
+        critic: CriticConfig | None,
+        params: nnx.State,
+        teacher: tuple[nnx.GraphDef, nnx.State] | None,
+    ) -> None:
+        """The critic and the teacher (``self.gradients`` set first), and the scoring of the
+        per-token estimators that reads them."""
+        self.critic = None
+        if critic is not None:
+            hidden = jax.tree.leaves(params["final_norm"])[0].shape[-1]
+            tx = critic_optimizer(critic, self.cfg)
+            self.critic = Critic(critic, self.gradients, tx, hidden)
+        self.teacher = None
+        if teacher is not None:
+            self.teacher = dataclasses.replace(
+                self.gradients, graphdef=teacher[0], lora=False, router=None
+            )
+        self.scoring = None
+        if self.cfg.advantage in TOKEN_ADVANTAGES:
+            self.scoring = BatchScoring(self.cfg, self.gradients, self.critic, self.teacher)
+
+    def teacher_roles(self) -> tuple[nnx.GraphDef, nnx.State] | None:
+        """The teacher as the constructor takes it (its graph and params), or None."""
+        if self.teacher is None or self.teacher_params is None:
+            return None
+        return self.teacher.graphdef, self.teacher_params
+
+    def restart_critic(self) -> None:
+        """A fresh critic from the policy's current params (after a warm start moved them)."""
+        assert self.critic is not None
+        init = jax.jit(self.critic.initial, out_shardings=self._critic_shardings())
+        self.opt_state = dict(self.opt_state, critic=init(self.params))
+
+    def _initial_opt_state(self, critic_init: nnx.State | None) -> Any:
+        """A fresh optimiser state (with a critic's, initialised from ``critic_init``, default
+        the policy's params), on its shardings."""
+        policy = jax.jit(self.tx.init, out_shardings=self._opt_shardings(policy=True))
+        state = policy(self.trainable(self.params))
+        if self.critic is None:
+            return state
+        decoder = self.params if critic_init is None else critic_init
+        init = jax.jit(self.critic.initial, out_shardings=self._critic_shardings())
+        return {"policy": state, "critic": init(decoder)}
 
     def _configure(
         self,
@@ -168,13 +232,21 @@ class Learner:
         """The part of a params-shaped ``tree`` that trains: the adapters with LoRA, else all."""
         return self.gradients.trainable(tree)
 
-    def _opt_shardings(self) -> Any:
-        return optimizer_shardings(
+    def _opt_shardings(self, *, policy: bool = False) -> Any:
+        """The optimiser state's shardings (``policy``: the policy's part alone)."""
+        own = optimizer_shardings(
             self.tx,
             self.trainable(self.params),
             self.trainable(self.param_shardings),
             self._replicated,
         )
+        if self.critic is None or policy:
+            return own
+        return {"policy": own, "critic": self._critic_shardings()}
+
+    def _critic_shardings(self) -> Any:
+        assert self.critic is not None
+        return self.critic.state_shardings(self.params, self.param_shardings, self._replicated)
 
     def _build_step(self) -> None:
         self._step_fn = jax.jit(
@@ -196,6 +268,7 @@ class Learner:
         temperature: float = 1.0,
         kernel_impl: str = "auto",
         router: RouterTraining | None = None,
+        critic: CriticConfig | None = None,
     ) -> Learner:
         """A learner whose state is ``jax.ShapeDtypeStruct``s: nothing is allocated.
 
@@ -209,11 +282,15 @@ class Learner:
         self._configure(cfg, graphdef, mesh, rules, loss, None, temperature)
         self.lora = lora.has_adapters(params)
         self.gradients = self._gradients(kernel_impl, 0)
+        self._roles(critic, params, None)
         self.version = 0
         self.param_shardings = state_shardings(params, mesh, rules)
         self.params = with_shardings(params, self.param_shardings)
-        self.ref_params = self.params if cfg.beta > 0 and not self.lora else None
+        self.ref_params = self.params if cfg.needs_reference and not self.lora else None
+        self.teacher_params = None
         opt_state = jax.eval_shape(self.tx.init, self.trainable(self.params))
+        if self.critic is not None:
+            opt_state = {"policy": opt_state, "critic": jax.eval_shape(self.critic.initial, params)}
         self.opt_state = with_shardings(opt_state, self._opt_shardings())
         self._build_step()
         return self
@@ -241,6 +318,8 @@ class Learner:
         example = pack_batch([TrainSequence([0, 0], 1, routes=routes)], row_len=2).arrays
         if self._needs_proximal:
             example["prox_logprobs"] = example["old_logprobs"]
+        if self.critic is not None:  # what scoring adds for the critic's loss
+            example |= {"values": example["rewards"], "returns": example["rewards"]}
         batch = {
             name: jax.ShapeDtypeStruct(
                 (*batch_shape, *a.shape[3:]), a.dtype, sharding=self._batch_sharding
@@ -253,8 +332,20 @@ class Learner:
     def _train_step(
         self, params: Any, opt_state: Any, ref_params: Any, batch: Any, version: jax.Array
     ) -> tuple[Any, Any, dict]:
+        critic_metrics: dict[str, jax.Array] = {}
+        if self.critic is not None:  # the base it reads (LoRA) is the same before and after
+            critic_state, critic_metrics = self.critic.update(opt_state["critic"], params, batch)
         grads, loss, sums = self.gradients.accumulate(params, ref_params, batch, version)
-        return self._finish(params, opt_state, grads, loss, sums)
+        params, opt_state, metrics = self._finish(params, opt_state, grads, loss, sums)
+        if self.critic is not None:
+            opt_state = dict(opt_state, critic=critic_state)
+        return params, opt_state, metrics | critic_metrics
+
+    def _critic_step(self, params: Any, opt_state: Any, batch: Any) -> tuple[Any, dict]:
+        """The critic's update alone (its warm-up, or beside a lent policy update)."""
+        assert self.critic is not None
+        critic_state, metrics = self.critic.update(opt_state["critic"], params, batch)
+        return dict(opt_state, critic=critic_state), metrics
 
     def _apply_parts(self, params: Any, opt_state: Any, parts: tuple) -> tuple[Any, Any, dict]:
         """The update from gradient parts (own and lent micro-batches), summed in order."""
@@ -264,8 +355,10 @@ class Learner:
     def _finish(
         self, params: Any, opt_state: Any, grads: Any, loss: jax.Array, sums: dict
     ) -> tuple[Any, Any, dict]:
-        """Clip, update and the step's metrics, from the summed gradients and sums."""
+        """Clip, update and the step's metrics, from the summed gradients and sums (a critic's
+        state passes through)."""
         train = self.trainable(params)
+        full, opt_state = opt_state, self._policy_opt(opt_state)
         updates, opt_state = self.tx.update(grads, opt_state, train)
         train = optax.apply_updates(train, updates)
         # With LoRA the base passes through: donated and returned unchanged, it is not copied.
@@ -284,7 +377,13 @@ class Learner:
             grad_norm=optax.tree.norm(grads),
             learning_rate=applied_learning_rate(opt_state),
         )
+        if self.critic is not None:
+            opt_state = dict(full, policy=opt_state)
         return params, opt_state, metrics
+
+    def _policy_opt(self, opt_state: Any) -> Any:
+        """The policy's optimiser state in ``opt_state`` (all of it without a critic)."""
+        return opt_state if self.critic is None else opt_state["policy"]
 
     # -- API --------------------------------------------------------------------------------
 
@@ -313,15 +412,23 @@ class Learner:
         micro-batches on ``loan.devices`` and sums them into its update (Trainer-on-RollPool).
         """
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
+        extra: dict[str, jax.Array] = {}
+        if self.scoring is not None:
+            critic = None if self.critic is None else self.opt_state["critic"]
+            arrays, extra = self._score_fn(
+                self.params, critic, self.ref_params, self.teacher_params, arrays
+            )
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
-        extra: dict[str, jax.Array] = {}
         if self.router and self.router.measures_now(self.version) and "routes" in arrays:
-            extra = self._replay_effect_fn(self.params, arrays)
+            extra |= self._replay_effect_fn(self.params, arrays)
         first = None
         for _ in range(self.cfg.ppo_epochs):
             version = jnp.int32(self.version)
-            if loan is None:
+            if self.critic is not None and self.version < self.critic.cfg.warmup_steps:
+                # the critic's warm-up: the policy stands still
+                self.opt_state, metrics = self._critic_step_fn(self.params, self.opt_state, arrays)
+            elif loan is None:
                 self.params, self.opt_state, metrics = self._step_fn(
                     self.params, self.opt_state, self.ref_params, arrays, version
                 )
@@ -365,6 +472,11 @@ class Learner:
         self.params, self.opt_state, metrics = self._apply_fn(
             self.params, self.opt_state, tuple(parts)
         )
+        if self.critic is not None:  # the critic's gradients are not lent
+            self.opt_state, critic_metrics = self._critic_step_fn(
+                self.params, self.opt_state, arrays
+            )
+            metrics |= critic_metrics
         return metrics
 
     def lent_grads(self, devices: Sequence[jax.Device]) -> LentGrads:
@@ -394,6 +506,20 @@ class Learner:
             donate_argnums=(0, 1),
             out_shardings=(self.param_shardings, self._opt_shardings(), self._replicated),
         )
+
+    @functools.cached_property
+    def _critic_step_fn(self) -> Any:
+        return jax.jit(
+            self._critic_step,
+            donate_argnums=(1,),
+            out_shardings=(self._opt_shardings(), self._replicated),
+        )
+
+    @functools.cached_property
+    def _score_fn(self) -> Any:
+        """The per-token estimator's scoring of a batch (:class:`BatchScoring`), one jit."""
+        assert self.scoring is not None
+        return jax.jit(self.scoring.__call__, out_shardings=(self._batch_sharding, self._replicated))
 
     @functools.cached_property
     def _replay_effect_fn(self) -> Any:
@@ -451,6 +577,12 @@ class Learner:
                 self.ref_params = jax.device_put(
                     source.ref_params, self.param_shardings, may_alias=False
                 )
+            if source.teacher_params is not None:
+                self.teacher_params = jax.device_put(
+                    source.teacher_params,
+                    state_shardings(source.teacher_params, self.mesh, self.rules),
+                    may_alias=False,
+                )
         # The same shardings the train step was compiled for, so its jit cache still hits.
         self.opt_state = jax.device_put(source.opt_state, self._opt_shardings(), may_alias=False)
         self.version = source.version
@@ -460,8 +592,8 @@ class Learner:
     def release(self, *, reference: bool = False) -> None:
         """Drop the params and optimiser state (a pod host changing role frees its memory; the
         state lives on in the checkpoint the resize restores), and with ``reference`` the
-        reference params too (a move hands them to the learner on the new mesh; a pod host
-        keeps them for the cached learner a restore reuses)."""
+        reference and teacher params too (a move hands them to the learner on the new mesh; a
+        pod host keeps them for the cached learner a restore reuses)."""
         self.params = self.opt_state = None
         if reference:
-            self.ref_params = None
+            self.ref_params = self.teacher_params = None

@@ -18,6 +18,9 @@ LOSS_NEEDS: dict[str, Needs] = {
     "sft": NOTHING,
 }
 
-# The outcome advantage estimators by name (``learner.advantage``;
-# rljax.learner.advantages.outcome_advantages computes them).
-ADVANTAGE_NAMES = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+# The advantage estimators by name (``learner.advantage``): the outcome ones, one number per
+# response on the host (rljax.learner.advantages.outcome_advantages), then the per-token ones
+# the learner computes at step time (rljax.learner.token_advantages).
+OUTCOME_ADVANTAGES = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+TOKEN_ADVANTAGES = ("reinforce_plus_plus", "gae", "opd")
+ADVANTAGE_NAMES = OUTCOME_ADVANTAGES + TOKEN_ADVANTAGES

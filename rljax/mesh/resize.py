@@ -161,6 +161,8 @@ def move_learner(
             ref_params=current.ref_params,
             kernel_impl=current.gradients.kernel_impl,
             router=current.router,
+            critic=None if current.critic is None else current.critic.cfg,
+            teacher=current.teacher_roles(),
         ),
     )
     target.take_state(current, params=not fresh)  # a new learner copied them in its constructor

@@ -242,6 +242,10 @@ class Tokenizer:
         """
         return _load_gguf(cls, os.fspath(path))
 
+    def vocab(self) -> dict[str, int]:
+        """Every token and its id, added tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     # ---- encoding ---------------------------------------------------------------------------
 
     def _check_chars(self, text: str) -> None:

@@ -24,6 +24,7 @@ from rljax.engine.state import SlotSampling
 from rljax.envs.conversation import Conversations
 from rljax.learner.advantages import outcome_advantages, resolve_scale
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
+from rljax.learner.loss_names import TOKEN_ADVANTAGES
 from rljax.learner.losses import Loss
 from rljax.runtime import agents
 from rljax.runtime.prompts import task_example
@@ -83,12 +84,20 @@ class Encoding:
 
     def batch(self, groups: list[Group]) -> TrainBatch:
         """Each response's advantage (``learner.advantage``), then a packed batch for the
-        configured loss."""
+        configured loss; a per-token estimator's batch carries each response's reward instead,
+        and the learner computes the advantages."""
         if log.isEnabledFor(logging.DEBUG):  # one JSON line per batch, for pod debugging
             fields = {"prompts": [g.example["prompt"] for g in groups]}
             log.debug("data %s %s", "learner", json.dumps(fields))
         learner = self.cfg.learner
         seqs = [[train_sequence(t, 0.0) for t in g.trajectories] for g in groups]
+        if learner.advantage in TOKEN_ADVANTAGES:  # the learner computes them from the rewards
+            flat = [
+                dataclasses.replace(s, reward=float(r))
+                for row, g in zip(seqs, groups, strict=True)
+                for s, r in zip(row, g.rewards, strict=True)
+            ]
+            return self.pack(flat, self.loss.aggregation)
         adv = outcome_advantages(
             learner.advantage,
             np.stack([g.rewards for g in groups]),

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 
 from rljax import io
 from rljax.checkpoint import Checkpointer, CheckpointError
-from rljax.config import ConfigError, RunConfig, to_config_dict
+from rljax.config import ConfigError, ModelConfig, RunConfig, replace, to_config_dict
 from rljax.learner.learner import Learner, check_divisible
 from rljax.learner.losses import Loss
 from rljax.learner.routing import router_training
@@ -32,10 +32,12 @@ from rljax.models.loading import (
     initial_model_config,
     load_base_params,
     load_initial_params,
+    load_tokenizer,
     resolve_init,
 )
 from rljax.policy.staleness import StalenessBuffer
 from rljax.runtime.rollout import decode_group
+from rljax.runtime.teacher import load_teacher
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,31 @@ def can_resume(ckpt: Checkpointer | None) -> bool:
 
 def new_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
     """The learner of a fresh run, from ``cfg.init``."""
-    _, graphdef, params = load_initial_params(cfg, mesh)
-    return make_learner(cfg, graphdef, params, mesh, loss, ref_params=params)
+    model_cfg, graphdef, params = load_initial_params(cfg, mesh)
+    critic_init = critic_weights(cfg, model_cfg, mesh)
+    return make_learner(cfg, graphdef, params, mesh, loss, ref_params=params, critic_init=critic_init)
+
+
+def critic_weights(cfg: RunConfig, model_cfg: ModelConfig, mesh: Mesh) -> nnx.State | None:
+    """The critic's initial decoder when ``critic.init`` names a checkpoint (None: the policy's
+    own weights); it must have the policy's architecture."""
+    if not cfg.critic.enabled or cfg.critic.init == "policy":
+        return None
+    if cfg.lora.enabled:
+        raise ConfigError(
+            f"config key 'critic.init' = {cfg.critic.init!r} with lora.enabled: a LoRA critic "
+            "shares the policy's frozen base; set critic.init='policy'"
+        )
+    own = replace(cfg, init=cfg.critic.init, tokenizer="char")
+    with io.input_error("critic.init", cfg.critic.init):
+        critic_cfg, _, params = load_base_params(own, mesh)
+    if dataclasses.replace(critic_cfg, dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype) != model_cfg:
+        raise ConfigError(
+            f"config key 'critic.init' = {cfg.critic.init!r} is a {critic_cfg.family} model of "
+            f"another shape than the policy's; the critic runs the policy's architecture: "
+            "point it at a checkpoint of the policy's model, or use 'policy'"
+        )
+    return params
 
 
 def abstract_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
@@ -82,6 +107,7 @@ def abstract_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
         loss=loss,
         kernel_impl=cfg.kernel_impl,
         router=router_training(model_cfg, cfg.moe),
+        critic=cfg.critic if cfg.critic.enabled else None,
     )
 
 
@@ -152,7 +178,7 @@ def learner_for(
         params, ref = restored.params, None
         if cfg.lora.enabled:  # the base is read from init again, never from the checkpoint
             params = lora.join(load_base_params(cfg, mesh)[2], params)
-        elif cfg.learner.beta > 0:
+        elif cfg.learner.needs_reference:
             ref = load_initial_params(cfg, mesh)[2]
         learner = make_learner(
             cfg,
@@ -218,6 +244,9 @@ def make_learner(
     """The RL learner of ``cfg`` on ``mesh`` (a mixture-of-experts model's with its routing
     replay, router losses and metrics, rljax.learner.routing)."""
     ref = kwargs.pop("ref_params", None)
+    teacher = None
+    if cfg.teacher.init:
+        teacher = load_teacher(cfg, mesh, load_tokenizer(cfg))
     return Learner(
         cfg.learner,
         graphdef,
@@ -225,10 +254,12 @@ def make_learner(
         mesh,
         loss=loss,
         temperature=cfg.sampling.temperature,
-        ref_params=ref if cfg.learner.beta > 0 else None,
+        ref_params=ref if cfg.learner.needs_reference else None,
         kernel_impl=cfg.kernel_impl,
         seed=cfg.seed,
         router=router_training(initial_model_config(cfg), cfg.moe),
+        critic=cfg.critic if cfg.critic.enabled else None,
+        teacher=teacher,
         **kwargs,
     )
 

@@ -47,6 +47,8 @@ def warm_start(
     )
     sft_cfg = dataclasses.replace(
         cfg.learner,
+        advantage="grpo",  # SFT reads no advantage; a per-token estimator's roles stay off
+        kl_reward=0.0,
         warmup_steps=s.warmup_steps,
         decay_steps=s.steps - s.warmup_steps if s.schedule == "cosine" else 0,
     )
@@ -70,4 +72,6 @@ def warm_start(
             last = sft.step(pack(seqs, "token_mean"))
         metrics.write(step, "sft", last)
     learner.params = sft.params
+    if learner.critic is not None and cfg.critic.init == "policy":
+        learner.restart_critic()  # from the warm-started policy, as critic.init says
     return last

@@ -1,0 +1,99 @@
+"""The teacher of on-policy distillation (``learner.advantage='opd'``), loaded for the learner.
+
+``teacher.init`` names a run's workdir (its newest checkpoint's params, with the model, init and
+tokenizer its saved config records), a Hugging Face directory, a GGUF file or 'smollm2'. The
+teacher scores the student's tokens, so it must read them as the student wrote them: its
+tokenizer is compared with the policy's before any weight loads, and a different one is refused
+in one line (:func:`check_same_tokenizer`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from rljax import io
+from rljax.checkpoint import Checkpointer, CheckpointError
+from rljax.config import CheckpointConfig, ConfigError, LoRAConfig, RunConfig, replace
+from rljax.config.convert import from_config_dict
+from rljax.models.loading import abstract_params, initial_model_config, load_base_params
+from rljax.models.loading import load_tokenizer
+from rljax.models.tokenizer import Tokenizer
+
+def teacher_run_config(cfg: RunConfig) -> RunConfig:
+    """What the teacher is, as a run config: the saved config of a workdir's newest checkpoint,
+    or ``cfg`` with ``init`` (and ``tokenizer``) the teacher's."""
+    t = cfg.teacher
+    ckpt_dir = io.join(t.init, "checkpoints")
+    if io.is_dir(ckpt_dir):
+        try:
+            meta = Checkpointer(ckpt_dir, CheckpointConfig(enabled=False)).read_meta()
+        except CheckpointError as e:
+            raise ConfigError(f"config key 'teacher.init' = {t.init!r}: {e}") from None
+        saved = meta.get("config")
+        if not isinstance(saved, dict):
+            raise ConfigError(
+                f"config key 'teacher.init' = {t.init!r}: its checkpoint holds no run config "
+                "(saved by an older rljax); export the teacher to a Hugging Face directory"
+            )
+        return _unflatten(saved)
+    return replace(cfg, init=t.init, tokenizer=t.tokenizer, lora=LoRAConfig())
+
+
+def _unflatten(flat: dict[str, Any]) -> RunConfig:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *path, last = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return from_config_dict(nested)
+
+
+def check_same_tokenizer(student: Tokenizer, teacher: Tokenizer, where: str) -> None:
+    """Refuses, in one line, a teacher whose tokenizer gives other ids than the student's."""
+    mine, theirs = student.vocab(), teacher.vocab()
+    problem = ""
+    if len(mine) != len(theirs):
+        problem = f"{len(theirs)} tokens, not {len(mine)}"
+    elif mine != theirs:
+        differ = sum(theirs.get(token) != i for token, i in mine.items())
+        problem = f"{differ} of its {len(mine)} tokens have other ids"
+    elif student.eos_id != teacher.eos_id:
+        problem = f"end-of-sequence id {teacher.eos_id}, not {student.eos_id}"
+    if problem:
+        raise ConfigError(
+            f"config key 'teacher.init' = {where!r} has another tokenizer than the policy "
+            f"({problem}); distillation compares log-probs of the same token ids: pick a "
+            "teacher trained with the policy's tokenizer"
+        )
+
+
+def load_teacher(cfg: RunConfig, mesh: Mesh, student: Tokenizer) -> tuple[nnx.GraphDef, Any]:
+    """The teacher's (graphdef, params) on ``mesh``, after its tokenizer is checked."""
+    where = cfg.teacher.init
+    tcfg = teacher_run_config(cfg)
+    if tcfg.lora.enabled:
+        raise ConfigError(
+            f"config key 'teacher.init' = {where!r} is a LoRA run (its checkpoints hold adapters "
+            "alone); export it merged to a Hugging Face directory and point teacher.init there"
+        )
+    try:
+        tokenizer = load_tokenizer(tcfg)
+    except ConfigError as e:
+        raise ConfigError(f"config key 'teacher.init' = {where!r}: {e}") from None
+    check_same_tokenizer(student, tokenizer, where)
+    ckpt_dir = io.join(where, "checkpoints")
+    if not io.is_dir(ckpt_dir):
+        _, graphdef, params = load_base_params(tcfg, mesh)
+        return graphdef, params
+    graphdef, abstract = abstract_params(initial_model_config(tcfg), mesh)
+    ckpt = Checkpointer(ckpt_dir, CheckpointConfig(enabled=False))
+    try:
+        params = ckpt.restore_params(abstract)
+    except CheckpointError as e:
+        raise ConfigError(f"config key 'teacher.init' = {where!r}: {e}") from None
+    return graphdef, params
