@@ -86,7 +86,9 @@ class Critic:
         shardings: the decoder like the policy's params, the head and the step counts
         replicated, the moments like their parameters."""
         head = jax.ShapeDtypeStruct((self.hidden_size,), jnp.float32)
-        shapes = self.trainable_like(policy, {"w_d": head, "b": jax.ShapeDtypeStruct((), jnp.float32)})
+        shapes = self.trainable_like(
+            policy, {"w_d": head, "b": jax.ShapeDtypeStruct((), jnp.float32)}
+        )
         placed = self.trainable_like(shardings, {"w_d": replicated, "b": replicated})
         return {
             "trainable": placed,
@@ -98,7 +100,9 @@ class Critic:
             return lora.join(lora.split_adapters(policy_params)[1], trainable["decoder"])
         return trainable["decoder"]
 
-    def values(self, trainable: Any, policy_params: nnx.State, mb: dict[str, jax.Array]):
+    def values(
+        self, trainable: Any, policy_params: nnx.State, mb: dict[str, jax.Array]
+    ) -> jax.Array:
         """The values [R, T] of a micro-batch's positions (float32)."""
         g = self.gradients
         model = nnx.merge(g.graphdef, self._decoder(trainable, policy_params))
@@ -135,7 +139,10 @@ class Critic:
         def micro(carry: Any, mb: dict[str, jax.Array]) -> tuple[Any, None]:
             grads, sums = carry
             (_, mb_sums), mb_grads = grad_fn(state["trainable"], policy_params, mb)
-            return (jax.tree.map(jnp.add, grads, mb_grads), jax.tree.map(jnp.add, sums, mb_sums)), None
+            return (
+                jax.tree.map(jnp.add, grads, mb_grads),
+                jax.tree.map(jnp.add, sums, mb_sums),
+            ), None
 
         first = jax.tree.map(lambda x: x[0], batch)
         sums0 = jax.eval_shape(lambda: self.micro_loss(state["trainable"], policy_params, first)[1])

@@ -25,7 +25,12 @@ from rljax.kernels.fused_logprobs import (
     token_logprobs_and_entropy,
 )
 from rljax.learner.losses import Loss, LossInputs, train_inference_mismatch
-from rljax.learner.routing import RouterTraining, forced_routes, replay_effect_sums
+from rljax.learner.routing import (
+    RouterTraining,
+    forced_routes,
+    replay_effect_metrics,
+    replay_effect_sums,
+)
 from rljax.models import lora
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes
 
@@ -134,6 +139,19 @@ class Gradients:
         forced_logp, _, _ = self.forward(params, mb)
         free_logp, _, stats = self.forward(params, mb, force=False, stats=True)
         return replay_effect_sums(forced_logp, free_logp, stats.routes, mb)
+
+    def batch_replay_effect(
+        self, params: nnx.State, batch: dict[str, jax.Array]
+    ) -> dict[str, jax.Array]:
+        """:meth:`replay_effect` over a [micro_batches, ...] batch, as the metrics of
+        :func:`rljax.learner.routing.replay_effect_metrics`: the router disagreement of an
+        unforced forward, and the log-prob mismatch with and without the forced routes."""
+        sums = jax.lax.map(lambda mb: self.replay_effect(params, mb), batch)
+        return replay_effect_metrics({k: v.sum() for k, v in sums.items()})
+
+    def batch_logprobs(self, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
+        """Log-probs of every target of a [micro_batches, rows, row_len] batch."""
+        return jax.lax.map(lambda mb: self.token_stats(params, mb)[0], batch)
 
     def forward(
         self,

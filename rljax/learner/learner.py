@@ -28,7 +28,6 @@ differ; see docs/runtime.md).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -42,21 +41,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import ConfigError, CriticConfig, LearnerConfig
 from rljax.learner.batch import TrainBatch, TrainSequence, pack_batch
-from rljax.learner.critic import Critic, critic_optimizer
 from rljax.learner.gradients import Gradients
-from rljax.learner.loan import GradLoan, LentGrads
-from rljax.learner.loss_names import TOKEN_ADVANTAGES
+from rljax.learner.loan import GradLoan, LentGrads, LentSteps
 from rljax.learner.losses import Loss, get_loss
 from rljax.learner.optimizer import applied_learning_rate, make_optimizer, optimizer_shardings
-from rljax.learner.scoring import BatchScoring
-from rljax.learner.routing import (
-    FLIPPED,
-    FLIPPED_SUFFIX,
-    GAP_FORCED,
-    GAP_FREE,
-    RouterTraining,
-    replay_effect_metrics,
-)
+from rljax.learner.roles import Roles, Teacher
+from rljax.learner.routing import RouterTraining
+from rljax.learner.step_metrics import MISMATCH_FRESH as MISMATCH_FRESH
+from rljax.learner.step_metrics import device_metrics, host_metrics
 from rljax.models import lora
 from rljax.models.sharding import (
     LEARNER_RULES,
@@ -66,9 +58,10 @@ from rljax.models.sharding import (
     with_shardings,
 )
 
-# Mismatch metrics over the fresh tokens (behaviour version == learner version) only; absent
-# from a step's metrics when it has none.
-MISMATCH_FRESH = ("mismatch/abs_logp_fresh", "mismatch/k3_fresh")
+
+def _hidden_size(params: nnx.State) -> int:
+    """D, the width of the final hidden states (the final norm's)."""
+    return int(jax.tree.leaves(params["final_norm"])[0].shape[-1])
 
 
 def data_parallel_size(mesh: Mesh, rules: ShardingRules) -> int:
@@ -121,13 +114,16 @@ class Learner:
         router: RouterTraining | None = None,
         critic: CriticConfig | None = None,
         critic_init: nnx.State | None = None,
-        teacher: tuple[nnx.GraphDef, nnx.State] | None = None,
+        teacher: Teacher | None = None,
     ):
         self.router = router
         self._configure(cfg, graphdef, mesh, rules, loss, learning_rate, temperature)
         self.lora = lora.has_adapters(params)
         self.gradients = self._gradients(kernel_impl, seed)
-        self._roles(critic, params, teacher)
+        self.roles = Roles(
+            cfg, self.gradients, critic=critic, hidden_size=_hidden_size(params), teacher=teacher
+        )
+        self.critic = self.roles.critic
         self.version = version
         self.param_shardings = state_shardings(params, mesh, rules)
         # Copies: the train step donates its params, which must not free a caller's arrays.
@@ -135,43 +131,10 @@ class Learner:
         self.ref_params = None
         if ref_params is not None and cfg.needs_reference and not self.lora:
             self.ref_params = jax.device_put(ref_params, self.param_shardings, may_alias=False)
-        self.teacher_params = None
-        if teacher is not None:
-            self.teacher_params = jax.device_put(
-                teacher[1], state_shardings(teacher[1], mesh, rules), may_alias=False
-            )
         if opt_state is None:  # a fresh run; a resumed one passes its restored state
             opt_state = self._initial_opt_state(critic_init)
         self.opt_state = jax.device_put(opt_state, self._opt_shardings())
         self._build_step()
-
-    def _roles(
-        self,
-        critic: CriticConfig | None,
-        params: nnx.State,
-        teacher: tuple[nnx.GraphDef, nnx.State] | None,
-    ) -> None:
-        """The critic and the teacher (``self.gradients`` set first), and the scoring of the
-        per-token estimators that reads them."""
-        self.critic = None
-        if critic is not None:
-            hidden = jax.tree.leaves(params["final_norm"])[0].shape[-1]
-            tx = critic_optimizer(critic, self.cfg)
-            self.critic = Critic(critic, self.gradients, tx, hidden)
-        self.teacher = None
-        if teacher is not None:
-            self.teacher = dataclasses.replace(
-                self.gradients, graphdef=teacher[0], lora=False, router=None
-            )
-        self.scoring = None
-        if self.cfg.advantage in TOKEN_ADVANTAGES:
-            self.scoring = BatchScoring(self.cfg, self.gradients, self.critic, self.teacher)
-
-    def teacher_roles(self) -> tuple[nnx.GraphDef, nnx.State] | None:
-        """The teacher as the constructor takes it (its graph and params), or None."""
-        if self.teacher is None or self.teacher_params is None:
-            return None
-        return self.teacher.graphdef, self.teacher_params
 
     def restart_critic(self) -> None:
         """A fresh critic from the policy's current params (after a warm start moved them)."""
@@ -188,7 +151,7 @@ class Learner:
             return state
         decoder = self.params if critic_init is None else critic_init
         init = jax.jit(self.critic.initial, out_shardings=self._critic_shardings())
-        return {"policy": state, "critic": init(decoder)}
+        return self.roles.with_critic(state, init(decoder))
 
     def _configure(
         self,
@@ -211,7 +174,6 @@ class Learner:
         self.tx, self.schedule = make_optimizer(cfg, learning_rate)
         self._replicated = NamedSharding(mesh, PartitionSpec())
         self._batch_sharding = NamedSharding(mesh, PartitionSpec(None, rules.axes(mesh, "batch")))
-        self._lent: dict[tuple[int, ...], LentGrads] = {}  # lent device ids -> their step
 
     def _gradients(self, kernel_impl: str, seed: int) -> Gradients:
         """The loss and its gradients on the learner mesh (``self.lora`` set first)."""
@@ -240,13 +202,12 @@ class Learner:
             self.trainable(self.param_shardings),
             self._replicated,
         )
-        if self.critic is None or policy:
+        if policy:
             return own
-        return {"policy": own, "critic": self._critic_shardings()}
+        return self.roles.opt_shardings(own, self.params, self.param_shardings, self._replicated)
 
     def _critic_shardings(self) -> Any:
-        assert self.critic is not None
-        return self.critic.state_shardings(self.params, self.param_shardings, self._replicated)
+        return self.roles.critic_shardings(self.params, self.param_shardings, self._replicated)
 
     def _build_step(self) -> None:
         self._step_fn = jax.jit(
@@ -282,15 +243,18 @@ class Learner:
         self._configure(cfg, graphdef, mesh, rules, loss, None, temperature)
         self.lora = lora.has_adapters(params)
         self.gradients = self._gradients(kernel_impl, 0)
-        self._roles(critic, params, None)
+        self.roles = Roles(
+            cfg, self.gradients, critic=critic, hidden_size=_hidden_size(params), teacher=None
+        )
+        self.critic = self.roles.critic
         self.version = 0
         self.param_shardings = state_shardings(params, mesh, rules)
         self.params = with_shardings(params, self.param_shardings)
         self.ref_params = self.params if cfg.needs_reference and not self.lora else None
-        self.teacher_params = None
         opt_state = jax.eval_shape(self.tx.init, self.trainable(self.params))
         if self.critic is not None:
-            opt_state = {"policy": opt_state, "critic": jax.eval_shape(self.critic.initial, params)}
+            critic = jax.eval_shape(self.critic.initial, params)
+            opt_state = self.roles.with_critic(opt_state, critic)
         self.opt_state = with_shardings(opt_state, self._opt_shardings())
         self._build_step()
         return self
@@ -334,18 +298,10 @@ class Learner:
     ) -> tuple[Any, Any, dict]:
         critic_metrics: dict[str, jax.Array] = {}
         if self.critic is not None:  # the base it reads (LoRA) is the same before and after
-            critic_state, critic_metrics = self.critic.update(opt_state["critic"], params, batch)
+            opt_state, critic_metrics = self.roles.critic_update(params, opt_state, batch)
         grads, loss, sums = self.gradients.accumulate(params, ref_params, batch, version)
         params, opt_state, metrics = self._finish(params, opt_state, grads, loss, sums)
-        if self.critic is not None:
-            opt_state = dict(opt_state, critic=critic_state)
         return params, opt_state, metrics | critic_metrics
-
-    def _critic_step(self, params: Any, opt_state: Any, batch: Any) -> tuple[Any, dict]:
-        """The critic's update alone (its warm-up, or beside a lent policy update)."""
-        assert self.critic is not None
-        critic_state, metrics = self.critic.update(opt_state["critic"], params, batch)
-        return dict(opt_state, critic=critic_state), metrics
 
     def _apply_parts(self, params: Any, opt_state: Any, parts: tuple) -> tuple[Any, Any, dict]:
         """The update from gradient parts (own and lent micro-batches), summed in order."""
@@ -358,34 +314,20 @@ class Learner:
         """Clip, update and the step's metrics, from the summed gradients and sums (a critic's
         state passes through)."""
         train = self.trainable(params)
-        full, opt_state = opt_state, self._policy_opt(opt_state)
+        full, opt_state = opt_state, self.roles.policy_opt(opt_state)
         updates, opt_state = self.tx.update(grads, opt_state, train)
         train = optax.apply_updates(train, updates)
         # With LoRA the base passes through: donated and returned unchanged, it is not copied.
         params = lora.join(lora.split_adapters(params)[1], train) if self.lora else train
-        tokens = jnp.maximum(sums.pop("tokens"), 1.0)
-        fresh = sums.pop("fresh_tokens", None)
-        routing = self.router.metrics(sums) if self.router else {}
-        metrics = {k: v / tokens for k, v in sums.items() if k not in MISMATCH_FRESH}
-        metrics |= routing
-        if fresh is not None:
-            # NaN with no fresh token; step() then drops the keys.
-            metrics.update({k: sums[k] / fresh for k in MISMATCH_FRESH})
-            metrics["mismatch/fresh_frac"] = fresh / tokens
+        metrics = device_metrics(sums, self.router)
         metrics.update(
             loss=loss,
             grad_norm=optax.tree.norm(grads),
             learning_rate=applied_learning_rate(opt_state),
         )
-        if self.critic is not None:
+        if self.critic is not None:  # its state passes through
             opt_state = dict(full, policy=opt_state)
         return params, opt_state, metrics
-
-    def _policy_opt(self, opt_state: Any) -> Any:
-        """The policy's optimiser state in ``opt_state`` (all of it without a critic)."""
-        return opt_state if self.critic is None else opt_state["policy"]
-
-    # -- API --------------------------------------------------------------------------------
 
     @property
     def _needs_proximal(self) -> bool:
@@ -413,10 +355,10 @@ class Learner:
         """
         arrays = jax.device_put(batch.arrays, self._batch_sharding)
         extra: dict[str, jax.Array] = {}
-        if self.scoring is not None:
+        if self.roles.scoring is not None:
             critic = None if self.critic is None else self.opt_state["critic"]
             arrays, extra = self._score_fn(
-                self.params, critic, self.ref_params, self.teacher_params, arrays
+                self.params, critic, self.ref_params, self.roles.teacher_params, arrays
             )
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))
@@ -435,40 +377,14 @@ class Learner:
             else:
                 metrics = self._lent_update(arrays, version, loan)
             first = metrics if first is None else first
-        metrics = {k: float(v) for k, v in jax.device_get(metrics | extra).items()}
-        for k, v in jax.device_get(first).items():
-            if k.startswith("mismatch/"):
-                metrics[k] = float(v)
-        if metrics.get("mismatch/fresh_frac") == 0.0:
-            for k in MISMATCH_FRESH:
-                del metrics[k]
-        if metrics.get(FLIPPED) == 0.0:  # no flipped token: no mismatch over them
-            for k in (GAP_FORCED, GAP_FREE):
-                del metrics[k + FLIPPED_SUFFIX]
+        assert first is not None  # ppo_epochs >= 1
+        metrics = host_metrics(metrics | extra, first)
         self.version += 1
         return metrics
 
     def _lent_update(self, arrays: dict, version: jax.Array, loan: GradLoan) -> dict:
         """One update whose last ``loan.micro_batches`` micro-batches run on the lent chips."""
-        m, rows = arrays["tokens"].shape[:2]
-        if loan.micro_batches > m:
-            raise ValueError(
-                f"GradLoan lends {loan.micro_batches} of {m} micro-batches; lend <= {m}"
-            )
-        # The most of the lent devices that divide a micro-batch's rows.
-        n = max(d for d in range(1, len(loan.devices) + 1) if rows % d == 0)
-        own, lent = m - loan.micro_batches, self.lent_grads(loan.devices[:n])
-        # The lent share starts first: it runs on other chips while the learner does its own.
-        params, ref = (
-            None if p is None else jax.device_put(p, lent.param_shardings)
-            for p in (self.params, self.ref_params)
-        )
-        share = jax.device_put({k: v[own:] for k, v in arrays.items()}, lent.batch_sharding)
-        remote = lent.fn(params, ref, share, version, jnp.int32(own))
-        mine = {k: v[:own] for k, v in arrays.items()}
-        parts = [self._accum_fn(self.params, self.ref_params, mine, version)] if own else []
-        grad_shardings = self.trainable(self.param_shardings)
-        parts.append(jax.device_put(remote, (grad_shardings, *[self._replicated] * 2)))
+        parts = self._lent.parts(self.params, self.ref_params, arrays, version, loan)
         self.params, self.opt_state, metrics = self._apply_fn(
             self.params, self.opt_state, tuple(parts)
         )
@@ -482,22 +398,11 @@ class Learner:
     def lent_grads(self, devices: Sequence[jax.Device]) -> LentGrads:
         """The gradient half of this learner's step compiled on ``devices`` (chips outside its
         mesh, the sampler's), built once per set of devices."""
-        overlap = set(devices) & set(self.mesh.devices.flat)
-        if overlap:
-            raise ValueError(
-                f"GradLoan lends {len(overlap)} of the learner's own devices; lend only "
-                "devices outside the learner mesh (the sampler's)"
-            )
-        key = tuple(d.id for d in devices)
-        if key not in self._lent:
-            self._lent[key] = LentGrads(self.gradients, self.params, list(devices))
-        return self._lent[key]
+        return self._lent.grads(self.params, devices)
 
     @functools.cached_property
-    def _accum_fn(self) -> Any:
-        rep = self._replicated
-        grad_shardings = self.trainable(self.param_shardings)
-        return jax.jit(self.gradients.accumulate, out_shardings=(grad_shardings, rep, rep))
+    def _lent(self) -> LentSteps:
+        return LentSteps(self.gradients, self.trainable(self.param_shardings), self._replicated)
 
     @functools.cached_property
     def _apply_fn(self) -> Any:
@@ -509,38 +414,30 @@ class Learner:
 
     @functools.cached_property
     def _critic_step_fn(self) -> Any:
+        """The critic's update alone (its warm-up, or beside a lent policy update), one jit."""
         return jax.jit(
-            self._critic_step,
+            self.roles.critic_update,
             donate_argnums=(1,),
             out_shardings=(self._opt_shardings(), self._replicated),
         )
 
     @functools.cached_property
     def _score_fn(self) -> Any:
-        """The per-token estimator's scoring of a batch (:class:`BatchScoring`), one jit."""
-        assert self.scoring is not None
-        return jax.jit(self.scoring.__call__, out_shardings=(self._batch_sharding, self._replicated))
+        """The per-token estimator's scoring of a batch (rljax.learner.scoring), one jit."""
+        assert self.roles.scoring is not None
+        return jax.jit(
+            self.roles.scoring.__call__, out_shardings=(self._batch_sharding, self._replicated)
+        )
 
     @functools.cached_property
     def _replay_effect_fn(self) -> Any:
-        """Replay on: the router disagreement of an unforced forward, and the log-prob mismatch
-        with and without the forced routes (:func:`replay_effect_metrics`), on the batch before
-        the update; one jit."""
-
-        def measure(params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-            sums = jax.lax.map(lambda mb: self.gradients.replay_effect(params, mb), batch)
-            return replay_effect_metrics({k: v.sum() for k, v in sums.items()})
-
-        return jax.jit(measure, out_shardings=self._replicated)
+        """Replay on: :meth:`Gradients.batch_replay_effect` on the batch before the update."""
+        return jax.jit(self.gradients.batch_replay_effect, out_shardings=self._replicated)
 
     @functools.cached_property
     def _logprob_fn(self) -> Any:
         """Log-probs of every target of a [micro_batches, rows, row_len] batch, one jit."""
-
-        def logprobs(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
-            return jax.lax.map(lambda mb: self.gradients.token_stats(params, mb)[0], batch)
-
-        return jax.jit(logprobs, out_shardings=self._batch_sharding)
+        return jax.jit(self.gradients.batch_logprobs, out_shardings=self._batch_sharding)
 
     def token_logprobs(self, batch: TrainBatch) -> np.ndarray:
         """The current policy's log-probs of every target, shaped like ``batch.arrays``."""
@@ -577,12 +474,8 @@ class Learner:
                 self.ref_params = jax.device_put(
                     source.ref_params, self.param_shardings, may_alias=False
                 )
-            if source.teacher_params is not None:
-                self.teacher_params = jax.device_put(
-                    source.teacher_params,
-                    state_shardings(source.teacher_params, self.mesh, self.rules),
-                    may_alias=False,
-                )
+            if source.roles.teacher_params is not None:
+                self.roles.place_teacher(source.roles.teacher_params)
         # The same shardings the train step was compiled for, so its jit cache still hits.
         self.opt_state = jax.device_put(source.opt_state, self._opt_shardings(), may_alias=False)
         self.version = source.version
@@ -596,4 +489,4 @@ class Learner:
         pod host keeps them for the cached learner a restore reuses)."""
         self.params = self.opt_state = None
         if reference:
-            self.ref_params = self.teacher_params = None
+            self.ref_params = self.roles.teacher_params = None

@@ -46,7 +46,9 @@ class BatchScoring:
     def _map(self, fn: Any, batch: dict[str, jax.Array]) -> jax.Array:
         return jax.lax.map(fn, batch)
 
-    def _reference(self, params: nnx.State, ref_params: Any, batch: dict[str, jax.Array]):
+    def _reference(
+        self, params: nnx.State, ref_params: Any, batch: dict[str, jax.Array]
+    ) -> jax.Array:
         g = self.gradients
         if ref_params is not None:
             return self._map(lambda mb: g.token_stats(ref_params, mb)[0], batch)

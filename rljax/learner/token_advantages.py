@@ -26,6 +26,9 @@ on packed batches (tests/learner/test_advantages_verl.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -48,7 +51,7 @@ def _segment_ends(segment_ids: jax.Array) -> jax.Array:
     return segment_ids != nxt
 
 
-def _reverse_scan(step, carry, *xs: jax.Array) -> jax.Array:
+def _reverse_scan(step: Callable[..., Any], carry: Any, *xs: jax.Array) -> jax.Array:
     """``step(carry, *x_t) -> (carry, y_t)`` from the last position to the first; ``xs`` are
     [..., T] and so is the result (the scan runs over T, vectorised over the rest)."""
     moved = [jnp.moveaxis(x, -1, 0) for x in xs]
@@ -64,7 +67,7 @@ def discounted_returns(
     m = mask.astype(jnp.float32)
     ends = _segment_ends(segment_ids)
 
-    def step(running, r, m_t, end):
+    def step(running: jax.Array, r: jax.Array, m_t: jax.Array, end: jax.Array) -> Any:
         running = jnp.where(end, 0.0, running)
         new = r + gamma * running
         return jnp.where(m_t > 0, new, running), new * m_t
@@ -86,7 +89,7 @@ def gae(
     m = mask.astype(jnp.float32)
     ends = _segment_ends(segment_ids)
 
-    def step(carry, r, v, m_t, end):
+    def step(carry: Any, r: jax.Array, v: jax.Array, m_t: jax.Array, end: jax.Array) -> Any:
         next_value, last = (jnp.where(end, 0.0, c) for c in carry)
         delta = r + gamma * next_value - v
         new = delta + gamma * lam * last

@@ -162,7 +162,7 @@ def move_learner(
             kernel_impl=current.gradients.kernel_impl,
             router=current.router,
             critic=None if current.critic is None else current.critic.cfg,
-            teacher=current.teacher_roles(),
+            teacher=current.roles.teacher_arg(),
         ),
     )
     target.take_state(current, params=not fresh)  # a new learner copied them in its constructor

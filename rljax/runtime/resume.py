@@ -70,7 +70,9 @@ def new_learner(cfg: RunConfig, mesh: Mesh, loss: Loss) -> Learner:
     """The learner of a fresh run, from ``cfg.init``."""
     model_cfg, graphdef, params = load_initial_params(cfg, mesh)
     critic_init = critic_weights(cfg, model_cfg, mesh)
-    return make_learner(cfg, graphdef, params, mesh, loss, ref_params=params, critic_init=critic_init)
+    return make_learner(
+        cfg, graphdef, params, mesh, loss, ref_params=params, critic_init=critic_init
+    )
 
 
 def critic_weights(cfg: RunConfig, model_cfg: ModelConfig, mesh: Mesh) -> nnx.State | None:
@@ -86,7 +88,10 @@ def critic_weights(cfg: RunConfig, model_cfg: ModelConfig, mesh: Mesh) -> nnx.St
     own = replace(cfg, init=cfg.critic.init, tokenizer="char")
     with io.input_error("critic.init", cfg.critic.init):
         critic_cfg, _, params = load_base_params(own, mesh)
-    if dataclasses.replace(critic_cfg, dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype) != model_cfg:
+    if (
+        dataclasses.replace(critic_cfg, dtype=model_cfg.dtype, param_dtype=model_cfg.param_dtype)
+        != model_cfg
+    ):
         raise ConfigError(
             f"config key 'critic.init' = {cfg.critic.init!r} is a {critic_cfg.family} model of "
             f"another shape than the policy's; the critic runs the policy's architecture: "

@@ -51,6 +51,7 @@ from rljax.runtime.driver import Driver
 from rljax.runtime.hosting import Hosting, hosting_for, not_leader
 from rljax.runtime.parts import LearnerPart, Parts, PromptSource, RunSamplerPart, WeightSyncPart
 from rljax.runtime.rollout import Group, encode_group
+from rljax.runtime.teacher import check_teacher
 from rljax.runtime.warm_start import warm_start
 
 RewardFn = Callable[[str, dict], float]
@@ -112,6 +113,7 @@ class Run:
         check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
         self.model_cfg = initial_model_config(cfg)
         check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
+        check_teacher(cfg, self.tokenizer)  # opd's: loadable, and reads the policy's ids
         self.reward = (
             get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
         )

@@ -18,9 +18,14 @@ from rljax import io
 from rljax.checkpoint import Checkpointer, CheckpointError
 from rljax.config import CheckpointConfig, ConfigError, LoRAConfig, RunConfig, replace
 from rljax.config.convert import from_config_dict
-from rljax.models.loading import abstract_params, initial_model_config, load_base_params
-from rljax.models.loading import load_tokenizer
+from rljax.models.loading import (
+    abstract_params,
+    initial_model_config,
+    load_base_params,
+    load_tokenizer,
+)
 from rljax.models.tokenizer import Tokenizer
+
 
 def teacher_run_config(cfg: RunConfig) -> RunConfig:
     """What the teacher is, as a run config: the saved config of a workdir's newest checkpoint,
@@ -72,9 +77,13 @@ def check_same_tokenizer(student: Tokenizer, teacher: Tokenizer, where: str) -> 
         )
 
 
-def load_teacher(cfg: RunConfig, mesh: Mesh, student: Tokenizer) -> tuple[nnx.GraphDef, Any]:
-    """The teacher's (graphdef, params) on ``mesh``, after its tokenizer is checked."""
+def check_teacher(cfg: RunConfig, student: Tokenizer) -> RunConfig | None:
+    """The teacher's run config (None without one), once it is known to load as a teacher and
+    to share the ``student``'s tokenizer (no weight is read: the run checks this before it
+    writes)."""
     where = cfg.teacher.init
+    if not where:
+        return None
     tcfg = teacher_run_config(cfg)
     if tcfg.lora.enabled:
         raise ConfigError(
@@ -86,6 +95,14 @@ def load_teacher(cfg: RunConfig, mesh: Mesh, student: Tokenizer) -> tuple[nnx.Gr
     except ConfigError as e:
         raise ConfigError(f"config key 'teacher.init' = {where!r}: {e}") from None
     check_same_tokenizer(student, tokenizer, where)
+    return tcfg
+
+
+def load_teacher(cfg: RunConfig, mesh: Mesh, student: Tokenizer) -> tuple[nnx.GraphDef, Any]:
+    """The teacher's (graphdef, params) on ``mesh``, after :func:`check_teacher`."""
+    where = cfg.teacher.init
+    tcfg = check_teacher(cfg, student)
+    assert tcfg is not None, "load_teacher needs teacher.init"
     ckpt_dir = io.join(where, "checkpoints")
     if not io.is_dir(ckpt_dir):
         _, graphdef, params = load_base_params(tcfg, mesh)

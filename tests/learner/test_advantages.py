@@ -109,7 +109,7 @@ def test_the_estimator_is_chosen_by_name_and_checked_in_the_config():
     )
     with pytest.raises(ValueError, match="unknown advantage estimator 'gae'"):
         outcome_advantages("gae", rewards, tokens)
-    with pytest.raises(ConfigError, match="'learner.advantage' = 'gae' is invalid"):
-        LearnerConfig(advantage="gae")
+    with pytest.raises(ConfigError, match="'learner.advantage' = 'vtrace' is invalid"):
+        LearnerConfig(advantage="vtrace")
     with pytest.raises(ConfigError, match="only grpo divides"):
         LearnerConfig(advantage="rloo", scale_advantages=True)

@@ -1,0 +1,205 @@
+"""The learner's roles beside the policy: gae's critic (trained, warmed up, checkpointed and
+moved with the learner; with LoRA, adapters on the policy's base), opd's teacher and
+reinforce_plus_plus's KL in the reward (scored at learn time)."""
+
+import jax
+import numpy as np
+import pytest
+
+from rljax.checkpoint import Checkpointer
+from rljax.config import CheckpointConfig, CriticConfig, LearnerConfig, LoRAConfig, ModelConfig
+from rljax.learner.batch import TrainSequence, pack_batch
+from rljax.learner.learner import Learner
+from rljax.mesh.resize import MeshCache, move_learner
+from rljax.models import lora
+from rljax.models.sharding import LEARNER_RULES, make_mesh
+from rljax.models.transformer import init_sharded, with_adapters
+
+CFG = ModelConfig(
+    vocab_size=32,
+    hidden_size=64,
+    intermediate_size=96,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    num_layers=2,
+)
+GAE = LearnerConfig(advantage="gae", group_size=2, batch_groups=4, learning_rate=1e-3)
+CRITIC = CriticConfig(enabled=True, learning_rate=3e-3)
+
+
+def _mesh(first=0, n=2):
+    return make_mesh(jax.devices()[first : first + n], {"fsdp": n, "tensor": 1})
+
+
+def _batch(dp=2, seed=0):
+    rng = np.random.default_rng(seed)
+    seqs = [
+        TrainSequence(rng.integers(1, 32, 12).tolist(), 4, [-3.0] * 8, reward=float(r))
+        for r in (1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0)
+    ]
+    return pack_batch(seqs, row_len=16, row_multiple=dp)
+
+
+def _learner(mesh, cfg=GAE, critic=CRITIC, **kw):
+    graphdef, params = init_sharded(CFG, mesh, LEARNER_RULES, 0)
+    return Learner(cfg, graphdef, params, mesh, critic=critic, **kw)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def _equal(a, b):
+    return all(np.array_equal(x, y) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+
+
+def test_the_critic_learns_the_returns_beside_the_policy():
+    learner = _learner(_mesh())
+    batch = _batch()
+    policy0 = _leaves(learner.params)
+    first = learner.step(batch)
+    for _ in range(30):
+        last = learner.step(batch)
+    assert first["critic/values"] == 0.0  # the head starts at zero
+    assert last["critic/value_loss"] < 0.1 * first["critic/value_loss"]
+    assert last["critic/explained_var"] > 0.5
+    assert not _equal(policy0, learner.params)  # the policy trained too
+    assert np.isfinite(last["loss"]) and "advantages/abs" in last
+
+
+def test_the_warm_up_trains_the_critic_alone():
+    learner = _learner(_mesh(), critic=CriticConfig(enabled=True, warmup_steps=2))
+    batch = _batch()
+    policy0, critic0 = _leaves(learner.params), _leaves(learner.opt_state["critic"])
+    for _ in range(2):
+        learner.step(batch)
+    assert _equal(policy0, learner.params)
+    assert not _equal(critic0, learner.opt_state["critic"])
+    learner.step(batch)
+    assert not _equal(policy0, learner.params)
+    assert learner.version == 3
+
+
+def test_a_checkpoint_holds_the_critic_bitwise(tmp_path):
+    mesh = _mesh()
+    learner = _learner(mesh)
+    learner.step(_batch())
+    with Checkpointer(tmp_path / "ckpt", CheckpointConfig(enabled=True, async_save=False)) as c:
+        c.write(1, params=learner.saved_params, opt_state=learner.opt_state, meta={"version": 1})
+        target = Learner.abstract(GAE, learner.graphdef, learner.params, mesh, critic=CRITIC)
+        params, opt_state, _ = c.restore(
+            abstract_params=target.saved_params, abstract_opt_state=target.opt_state
+        )
+    assert _equal(opt_state, learner.opt_state) and _equal(params, learner.params)
+    resumed = Learner(
+        GAE, learner.graphdef, params, mesh, critic=CRITIC, opt_state=opt_state, version=1
+    )
+    batch = _batch(seed=1)
+    assert learner.step(batch) == resumed.step(batch)  # the same step, to the bit
+    assert _equal(learner.opt_state, resumed.opt_state)
+
+
+def test_a_move_to_another_mesh_carries_the_critic():
+    learner = _learner(_mesh())
+    learner.step(_batch())
+    critic = _leaves(learner.opt_state["critic"])
+    moved = move_learner(learner, _mesh(4, 4), MeshCache())
+    assert moved.critic is not None and _equal(critic, moved.opt_state["critic"])
+    metrics = moved.step(_batch(dp=4))
+    assert np.isfinite(metrics["critic/value_loss"])
+
+
+def test_a_lora_critic_trains_its_own_adapters_on_the_policy_base():
+    mesh = _mesh()
+    _, base = init_sharded(CFG, mesh, LEARNER_RULES, 0)
+    graphdef, params = with_adapters(
+        CFG, base, LoRAConfig(enabled=True, rank=4, alpha=8.0), mesh, LEARNER_RULES, 0
+    )
+    learner = Learner(GAE, graphdef, params, mesh, critic=CRITIC)
+    decoder = learner.opt_state["critic"]["trainable"]["decoder"]
+    assert lora.has_adapters(decoder) and not lora.split_adapters(decoder)[1]  # no base copy
+    before = _leaves(learner.opt_state["critic"]["trainable"])
+    for _ in range(3):
+        learner.step(_batch())
+    assert not _equal(before, learner.opt_state["critic"]["trainable"])
+
+
+def _scored(learner, batch):
+    arrays = jax.device_put(batch.arrays, learner._batch_sharding)
+    critic = None if learner.critic is None else learner.opt_state["critic"]
+    out, metrics = learner._score_fn(
+        learner.params, critic, learner.ref_params, learner.roles.teacher_params, arrays
+    )
+    return {k: np.asarray(v) for k, v in out.items()}, metrics
+
+
+def test_opd_advantages_are_the_teacher_log_probs_less_the_students():
+    mesh = _mesh()
+    graphdef, params = init_sharded(CFG, mesh, LEARNER_RULES, 0)
+    t_graphdef, t_params = init_sharded(CFG, mesh, LEARNER_RULES, 7)
+    cfg = LearnerConfig(advantage="opd", group_size=2, batch_groups=4)
+    learner = Learner(cfg, graphdef, params, mesh, teacher=(t_graphdef, t_params))
+    teacher = Learner(cfg, t_graphdef, t_params, mesh, teacher=(t_graphdef, t_params))
+    batch = _batch()
+    out, metrics = _scored(learner, batch)
+    mask = batch.arrays["mask"] > 0
+    expected = teacher.token_logprobs(batch) - batch.arrays["old_logprobs"]
+    np.testing.assert_allclose(out["advantages"][mask], expected[mask], rtol=1e-5, atol=1e-5)
+    assert not out["advantages"][~mask].any()
+    # the student's own log-probs as the behaviour's, the teacher the student: no signal
+    same = Learner(cfg, graphdef, params, mesh, teacher=(graphdef, params))
+    own = pack_batch(
+        [TrainSequence(s, 4, list(lp)) for s, lp in _student_samples(same, batch)],
+        row_len=16,
+        row_multiple=2,
+    )
+    out, metrics = _scored(same, own)
+    assert abs(float(metrics["opd/reverse_kl"])) < 1e-5
+
+
+def _student_samples(learner, batch):
+    """Each packed sequence's tokens and the learner's own log-probs of its response."""
+    logp = learner.token_logprobs(batch)
+    a = batch.arrays
+    out = []
+    for mb, row in zip(*np.nonzero(a["segment_ids"].max(-1) > 0), strict=True):
+        seg = a["segment_ids"][mb, row]
+        for s in set(seg[seg > 0].tolist()):
+            at = np.flatnonzero(seg == s)
+            on = at[a["mask"][mb, row, at] > 0]
+            out.append((a["tokens"][mb, row, at].tolist(), logp[mb, row, on]))
+    return out
+
+
+@pytest.mark.parametrize("kl_reward", [0.0, 0.5])
+def test_reinforce_pp_puts_the_kl_to_the_reference_in_the_reward(kl_reward):
+    mesh = _mesh()
+    graphdef, params = init_sharded(CFG, mesh, LEARNER_RULES, 0)
+    _, ref = init_sharded(CFG, mesh, LEARNER_RULES, 3)
+    cfg = LearnerConfig(
+        advantage="reinforce_plus_plus", kl_reward=kl_reward, group_size=2, batch_groups=4
+    )
+    learner = Learner(cfg, graphdef, params, mesh, ref_params=ref)
+    assert (learner.ref_params is not None) == (kl_reward > 0)
+    batch = _batch()
+    out, metrics = _scored(learner, batch)
+    a, mask = batch.arrays, batch.arrays["mask"] > 0
+    rewards = a["rewards"].astype(np.float64)
+    if kl_reward:
+        ref_logp = Learner(cfg, graphdef, ref, mesh, ref_params=ref).token_logprobs(batch)
+        rewards = rewards - kl_reward * (a["old_logprobs"] - ref_logp) * mask
+        assert float(metrics["kl_reward/k1"]) != 0.0
+    # gamma = 1: each token's return is the sum of the rewards from it to its sequence's end
+    returns = np.zeros_like(rewards)
+    for mb, row in np.ndindex(*a["mask"].shape[:2]):
+        seg, running = a["segment_ids"][mb, row], 0.0
+        for t in reversed(range(seg.shape[0])):
+            if t + 1 == seg.shape[0] or seg[t + 1] != seg[t]:
+                running = 0.0
+            if mask[mb, row, t]:
+                running += rewards[mb, row, t]
+                returns[mb, row, t] = running
+    on = returns[mask]
+    expected = (on - on.mean()) / np.sqrt(on.var(ddof=1) + 1e-8)
+    np.testing.assert_allclose(out["advantages"][mask], expected, rtol=1e-4, atol=1e-5)
