@@ -55,6 +55,17 @@ class Efficiencies:
                 )
 
 
+def learner_flops_per_param(
+    policy: float = 6.0, *, critic: bool = False, teacher: float = 0.0, reference: bool = False
+) -> float:
+    """A learner step's FLOPs per policy parameter per trained token, with the models beside
+    the policy (rljax.learner.roles): ``policy`` its own (6: forward and backward; 8 when the
+    proximal log-probs are recomputed); a ``critic`` of the policy's size adds its scoring
+    forward (2) and its update (6); a ``teacher`` of that many times the policy's active
+    parameters adds its forward (2 x teacher); a ``reference`` (a KL) adds a forward (2)."""
+    return policy + (8.0 if critic else 0.0) + 2.0 * teacher + (2.0 if reference else 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class CostModel:
     """Seconds for each engine/learner operation of one model on one chip type.

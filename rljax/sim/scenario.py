@@ -22,7 +22,7 @@ from rljax.policy.lending import LendingConfig
 from rljax.sim import loan_costs
 from rljax.sim.chips import get_chip
 from rljax.sim.config import SimConfig
-from rljax.sim.costs import CostModel, Efficiencies
+from rljax.sim.costs import CostModel, Efficiencies, learner_flops_per_param
 from rljax.sim.workload import LengthModel
 
 # Fractions of datasheet peak used where nothing was fitted (pod_compare, the v5p workloads).
@@ -72,6 +72,8 @@ def scenario(
     phase_steps: int,
     max_slots: int = 256,
     granularity: int | None = None,
+    critic: bool = False,
+    teacher: float = 0.0,
 ) -> ml_collections.ConfigDict:
     """The fields every scenario has, with every script section off.
 
@@ -88,6 +90,9 @@ def scenario(
       phase_steps: learner steps per reallocation (or lending) decision.
       granularity: chips move (and are lent) in units of this many; None (the key left out):
         the chip's ``chips_per_host``.
+      critic: the learner also trains gae's critic (the policy's size): each train_flops
+        figure grows by its scoring forward and update (``costs.learner_flops_per_param``).
+      teacher: opd's teacher, this many times the policy's active parameters: its forward.
     """
     c = ml_collections.ConfigDict()
     c.name = name
@@ -95,9 +100,10 @@ def scenario(
     c.chip = chip
     c.tp = tp
     c.efficiencies = ml_collections.ConfigDict(dict(efficiencies))
-    c.train_flops_per_param = ml_collections.ConfigDict(
-        dict(sync=train_flops[0], async_=train_flops[1])
+    sync_flops, async_flops = (
+        learner_flops_per_param(f, critic=critic, teacher=teacher) for f in train_flops
     )
+    c.train_flops_per_param = ml_collections.ConfigDict(dict(sync=sync_flops, async_=async_flops))
     c.total_chips = total_chips
     c.steps = steps
     c.batch_groups = batch_groups
