@@ -28,7 +28,8 @@ Audits once the run has finished (each one a list of failures, empty when it pas
     trained after the resume on the routes its checkpoint held (a digest per group).
 Scenarios: sync and async arithmetic (configs/arith_tiny.py, configs/arith_async.py), async with
 the reallocator resizing, conversations with the lookup tool (configs/arith_tools.py) and a
-mixture of experts with routing replay (configs/arith_moe.py), each in sync and async. No
+mixture of experts with routing replay (configs/arith_moe.py), each in sync and async, and PPO
+with a critic (configs/arith_ppo.py), in sync and async with the reallocator resizing. No
 scenario lends chips (lending is single-process and off by default).
 Figures are wall times of this run: the interrupted run against an uninterrupted baseline of
 the same config measured here. The last line printed is one JSON object of figures.
@@ -117,6 +118,12 @@ SCENARIOS = {
     # A mixture of experts with rollout routing replay (the recipe's default): the routes audit.
     "moe": Scenario("moe", "configs/arith_moe.py:small", 2, bitwise=True),
     "moe_async": Scenario("moe_async", "configs/arith_moe.py:small", 8, ASYNC_SPLIT),
+    # PPO with a critic (gae): the critic's params and optimiser state ride in the learner's
+    # optimiser state, so the bitwise audit compares them; async, they move with a resize.
+    "ppo": Scenario("ppo", "configs/arith_ppo.py:small", 2, bitwise=True),
+    "ppo_async_resize": Scenario(
+        "ppo_async_resize", "configs/arith_ppo.py:small", 8, ASYNC_SPLIT + RESIZE, False, 1
+    ),
 }
 
 

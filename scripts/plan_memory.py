@@ -193,6 +193,7 @@ def plan(
         topo.learner,
         temperature=cfg.sampling.temperature,
         kernel_impl=kernel_impl,
+        critic=cfg.critic if cfg.critic.enabled else None,  # gae's: trained beside the policy
     )
     out = {
         "chip": chip_name,
