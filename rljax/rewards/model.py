@@ -21,6 +21,7 @@ local device, which it shares with whatever role the run put there).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,10 +32,52 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rljax.config import ConfigError, ModelConfig
+from rljax import io
+from rljax.config import ConfigError, DataConfig, ModelConfig, RewardModelConfig
+from rljax.data.tasks import encode_prompt
+from rljax.models.classifier import load_classifier
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
+from rljax.models.tokenizer import Tokenizer
 
 MIN_LENGTH = 16  # the shortest padded length: shorter buckets would only add compilations
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardContext:
+    """What a model-based reward takes from the run.
+
+    Attributes:
+      tokenizer: the policy's tokenizer (``reward.*.tokenizer='policy'``).
+      data: how the run writes its prompts (``data.prompt_template``, ``data.prompt_format``).
+      max_seq_len: the policy's longest prompt + completion (``sampling.max_seq_len``).
+      kernel_impl: the attention kernels ('auto', 'pallas', 'xla').
+    """
+
+    tokenizer: Tokenizer
+    data: DataConfig
+    max_seq_len: int
+    kernel_impl: str = "auto"
+
+
+def reward_tokenizer(source: str, key: str, path: str, policy: Tokenizer) -> Tokenizer:
+    """The tokenizer a model-based reward reads with: ``'policy'`` (the run's), ``'checkpoint'``
+    (the one in ``path``) or a tokenizer directory; one that cannot load is refused naming
+    ``key``."""
+    if source == "policy":
+        return policy
+    where = path if source == "checkpoint" else source
+    with io.input_error(key, source):
+        return Tokenizer.from_dir(where)
+
+
+def check_vocab(tokenizer: Tokenizer, model_cfg: ModelConfig, key: str, source: str) -> None:
+    """Refuses a tokenizer with ids past the model's embedding, naming the config ``key``."""
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ConfigError(
+            f"config key '{key}' = {source!r} gives a tokenizer of {tokenizer.vocab_size} ids but "
+            f"the model has {model_cfg.vocab_size} embedding rows; the model must read that "
+            f"tokenizer's ids: set {key} to the tokenizer it was trained with"
+        )
 
 
 def local_mesh(indices: Sequence[int], key: str) -> Mesh:
@@ -163,16 +206,58 @@ class ModelReward:
         self.model, self.tokenizer, self.prompt = model, tokenizer, prompt
         self._lock = threading.Lock()  # one forward at a time on its devices
 
-    def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> list[float]:
-        sequences = [
-            self.prompt(example) + self.tokenizer.encode(completion, add_bos=False)
-            for completion, example in zip(completions, examples, strict=True)
-        ]
+    def sequence(self, completion: str, example: dict) -> list[int]:
+        """The tokens scored for ``completion``; raises when they cannot be written or are
+        longer than the model's ``max_length``."""
+        tokens = self.prompt(example) + self.tokenizer.encode(completion, add_bos=False)
+        self.model.bucket_for(len(tokens))
+        return tokens
+
+    def __call__(self, completions: Sequence[str], examples: Sequence[dict]) -> list[Any]:
+        """Each completion's score, or (in its place) why it could not be scored: the pool
+        counts that completion alone as ``raised``."""
+        out: list[Any] = []
+        for completion, example in zip(completions, examples, strict=True):
+            try:
+                out.append(self.sequence(completion, example))
+            except (ValueError, KeyError, TypeError) as e:
+                out.append(e)
+        scored = [i for i, x in enumerate(out) if not isinstance(x, Exception)]
         with self._lock:
-            return self.model.score_tokens(sequences).tolist()
+            scores = self.model.score_tokens([out[i] for i in scored])
+        for i, score in zip(scored, scores.tolist(), strict=True):
+            out[i] = score
+        return out
 
     def __reduce__(self):
         raise TypeError(
             "the 'model' reward holds a jitted model on this process's devices and runs in the "
             "reward pool's thread mode only: set reward.mode='thread'"
         )
+
+
+def build_model_reward(cfg: RewardModelConfig, context: RewardContext) -> ModelReward:
+    """The 'model' reward of ``reward.model``, loaded onto its devices and compiled."""
+    mesh = local_mesh(cfg.devices, "reward.model.devices")
+    with io.input_error("reward.model.path", cfg.path):
+        model_cfg, graphdef, params, score_d = load_classifier(
+            cfg.path, mesh=mesh, rules=SAMPLER_RULES
+        )
+    tokenizer = reward_tokenizer(
+        cfg.tokenizer, "reward.model.tokenizer", cfg.path, context.tokenizer
+    )
+    check_vocab(tokenizer, model_cfg, "reward.model.tokenizer", cfg.tokenizer)
+    model = RewardModel(
+        model_cfg,
+        graphdef,
+        params,
+        score_d,
+        mesh=mesh,
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length or context.max_seq_len,
+        pad_id=tokenizer.pad_id,
+        impl=context.kernel_impl,
+    )
+    model.warm_up()
+    data = context.data
+    return ModelReward(model, tokenizer, lambda example: encode_prompt(tokenizer, data, example))

@@ -199,15 +199,19 @@ class RewardPool:
     """
 
     @classmethod
-    def from_config(cls, fn: Callable[[str, dict], float], cfg) -> RewardPool:
-        """A pool with a run config's ``reward`` section (``rljax.config.RewardConfig``)."""
+    def from_config(
+        cls, fn: Callable[[str, dict], float], cfg, *, batched: bool | None = None
+    ) -> RewardPool:
+        """A pool with a run config's ``reward`` section (``rljax.config.RewardConfig``);
+        ``batched`` (None: ``cfg.batched``) is what ``rljax.rewards.registry.build_reward``
+        says of the reward it built ('model', 'judge' and 'weighted' are batched)."""
         return cls(
             fn,
             num_workers=cfg.num_workers,
             timeout_s=cfg.timeout_s,
             mode=cfg.mode,
             on_failure=cfg.on_failure,
-            batched=cfg.batched,
+            batched=cfg.batched if batched is None else batched,
         )
 
     def __init__(

@@ -3,13 +3,20 @@ when its checkpoint is not a one-label sequence classifier."""
 
 from __future__ import annotations
 
+import pickle
+
 import jax
 import numpy as np
 import pytest
 
-from rljax.models.classifier import load_classifier
+from rljax.config import DataConfig, RewardModelConfig
+from rljax.data.tasks import encode_prompt
+from rljax.models.classifier import load_classifier, save_classifier
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
-from rljax.rewards.model import RewardModel
+from rljax.models.tokenizer import Tokenizer
+from rljax.models.transformer import init_sharded
+from rljax.rewards.model import RewardContext, RewardModel, build_model_reward
+from rljax.testing.configs import TINY_MODEL
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -97,3 +104,32 @@ def test_a_sequence_past_max_length_or_empty_is_refused(tmp_path):
         model.score_tokens([[1] * 33])
     with pytest.raises(ValueError, match="is empty"):
         model.score_tokens([[1], []])
+
+
+def test_saved_classifier_loads_in_transformers_and_scores_prompt_plus_completion(tmp_path):
+    """save_classifier writes what transformers reads; the 'model' reward scores the policy's
+    prompt followed by the completion, with the policy's tokenizer."""
+    mesh = make_mesh(jax.devices()[:1], {"data": 1, "tensor": 1})
+    graphdef, params = init_sharded(TINY_MODEL, mesh, SAMPLER_RULES, 0)
+    score = jax.random.normal(jax.random.key(1), (TINY_MODEL.hidden_size,))
+    tokenizer = Tokenizer.char_level()
+    save_classifier(tmp_path, TINY_MODEL, params, score, pad_token_id=tokenizer.pad_id)
+    data = DataConfig(prompt_template="= {prompt}")
+    context = RewardContext(tokenizer, data, max_seq_len=16)
+    reward = build_model_reward(RewardModelConfig(path=str(tmp_path), batch_size=2), context)
+    completions, examples = ["12", "7", "120"], [{"prompt": "5+7="}, {"prompt": "3+4="}] * 2
+    got = np.asarray(reward(completions, examples[:3]))
+    # A completion it cannot encode, or too long, fails alone.
+    failed = reward(["12", "x", "1" * 20], examples[:3])
+    assert failed[0] == pytest.approx(got[0], rel=1e-6)
+    assert "not in the tokenizer alphabet" in str(failed[1])
+    assert "raise reward.model.max_length" in str(failed[2])
+    sequences = [
+        encode_prompt(tokenizer, data, e) + tokenizer.encode(c)
+        for c, e in zip(completions, examples)
+    ]
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    np.testing.assert_allclose(got, hf_scores(reference.eval(), sequences), rtol=2e-4, atol=2e-5)
+    assert len(set(np.round(got, 4))) == 3
+    with pytest.raises(TypeError, match="thread mode only"):
+        pickle.dumps(reward)
