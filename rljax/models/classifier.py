@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -28,6 +29,7 @@ from rljax.config import ModelConfig
 from rljax.models import hf
 from rljax.models.families import ARCHITECTURES, config_from_hf, config_to_hf
 from rljax.models.sharding import ShardingRules
+from rljax.models.transformer import Decoder, Sharding
 
 SCORE = "score.weight"
 _SUFFIX = "ForSequenceClassification"
@@ -68,6 +70,27 @@ def classifier_config(config_json: Mapping[str, Any], *, source: str, dtype: str
     if dtype is not None:
         overrides.update(dtype=dtype, param_dtype=dtype)
     return config_from_hf(causal, source=source, **overrides)
+
+
+def sequence_scores(
+    model: Decoder,
+    score_d: jax.Array,
+    tokens_bt: jax.Array,
+    lengths_b: jax.Array,
+    *,
+    impl: str = "auto",
+    sharding: Sharding | None = None,
+) -> jax.Array:
+    """The classifier's score [B] (float32) of each row's first ``lengths_b`` tokens (right
+    padding after them is masked): the score head ``score_d`` [D] applied to the final hidden
+    state at the row's last token. A row of length 0 is scored at its first token."""
+    t = tokens_bt.shape[1]
+    positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens_bt.shape)
+    segment_ids_bt = (positions_bt < lengths_b[:, None]).astype(jnp.int32)
+    hidden_btd = model(tokens_bt, positions_bt, segment_ids_bt, impl=impl, sharding=sharding)
+    last_b = jnp.maximum(lengths_b - 1, 0)
+    last_bd = jnp.take_along_axis(hidden_btd, last_b[:, None, None], axis=1)[:, 0]
+    return jnp.einsum("BD,D->B", last_bd.astype(jnp.float32), score_d.astype(jnp.float32))
 
 
 def load_classifier(

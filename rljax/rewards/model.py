@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -35,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax import io
 from rljax.config import ConfigError, DataConfig, ModelConfig, RewardModelConfig
 from rljax.data.tasks import encode_prompt
-from rljax.models.classifier import load_classifier
+from rljax.models.classifier import load_classifier, sequence_scores
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.models.tokenizer import Tokenizer
 
@@ -140,15 +139,10 @@ class RewardModel:
 
         def scores(params, score_d, tokens_bt, lengths_b):
             model = nnx.merge(graphdef, params)
-            t = tokens_bt.shape[1]
-            positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), tokens_bt.shape)
-            segment_ids_bt = (positions_bt < lengths_b[:, None]).astype(jnp.int32)
-            hidden_btd = model(
-                tokens_bt, positions_bt, segment_ids_bt, impl=impl, sharding=(mesh, SAMPLER_RULES)
+            sharding = (mesh, SAMPLER_RULES)
+            return sequence_scores(
+                model, score_d, tokens_bt, lengths_b, impl=impl, sharding=sharding
             )
-            last_b = jnp.maximum(lengths_b - 1, 0)
-            last_bd = jnp.take_along_axis(hidden_btd, last_b[:, None, None], axis=1)[:, 0]
-            return jnp.einsum("BD,D->B", last_bd.astype(jnp.float32), score_d)
 
         self._scores = jax.jit(scores, out_shardings=rows_sharding)
 
