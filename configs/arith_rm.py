@@ -9,7 +9,8 @@ to tell correct sums from perturbed ones; step 2 is configs/arith_tiny.py with
 ``reward.name='model'``: the reward of a completion is that model's score of the prompt and the
 completion (a logit, unbounded; GRPO normalises it within each group). The held-out evaluation
 scores with the run's reward too, so ``heldout_accuracy`` is the mean reward-model score here.
-Point ``--config.reward.model.path`` elsewhere to use another reward model.
+Point ``--config.reward.model.path`` elsewhere to use another reward model. Neither step is
+tuned yet (see scripts/train_rm.py): this recipe shows the wiring, not a measured gain.
 """
 
 import ml_collections
