@@ -200,7 +200,7 @@ class RewardPool:
 
     @classmethod
     def from_config(
-        cls, fn: Callable[[str, dict], float], cfg, *, batched: bool | None = None
+        cls, fn: Callable[[str, dict], float], cfg, batched: bool | None = None
     ) -> RewardPool:
         """A pool with a run config's ``reward`` section (``rljax.config.RewardConfig``);
         ``batched`` (None: ``cfg.batched``) is what ``rljax.rewards.registry.build_reward``

@@ -57,6 +57,16 @@ def build_reward(cfg: RewardConfig, context: RewardContext) -> tuple[Any, bool]:
     return WeightedReward(parts), True
 
 
+def reward_for(
+    cfg: RewardConfig, context: RewardContext, reward_fn: Any = None
+) -> tuple[RewardFn, bool]:
+    """A run's ``(reward, batched)``: ``reward_fn`` (checked: :func:`check_reward_fn`) batched
+    as ``cfg.batched`` says, or else the one ``cfg`` names (:func:`build_reward`)."""
+    if reward_fn is None:
+        return build_reward(cfg, context)
+    return check_reward_fn(reward_fn), cfg.batched
+
+
 def _build_one(name: str, cfg: RewardConfig, context: RewardContext, key: str) -> Any:
     if name == "model":
         from rljax.rewards.model import build_model_reward

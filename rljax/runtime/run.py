@@ -44,7 +44,7 @@ from rljax.policy import admission
 from rljax.policy.reallocation import Split
 from rljax.rewards.model import RewardContext
 from rljax.rewards.pool import RewardPool, failure_metrics
-from rljax.rewards.registry import build_reward, check_reward_fn
+from rljax.rewards.registry import reward_for
 from rljax.runtime import agents, lending, resume
 from rljax.runtime.batches import Encoding
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
@@ -113,12 +113,9 @@ class Run:
         check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
         self.model_cfg = initial_model_config(cfg)
         check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
-        # reward.name's reward ('model' and 'judge' load their checkpoints here), or reward_fn.
-        self.reward: RewardFn
-        if reward_fn is None:
-            self.reward, self.reward_batched = build_reward(cfg.reward, self._reward_context())
-        else:
-            self.reward, self.reward_batched = check_reward_fn(reward_fn), cfg.reward.batched
+        # reward.name's ('model' and 'judge' load their checkpoints here), or reward_fn.
+        context = RewardContext(self.tokenizer, cfg.data, cfg.sampling.max_seq_len, cfg.kernel_impl)
+        self.reward, self.reward_batched = reward_for(cfg.reward, context, reward_fn)
         # Conversations (env.name or env=): the env's steps give the reward (docs/agents.md).
         self.conversations = agents.build(cfg, self.tokenizer, self.reward, env)
         self.encoding = Encoding(cfg, self.tokenizer, self.loss, self.conversations)
@@ -150,13 +147,6 @@ class Run:
         self.parts = self.hosting.build(self)
         if cfg.lending.enabled:  # chips lent inside a step (one process: a pod refuses it)
             self.replace_parts(lender=lending.build(self))
-
-    def _reward_context(self) -> RewardContext:
-        """What a model-based reward ('model', 'judge') takes from the run."""
-        cfg = self.cfg
-        return RewardContext(
-            self.tokenizer, cfg.data, cfg.sampling.max_seq_len, kernel_impl=cfg.kernel_impl
-        )
 
     # -- the parts ------------------------------------------------------------------------
 
@@ -198,9 +188,7 @@ class Run:
     def reward_pool(self) -> RewardPool:
         """This process's reward pool, opened on first use (a pod's learner never opens one)."""
         if self.rewards is None:
-            self.rewards = RewardPool.from_config(
-                self.reward, self.cfg.reward, batched=self.reward_batched
-            )
+            self.rewards = RewardPool.from_config(self.reward, self.cfg.reward, self.reward_batched)
         return self.rewards
 
     def open_checkpointer(self) -> None:
