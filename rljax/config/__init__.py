@@ -11,10 +11,11 @@ Each module receives only its own section (``ModelConfig`` for the model, ``Samp
 the engine, ...), never the whole run config.
 
 The package splits along its seams: ``checks`` (ConfigError and the checks), ``sections`` (one
-dataclass per part of the stack), ``algorithm`` (the learner, warm-start, buffer and LoRA
-sections), ``run_config`` (RunConfig and its cross-section rules), ``convert`` (ConfigDict
-conversion) and ``keys`` (the table of every key, from the sections' ``Attributes:``
-docstrings, that docs/runtime.md holds); everything public is importable from ``rljax.config``.
+dataclass per part of the stack), ``reward`` (the reward section and its model-based rewards),
+``algorithm`` (the learner, warm-start, buffer and LoRA sections), ``run_config`` (RunConfig
+and its cross-section rules), ``convert`` (ConfigDict conversion) and ``keys`` (the table of
+every key, from the sections' ``Attributes:`` docstrings, that docs/runtime.md holds);
+everything public is importable from ``rljax.config``.
 """
 
 from rljax.config.algorithm import (
@@ -39,6 +40,7 @@ from rljax.config.checks import (
 )
 from rljax.config.convert import from_config_dict, replace, to_config_dict
 from rljax.config.model import MoEConfig
+from rljax.config.reward import JudgeConfig, RewardConfig, RewardModelConfig
 from rljax.config.run_config import RunConfig
 from rljax.config.sections import (
     CheckpointConfig,
@@ -47,7 +49,6 @@ from rljax.config.sections import (
     MeshConfig,
     MetricsConfig,
     ModelConfig,
-    RewardConfig,
     SamplingConfig,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "CriticConfig",
     "DataConfig",
     "EnvConfig",
+    "JudgeConfig",
     "LoRAConfig",
     "LearnerConfig",
     "MeshConfig",
@@ -74,6 +76,7 @@ __all__ = [
     "MoEConfig",
     "ModelConfig",
     "RewardConfig",
+    "RewardModelConfig",
     "RunConfig",
     "SFTConfig",
     "TeacherConfig",

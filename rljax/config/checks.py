@@ -39,6 +39,10 @@ BUILTIN_TOOL_NAMES = tuple(BUILTIN_TOOLS)
 # The projections LoRA can adapt (rljax.models.lora).
 LORA_TARGETS = tuple(TARGET_WEIGHTS)
 LORA_SERVING = ("auto", "merged", "unmerged")
+# The rewards built from a model (rljax.rewards.model, rljax.rewards.judge), and the name of a
+# weighted sum of rewards (reward.weights).
+MODEL_REWARDS = ("model", "judge")
+WEIGHTED_REWARD = "weighted"
 
 
 class ConfigError(ValueError):

@@ -22,13 +22,13 @@ from rljax.config.checks import (
     value_in,
 )
 from rljax.config.model import ModelConfig, MoEConfig, check_lora_targets, check_moe
+from rljax.config.reward import RewardConfig
 from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
     MeshConfig,
     MetricsConfig,
-    RewardConfig,
     SamplingConfig,
 )
 from rljax.data.registry import TASKS
@@ -156,6 +156,13 @@ class RunConfig:
                 self.env.max_tokens,
                 f"at most sampling.max_new_tokens={self.sampling.max_new_tokens} (the engine's "
                 "budget per sample; raise it too)",
+            )
+        if self.env.name and self.reward.model_rewards:
+            raise ConfigError(
+                f"config key 'reward.name' = {self.reward.name!r} scores single-turn completions "
+                f"with the {self.reward.model_rewards[0]!r} reward, but env.name="
+                f"{self.env.name!r} makes the env's steps give the reward; set env.name='' or "
+                "reward.name to a verifier"
             )
         if self.tokenizer == "init" and self.init == "random":
             raise ConfigError(

@@ -26,9 +26,11 @@ from rljax.config.checks import (
     value_in,
 )
 from rljax.config.model import ModelConfig
+from rljax.config.reward import JudgeConfig, RewardConfig, RewardModelConfig
 from rljax.data.registry import TASKS as TASK_REGISTRY
 
-__all__ = ["ModelConfig"]  # its own module now (rljax.config.model); kept importable here
+# Their own modules now (rljax.config.model, rljax.config.reward); kept importable here.
+__all__ = ["JudgeConfig", "ModelConfig", "RewardConfig", "RewardModelConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,43 +288,6 @@ class DataConfig:
             _fail(
                 "data.prompt_template", self.prompt_template, f"only {{prompt}}/{{question}} ({e})"
             )
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    """The verifier and how it runs (isolated, with a timeout; see rljax.rewards.pool).
-
-    A completion whose verifier raises, overruns ``timeout_s``, or returns NaN, inf, a
-    non-number or (batched) the wrong count is counted in ``reward_errors/<kind>`` and scored
-    as ``on_failure`` says: ``'zero'`` scores it 0.0 and its group trains; ``'drop'`` drops
-    its whole group (counted in ``dropped_reward_failure``; the driver admits another).
-
-    Attributes:
-      name: the verifier, by its name in rljax.rewards.REWARDS.
-      timeout_s: seconds per call (per completion, or per group when batched).
-      num_workers: the verifier's workers.
-      mode: 'thread', or 'process' for untrusted or hang-prone verifiers.
-      on_failure: a failed completion scores 0.0 and its group trains ('zero'), or its group
-        is dropped ('drop').
-      batched: the verifier is fn(completions, examples) -> list of floats, one call per group.
-    """
-
-    name: str = "exact_match"
-    timeout_s: float = 5.0
-    num_workers: int = 2
-    mode: str = "thread"
-    on_failure: str = "zero"
-    batched: bool = False
-
-    def __post_init__(self):
-        if not self.name:
-            _fail("reward.name", self.name, "a reward name from rljax.rewards.REWARDS")
-        _positive_float("reward.timeout_s", self.timeout_s)
-        _positive("reward.num_workers", self.num_workers)
-        _one_of("reward.mode", self.mode, ("thread", "process"))
-        _one_of("reward.on_failure", self.on_failure, ("zero", "drop"))
-        if not isinstance(self.batched, bool):
-            _fail("reward.batched", self.batched, "True or False")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ caller never crashes and never waits longer than ``timeout_s`` per call. The kin
 (:data:`FAILURE_KINDS`) are:
 
 * ``raised``: the call raised (or its worker process died, or its input or result could not be
-  pickled);
+  pickled), or a batched verifier returned an exception in a completion's place;
 * ``timeout``: the call overran ``timeout_s``;
 * ``nan`` / ``inf``: it returned NaN or +-inf;
 * ``type``: it returned something that is not a real number (a string, None, a list; for a
@@ -23,7 +23,10 @@ group's seat and counts it in ``dropped_reward_failure``; see ``rljax.runtime.dr
 A verifier is per completion, ``fn(completion, example) -> float``, or, with ``batched=True``,
 per call, ``fn(completions, examples) -> sequence of floats`` over everything one
 :meth:`RewardPool.submit` holds (the driver submits the groups waiting for its reward thread when
-threaded, one step's groups when lock-step); ``timeout_s`` then bounds the whole call.
+threaded, one step's groups when lock-step); ``timeout_s`` then bounds the whole call. A batched
+verifier fails one completion alone by returning an exception in its place (counted as
+``raised``, its message the ``last_error``): a judge's unparsable verdict fails its completion,
+not the batch (``rljax.rewards.judge``).
 
 How a hang is handled depends on ``mode``:
 
@@ -145,6 +148,8 @@ def _positive_real(x: object) -> bool:
 
 def _check_value(value: object) -> tuple[float, str | None, str]:
     """(reward, failure kind or None, message) for one value a verifier returned."""
+    if isinstance(value, BaseException):  # a batched verifier's failure of one completion
+        return 0.0, "raised", f"{type(value).__name__}: {value}"
     is_scalar_array = isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0
     if not (isinstance(value, numbers.Real) or is_scalar_array):
         return 0.0, "type", f"verifier returned {type(value).__name__}, not a float"
@@ -194,15 +199,19 @@ class RewardPool:
     """
 
     @classmethod
-    def from_config(cls, fn: Callable[[str, dict], float], cfg) -> RewardPool:
-        """A pool with a run config's ``reward`` section (``rljax.config.RewardConfig``)."""
+    def from_config(
+        cls, fn: Callable[[str, dict], float], cfg, batched: bool | None = None
+    ) -> RewardPool:
+        """A pool with a run config's ``reward`` section (``rljax.config.RewardConfig``);
+        ``batched`` (None: ``cfg.batched``) is what ``rljax.rewards.registry.build_reward``
+        says of the reward it built ('model', 'judge' and 'weighted' are batched)."""
         return cls(
             fn,
             num_workers=cfg.num_workers,
             timeout_s=cfg.timeout_s,
             mode=cfg.mode,
             on_failure=cfg.on_failure,
-            batched=cfg.batched,
+            batched=cfg.batched if batched is None else batched,
         )
 
     def __init__(

@@ -42,8 +42,9 @@ from rljax.metrics import MetricsWriter, Timeline
 from rljax.models.loading import check_tokenizer_fits, initial_model_config, load_tokenizer
 from rljax.policy import admission
 from rljax.policy.reallocation import Split
+from rljax.rewards.model import RewardContext
 from rljax.rewards.pool import RewardPool, failure_metrics
-from rljax.rewards.registry import check_reward_fn, get_reward
+from rljax.rewards.registry import RewardFn, reward_for
 from rljax.runtime import agents, lending, resume
 from rljax.runtime.batches import Encoding
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
@@ -53,8 +54,6 @@ from rljax.runtime.parts import LearnerPart, Parts, PromptSource, RunSamplerPart
 from rljax.runtime.rollout import Group, encode_group
 from rljax.runtime.teacher import check_teacher
 from rljax.runtime.warm_start import warm_start
-
-RewardFn = Callable[[str, dict], float]
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +113,9 @@ class Run:
         self.model_cfg = initial_model_config(cfg)
         check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
         check_teacher(cfg, self.tokenizer)  # opd's: loadable, and reads the policy's ids
-        self.reward = (
-            get_reward(cfg.reward.name) if reward_fn is None else check_reward_fn(reward_fn)
-        )
+        # reward.name's ('model' and 'judge' load their checkpoints here) or reward_fn
+        ctx = RewardContext(self.tokenizer, cfg.data, cfg.sampling.max_seq_len, cfg.kernel_impl)
+        self.reward, self.reward_batched = reward_for(cfg.reward, ctx, reward_fn)
         # Conversations (env.name or env=): the env's steps give the reward (docs/agents.md).
         self.conversations = agents.build(cfg, self.tokenizer, self.reward, env)
         self.encoding = Encoding(cfg, self.tokenizer, self.loss, self.conversations)
@@ -189,7 +188,7 @@ class Run:
     def reward_pool(self) -> RewardPool:
         """This process's reward pool, opened on first use (a pod's learner never opens one)."""
         if self.rewards is None:
-            self.rewards = RewardPool.from_config(self.reward, self.cfg.reward)
+            self.rewards = RewardPool.from_config(self.reward, self.cfg.reward, self.reward_batched)
         return self.rewards
 
     def open_checkpointer(self) -> None:

@@ -83,6 +83,7 @@ def batched_verifier(completions: list, examples: list) -> object:
         "none": None,
         "dict": {i: 1.0 for i in range(n)},
         "elements": [1.0, math.nan, "x", math.inf][:n],
+        "exception": [1.0, ValueError("no 'Score: <number>' in the verdict"), 1.0, 1.0][:n],
         "array": np.ones(n, np.float32),
     }.get(head, [1.0] * n)
 
@@ -100,6 +101,7 @@ def batched_verifier(completions: list, examples: list) -> object:
         ("none", {"type": 4}),
         ("dict", {"type": 4}),
         ("elements", {"nan": 1, "type": 1, "inf": 1}),
+        ("exception", {"raised": 1}),  # one completion fails, not the batch
     ],
 )
 def test_batched_verifier_faults(head, kinds):
@@ -113,6 +115,9 @@ def test_batched_verifier_faults(head, kinds):
     assert np.all(rewards[~np.isnan(rewards)] == 1.0)
     if kinds:
         assert stats.last_error
+    if head == "exception":
+        assert stats.last_error == "ValueError: no 'Score: <number>' in the verdict"
+        assert np.isnan(rewards[1]) and not np.isnan(rewards[[0, 2, 3]]).any()
 
 
 def test_batched_verifier_gets_one_call_per_submit():
