@@ -4,13 +4,14 @@
     rljax --config=configs/arith_rm.py --workdir=/tmp/rljax/arith_rm           # step 2
     rljax --config=configs/arith_rm.py:small --workdir=/tmp/rljax/arith_rm_small  # < 1 minute
 
-Step 1 trains a tiny ``LlamaForSequenceClassification`` (the recipe's model with a score head)
-to tell correct sums from perturbed ones; step 2 is configs/arith_tiny.py with
-``reward.name='model'``: the reward of a completion is that model's score of the prompt and the
-completion (a logit, unbounded; GRPO normalises it within each group). The held-out evaluation
-scores with the run's reward too, so ``heldout_accuracy`` is the mean reward-model score here.
-Point ``--config.reward.model.path`` elsewhere to use another reward model. Neither step is
-tuned yet (see scripts/train_rm.py): this recipe shows the wiring, not a measured gain.
+Step 1 trains a tiny ``LlamaForSequenceClassification`` (the default recipe's trained model
+with a score head; run the default recipe with ``--config.checkpoint.enabled=True`` first) to
+tell correct sums from wrong ones; step 2 is configs/arith_tiny.py with ``reward.name='model'``:
+the reward of a completion is that model's score of the prompt and the completion (a logit,
+unbounded; GRPO normalises it within each group), and nothing else. The held-out accuracy is
+still exact match (``reward.heldout``), and each evaluation records the reward model's mean
+score and its agreement with exact match on the same answers (rljax.runtime.evaluation).
+Point ``--config.reward.model.path`` elsewhere to use another reward model.
 """
 
 import ml_collections
@@ -33,6 +34,7 @@ def recipe(variant: str = "") -> RunConfig:
         model=RewardModelConfig(path=REWARD_MODEL, batch_size=64),
         timeout_s=60.0,  # a whole step's groups in one call
         num_workers=1,  # one model on one device: a second worker would wait for it
+        heldout="exact_match",  # judged on the task, not on the reward model's opinion
     )
     return replace(arith_tiny.recipe(variant), reward=reward)
 

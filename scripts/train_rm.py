@@ -5,18 +5,18 @@ Face ``LlamaForSequenceClassification`` directory that ``reward.name='model'`` l
     rljax --config=configs/arith_rm.py --workdir=/tmp/rljax/arith_rm      # GRPO with it
 
 The labelled pairs come from the task of configs/arith_tiny.py (2-digit addition, its train
-split): each problem's prompt followed by its correct sum is labelled 1, and followed by a
-perturbed wrong sum (off by one, or by a forgotten or extra carry: +-1, +-10, +-11, +-9) is
-labelled 0. The model is the recipe's (the ~0.4M-parameter Llama and its char tokenizer),
-randomly initialised, with a score head [D] in place of the LM head; the loss is the binary
-cross-entropy of the last token's score, read as the logit of "correct". The sequences are the
-ones the reward model scores in a run: the policy's prompt (rljax.data.tasks.encode_prompt)
-then the answer's tokens, without a stop token. Prints the held-out pair accuracy as it goes
-and one JSON line at the end.
-
-Untuned: a 300-step smoke run from a random initialisation stayed near chance (0.5) on the
-held-out pairs; judging a sum means learning to add, so expect to need many more steps (or a
-model that already adds) before step 2 has a reward worth training on.
+split): each problem's prompt followed by its correct sum is labelled 1, and followed by a wrong
+one labelled 0: a perturbed sum (off by one, or by a forgotten or extra carry: +-1, +-10, +-11,
++-9), or, one time in four, a malformed one (a digit dropped or repeated). The trunk is the
+default recipe's trained model (``--init``, a run's workdir: its newest checkpoint; 'random'
+starts from scratch), with a score head [D] in place of the LM head. The loss is, per pair, the
+Bradley-Terry loss of the correct answer's score over the wrong one's (the order within a
+prompt: all GRPO reads of a reward) plus each answer's binary cross-entropy (so a score above 0
+means "correct", which the held-out agreement reads). The sequences are the ones the reward
+model scores in a run: the policy's prompt (rljax.data.tasks.encode_prompt) then the answer's
+tokens, without a stop token. Prints the held-out pairs ranked right and the answers classified
+right as it goes, and one JSON line at the end. From a random trunk it stays near chance: judging
+a sum means knowing how to add.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from rljax.models.classifier import save_classifier, sequence_scores
 from rljax.models.loading import load_tokenizer
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
+from rljax.runtime.teacher import load_run_params
 
 # Wrong sums a careless adder writes: off by one, a dropped or extra carry, or both.
 PERTURBATIONS = (-11, -10, -9, -1, 1, 9, 10, 11)
@@ -45,14 +46,21 @@ PERTURBATIONS = (-11, -10, -9, -1, 1, 9, 10, 11)
 
 def labelled_pairs(examples: list[dict], seed: int) -> list[tuple[dict, str, float]]:
     """(example, answer, label): each example with its correct answer (1.0) and one wrong
-    answer (0.0), a perturbation of the correct one that stays >= 0."""
+    answer (0.0): a perturbation of the correct one that stays >= 0, or (one in four) a
+    malformed one: a digit dropped or repeated, as a sampling policy writes."""
     rng = random.Random(seed)
     out = []
     for example in examples:
-        correct = int(example["answer"])
-        wrong = [correct + d for d in PERTURBATIONS if correct + d >= 0]
-        out.append((example, str(correct), 1.0))
-        out.append((example, str(rng.choice(wrong)), 0.0))
+        correct = str(int(example["answer"]))
+        if rng.random() < 0.25:
+            i = rng.randrange(len(correct))
+            wrong = [correct[:i] + correct[i + 1 :], correct[:i] + correct[i] + correct[i:]]
+            answer = rng.choice([w for w in wrong if w and w != correct] or [correct + "0"])
+        else:
+            numbers = [int(correct) + d for d in PERTURBATIONS if int(correct) + d >= 0]
+            answer = str(rng.choice(numbers))
+        out.append((example, correct, 1.0))
+        out.append((example, answer, 0.0))
     return out
 
 
@@ -76,10 +84,14 @@ def train(args) -> dict:
     train_set = encode(labelled_pairs(train_examples, args.seed), tokenizer, cfg.data, length)
     held_set = encode(labelled_pairs(heldout, args.seed + 1), tokenizer, cfg.data, length)
     mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
-    graphdef, params = init_sharded(cfg.model, mesh, LEARNER_RULES, args.seed)
+    model_cfg = cfg.model
+    if args.init == "random":
+        graphdef, params = init_sharded(model_cfg, mesh, LEARNER_RULES, args.seed)
+    else:  # a run's newest checkpoint: a trunk that already reads sums
+        model_cfg, graphdef, params = load_run_params(args.init, mesh, key="--init")
     # A random head, so that the trunk gets gradients from the first step (a zero head sends
     # none back through it).
-    d = cfg.model.hidden_size
+    d = model_cfg.hidden_size
     head = jax.random.normal(jax.random.key(args.seed), (d,), jnp.float32) / np.sqrt(d)
     weights = (params, head)
     optimizer = optax.adamw(args.learning_rate, weight_decay=0.0)
@@ -89,8 +101,13 @@ def train(args) -> dict:
         return sequence_scores(nnx.merge(graphdef, weights[0]), weights[1], tokens_bt, lengths_b)
 
     def loss_fn(weights, tokens_bt, lengths_b, labels_b):
+        # Rows come in pairs (correct, wrong) of one prompt: the Bradley-Terry loss of the pair
+        # ranks them (all GRPO reads of a reward is its order within a group), the pointwise
+        # one keeps the score's sign meaning correct.
         logits_b = scores(weights, tokens_bt, lengths_b)
-        return jnp.mean(optax.sigmoid_binary_cross_entropy(logits_b, labels_b))
+        pairwise = -jax.nn.log_sigmoid(logits_b[0::2] - logits_b[1::2])
+        pointwise = optax.sigmoid_binary_cross_entropy(logits_b, labels_b)
+        return jnp.mean(pairwise) + jnp.mean(pointwise)
 
     @jax.jit
     def step(weights, opt_state, tokens_bt, lengths_b, labels_b):
@@ -98,29 +115,51 @@ def train(args) -> dict:
         updates, opt_state = optimizer.update(grads, opt_state, weights)
         return optax.apply_updates(weights, updates), opt_state, loss
 
-    accuracy = jax.jit(lambda w, t, n, y: jnp.mean((scores(w, t, n) > 0) == (y > 0.5)))
+    @jax.jit
+    def accuracy(weights, tokens_bt, lengths_b, labels_b):
+        """(pairs ranked right, answers classified right by the score's sign)."""
+        s = scores(weights, tokens_bt, lengths_b)
+        return jnp.mean(s[0::2] > s[1::2]), jnp.mean((s > 0) == (labels_b > 0.5))
+
     rng = np.random.default_rng(args.seed)
     loss = float("nan")
+    pairs = len(train_set[0]) // 2
     for i in range(args.steps):
-        batch = rng.choice(len(train_set[0]), args.batch_size, replace=False)
+        chosen = rng.choice(pairs, args.batch_size // 2, replace=False)
+        batch = np.stack([2 * chosen, 2 * chosen + 1], axis=1).reshape(-1)  # pairs together
         weights, opt_state, loss = step(weights, opt_state, *(a[batch] for a in train_set))
         if (i + 1) % args.eval_every == 0 or i + 1 == args.steps:
-            acc = float(accuracy(weights, *held_set))
-            print(f"step {i + 1}: loss {float(loss):.4f}, held-out pair accuracy {acc:.3f}")
-    final = float(accuracy(weights, *held_set))
-    save_classifier(args.out, cfg.model, weights[0], weights[1], pad_token_id=tokenizer.pad_id)
+            ranked, signed = (float(x) for x in accuracy(weights, *held_set))
+            print(
+                f"step {i + 1}: loss {float(loss):.4f}, held-out pairs ranked {ranked:.3f}, "
+                f"answers classified {signed:.3f}"
+            )
+    ranked, final = (float(x) for x in accuracy(weights, *held_set))
+    save_classifier(args.out, model_cfg, weights[0], weights[1], pad_token_id=tokenizer.pad_id)
     tokenizer.save(args.out)
-    return {"steps": args.steps, "loss": float(loss), "heldout_accuracy": final, "out": args.out}
+    return {
+        "steps": args.steps,
+        "loss": float(loss),
+        "heldout_pairs_ranked": ranked,
+        "heldout_accuracy": final,
+        "out": args.out,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the checkpoint directory to write")
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--learning_rate", type=float, default=3e-3)
-    parser.add_argument("--eval_every", type=int, default=100)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--eval_every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--init",
+        default="/tmp/rljax/arith_tiny",
+        help="the trunk: a run's workdir (default: the default recipe's, trained with "
+        "--config.checkpoint.enabled=True) or 'random'",
+    )
     figures = train(parser.parse_args(argv))
     print(json.dumps(figures))
     return figures

@@ -174,6 +174,9 @@ class RewardConfig:
         'model', 'judge' and 'weighted' always are.
       model: the reward model of 'model' (RewardModelConfig).
       judge: the judge of 'judge' (JudgeConfig).
+      heldout: the verifier (a name in rljax.rewards.REWARDS) that scores the held-out
+        accuracy; '' scores it with the training reward. A run trained on a learned reward
+        sets it to be judged on the task itself (rljax.runtime.evaluation).
     """
 
     name: str = "exact_match"
@@ -185,8 +188,11 @@ class RewardConfig:
     batched: bool = False
     model: RewardModelConfig = RewardModelConfig()
     judge: JudgeConfig = JudgeConfig()
+    heldout: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.heldout, str):
+            _fail("reward.heldout", self.heldout, "'' or a verifier from rljax.rewards.REWARDS")
         if not self.name:
             _fail("reward.name", self.name, "a reward name from rljax.rewards.REWARDS")
         _positive_float("reward.timeout_s", self.timeout_s)

@@ -61,7 +61,10 @@ def reward_for(
     cfg: RewardConfig, context: RewardContext, reward_fn: Any = None
 ) -> tuple[RewardFn, bool]:
     """A run's ``(reward, batched)``: ``reward_fn`` (checked: :func:`check_reward_fn`) batched
-    as ``cfg.batched`` says, or else the one ``cfg`` names (:func:`build_reward`)."""
+    as ``cfg.batched`` says, or else the one ``cfg`` names (:func:`build_reward`); an unknown
+    ``cfg.heldout`` verifier is refused here too, before the run writes."""
+    if cfg.heldout:
+        get_reward(cfg.heldout, key="reward.heldout")
     if reward_fn is None:
         return build_reward(cfg, context)
     return check_reward_fn(reward_fn), cfg.batched

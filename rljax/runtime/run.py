@@ -45,7 +45,7 @@ from rljax.policy.reallocation import Split
 from rljax.rewards.model import RewardContext
 from rljax.rewards.pool import RewardPool, failure_metrics
 from rljax.rewards.registry import RewardFn, reward_for
-from rljax.runtime import agents, lending, resume
+from rljax.runtime import agents, evaluation, lending, resume
 from rljax.runtime.batches import Encoding
 from rljax.runtime.boundary import install_sigterm, restore_sigterm
 from rljax.runtime.driver import Driver
@@ -263,22 +263,11 @@ class Run:
         return rewards
 
     def evaluate(self, step: int, phase: str = "eval") -> float:
-        """Greedy accuracy on the held-out split. The record also holds each problem's reward
-        (``heldout_rewards``, in held-out order), so two evaluations can be compared pairwise."""
+        """Greedy accuracy on the held-out split (rljax.runtime.evaluation). The record also
+        holds each problem's score (``heldout_rewards``, in held-out order), so two evaluations
+        can be compared pairwise."""
         self._lead("Run.evaluate")
-        examples = self.heldout_examples[: self.cfg.eval_examples]
-        self._swap_to_latest()  # the driver's sampler swaps only when it generates
-        with self.timeline.span("eval"):
-            requests = [self.make_request(ex, i, greedy=True) for i, ex in enumerate(examples)]
-            trajs = self.sampler.run(requests)  # in the order they finished
-            rewards = np.nan_to_num(self.score(trajs), nan=0.0)  # a failed reward is wrong
-        self.env_metrics.skip(getattr(self.sampler, "stats", None))  # train steps' alone
-        by_problem = np.zeros(len(examples))
-        by_problem[[t.group_id for t in trajs]] = rewards  # group_id: the request's index
-        acc = float(np.mean(rewards))
-        record = {"heldout_accuracy": acc, "examples": len(examples)}
-        self.metrics.write(step, phase, record | {"heldout_rewards": by_problem.tolist()})
-        return acc
+        return evaluation.evaluate(self, step, phase)
 
     def make_batch(self, groups: list[Group]) -> TrainBatch:
         """Group-normalised advantages, then a packed batch for the configured loss."""

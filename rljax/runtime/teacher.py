@@ -27,23 +27,54 @@ from rljax.models.loading import (
 from rljax.models.tokenizer import Tokenizer
 
 
+def is_run_workdir(path: str) -> bool:
+    """Whether ``path`` is a run's workdir (it holds the run's checkpoints)."""
+    return io.is_dir(io.join(path, "checkpoints"))
+
+
+def saved_run_config(workdir: str, key: str = "teacher.init") -> RunConfig:
+    """The run config a workdir's newest checkpoint was saved with (``key``: the config key
+    that named the workdir, for the one-line errors)."""
+    try:
+        meta = Checkpointer(io.join(workdir, "checkpoints"), _READ_ONLY).read_meta()
+    except CheckpointError as e:
+        raise ConfigError(f"config key '{key}' = {workdir!r}: {e}") from None
+    saved = meta.get("config")
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            f"config key '{key}' = {workdir!r}: its checkpoint holds no run config (saved by "
+            "an older rljax); export the model to a Hugging Face directory"
+        )
+    return _unflatten(saved)
+
+
+def load_run_params(workdir: str, mesh: Mesh, key: str = "teacher.init") -> tuple[Any, ...]:
+    """(model config, graphdef, params) of a run's newest checkpoint, on ``mesh`` (a LoRA
+    run's are refused: its checkpoints hold the adapters alone)."""
+    saved = saved_run_config(workdir, key)
+    if saved.lora.enabled:
+        raise ConfigError(
+            f"config key '{key}' = {workdir!r} is a LoRA run (its checkpoints hold adapters "
+            "alone); export it merged to a Hugging Face directory and point there"
+        )
+    model_cfg = initial_model_config(saved)
+    graphdef, abstract = abstract_params(model_cfg, mesh)
+    ckpt = Checkpointer(io.join(workdir, "checkpoints"), _READ_ONLY)
+    try:
+        return model_cfg, graphdef, ckpt.restore_params(abstract)
+    except CheckpointError as e:
+        raise ConfigError(f"config key '{key}' = {workdir!r}: {e}") from None
+
+
+_READ_ONLY = CheckpointConfig(enabled=False)
+
+
 def teacher_run_config(cfg: RunConfig) -> RunConfig:
     """What the teacher is, as a run config: the saved config of a workdir's newest checkpoint,
     or ``cfg`` with ``init`` (and ``tokenizer``) the teacher's."""
     t = cfg.teacher
-    ckpt_dir = io.join(t.init, "checkpoints")
-    if io.is_dir(ckpt_dir):
-        try:
-            meta = Checkpointer(ckpt_dir, CheckpointConfig(enabled=False)).read_meta()
-        except CheckpointError as e:
-            raise ConfigError(f"config key 'teacher.init' = {t.init!r}: {e}") from None
-        saved = meta.get("config")
-        if not isinstance(saved, dict):
-            raise ConfigError(
-                f"config key 'teacher.init' = {t.init!r}: its checkpoint holds no run config "
-                "(saved by an older rljax); export the teacher to a Hugging Face directory"
-            )
-        return _unflatten(saved)
+    if is_run_workdir(t.init):
+        return saved_run_config(t.init)
     return replace(cfg, init=t.init, tokenizer=t.tokenizer, lora=LoRAConfig())
 
 
@@ -103,14 +134,8 @@ def load_teacher(cfg: RunConfig, mesh: Mesh, student: Tokenizer) -> tuple[nnx.Gr
     where = cfg.teacher.init
     tcfg = check_teacher(cfg, student)
     assert tcfg is not None, "load_teacher needs teacher.init"
-    ckpt_dir = io.join(where, "checkpoints")
-    if not io.is_dir(ckpt_dir):
+    if is_run_workdir(where):
+        _, graphdef, params = load_run_params(where, mesh)
+    else:
         _, graphdef, params = load_base_params(tcfg, mesh)
-        return graphdef, params
-    graphdef, abstract = abstract_params(initial_model_config(tcfg), mesh)
-    ckpt = Checkpointer(ckpt_dir, CheckpointConfig(enabled=False))
-    try:
-        params = ckpt.restore_params(abstract)
-    except CheckpointError as e:
-        raise ConfigError(f"config key 'teacher.init' = {where!r}: {e}") from None
     return graphdef, params
