@@ -9,7 +9,7 @@ import pytest
 from rljax.checkpoint import Checkpointer
 from rljax.config import CheckpointConfig, CriticConfig, LearnerConfig, LoRAConfig, ModelConfig
 from rljax.learner.batch import TrainSequence, pack_batch
-from rljax.learner.learner import Learner
+from rljax.learner.learner import GradLoan, Learner
 from rljax.mesh.resize import MeshCache, move_learner
 from rljax.models import lora
 from rljax.models.sharding import LEARNER_RULES, make_mesh
@@ -203,3 +203,34 @@ def test_reinforce_pp_puts_the_kl_to_the_reference_in_the_reward(kl_reward):
     on = returns[mask]
     expected = (on - on.mean()) / np.sqrt(on.var(ddof=1) + 1e-8)
     np.testing.assert_allclose(out["advantages"][mask], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_lent_step_trains_the_critic_on_the_learner():
+    """Lending a step's micro-batches to other chips (the policy's gradients) leaves the critic's
+    update to the learner's own: the same critic as an unlent step's, within float tolerance."""
+    cfg = LearnerConfig(
+        advantage="gae", group_size=2, batch_groups=4, micro_batches=2, learning_rate=1e-3
+    )
+    mesh = make_mesh(jax.devices()[6:8], {"fsdp": 2, "tensor": 1})
+    lent, plain = _learner(mesh, cfg), _learner(mesh, cfg)
+    batch = pack_batch(
+        [
+            TrainSequence(
+                np.random.default_rng(i).integers(1, 32, 12).tolist(),
+                4,
+                [-3.0] * 8,
+                reward=float(i % 2),
+            )
+            for i in range(8)
+        ],
+        row_len=16,
+        micro_batches=2,
+        row_multiple=2,
+    )
+    got = lent.step(batch, GradLoan(tuple(jax.devices()[:2]), 1))
+    want = plain.step(batch)
+    assert got["critic/value_loss"] == pytest.approx(want["critic/value_loss"], rel=1e-5)
+    for a, b in zip(
+        _leaves(lent.opt_state["critic"]), _leaves(plain.opt_state["critic"]), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
