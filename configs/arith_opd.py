@@ -8,8 +8,8 @@ The teacher is configs/arith_tiny.py trained to the end, with its checkpoints ke
     rljax --config=configs/arith_opd.py:small --workdir=/tmp/rljax/opd_small      # < 1 minute
 
 or one command for both, over seeds, with the curves side by side:
-``python scripts/opd_recipe.py --seeds=0,1,2,3,4`` (it trains the teacher first when
-/tmp/rljax/arith_tiny holds no checkpoint). ``--config.teacher.init=<workdir>`` points at
+``python scripts/algorithm_recipes.py opd --seeds=0,1,2,3,4`` (it trains a teacher per seed
+under its ``--root``). ``--config.teacher.init=<workdir>`` points at
 another teacher.
 
 The student is a quarter of the teacher's width (hidden 64 against 128; ~0.1M parameters

@@ -482,7 +482,17 @@ class Run:
 def run(cfg: RunConfig, workdir: str, **kwargs: Any) -> dict[str, Any]:
     """Build and train a run; returns its summary (accuracies, wall time, last metrics)."""
     r = Run(cfg, workdir, **kwargs)
+    # Outside train (which routes it to a stop at the next boundary) a SIGTERM is ignored: the
+    # run is already stopping, and close may still be committing its last checkpoint.
+    previous = install_sigterm(_stopping_already)
     try:
         return r.train()
     finally:
-        r.close()
+        try:
+            r.close()
+        finally:
+            restore_sigterm(previous)
+
+
+def _stopping_already(*_: Any) -> None:
+    """SIGTERM outside :meth:`Run.train`: nothing to do, the process exits once closed."""
