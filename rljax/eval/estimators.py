@@ -103,8 +103,9 @@ def maj_at_k(answers: Sequence[Hashable | None], correct: Sequence[bool], k: int
     if not votes:
         return False
     top = max(votes.values())
-    winner = next(a for a in answers[:k] if a is not None and votes[a] == top)  # first seen
-    return bool(correct[list(answers).index(winner)])
+    # The first sample holding a most-voted answer: ties go to the answer seen first.
+    first = next(i for i, a in enumerate(answers[:k]) if a is not None and votes[a] == top)
+    return bool(correct[first])
 
 
 @dataclasses.dataclass(frozen=True)
