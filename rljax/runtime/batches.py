@@ -53,17 +53,29 @@ class Encoding:
             return self.conversations.prompt(task_example(example))
         return encode_prompt(self.tokenizer, self.cfg.data, example)
 
-    def request(self, example: dict, request_id: int, *, greedy: bool, home: int | None) -> Request:
-        """A request for ``example``: G samples, or one greedy sample for evaluation. A
-        conversation's Turns are bound where it runs (:mod:`rljax.runtime.env_answers`)."""
+    def request(
+        self,
+        example: dict,
+        request_id: int,
+        *,
+        greedy: bool,
+        home: int | None,
+        samples: int | None = None,
+        sampling: SlotSampling | None = None,
+    ) -> Request:
+        """A request for ``example``: G samples, or one greedy sample for evaluation, or
+        ``samples`` with ``sampling`` (an evaluation's k). A conversation's Turns are bound
+        where it runs (:mod:`rljax.runtime.env_answers`)."""
         cfg = self.cfg
         # a conversation's token budget over all its turns (0: max_new_tokens alone)
         budget = (cfg.env.max_tokens or None) if self.conversations is not None else None
+        if greedy:
+            samples, sampling = 1, SlotSampling(temperature=0.0)
         return Request(
             self.prompt(example),
-            1 if greedy else cfg.learner.group_size,
+            samples or cfg.learner.group_size,
             seed=(cfg.seed * 1_000_003 + request_id) % (2**31 - 1),
-            sampling=SlotSampling(temperature=0.0) if greedy else None,
+            sampling=sampling,
             payload=example,
             request_id=request_id,
             home=home,

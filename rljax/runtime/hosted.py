@@ -128,7 +128,9 @@ class HostedRun(Protocol):
 
     def request_stop(self, *_: Any) -> None: ...
 
-    # The phases.
+    # The phases: ``phases`` is what the leader runs (``run_phases`` unless replaced).
+    phases: Callable[[], dict[str, Any]]
+
     def run_phases(self) -> dict[str, Any]: ...
 
     def publish(self) -> None: ...

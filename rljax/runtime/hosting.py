@@ -60,7 +60,8 @@ class Hosting(Protocol):
         ...
 
     def train(self, run: HostedRun) -> dict[str, Any]:
-        """Run the phases (:meth:`Run.run_phases`), or this process's share of them."""
+        """Run the phases (``run.phases``: :meth:`Run.run_phases` unless replaced), or this
+        process's share of them."""
         ...
 
     def warm_start(self, run: HostedRun) -> None:
@@ -197,7 +198,7 @@ class LocalHosting:
         )
 
     def train(self, run: HostedRun) -> dict[str, Any]:
-        return run.run_phases()
+        return run.phases()
 
     def warm_start(self, run: HostedRun) -> None:
         run.warm_start_learner(_local(run.learner))

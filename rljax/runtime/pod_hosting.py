@@ -320,7 +320,7 @@ class PodHosting:
         assert self.ticks is not None
         if run.resumed_meta is not None:
             run.publish()  # the restored version, before anything samples
-        summary = run.run_phases()
+        summary = run.phases()
         assert run.parts is not None and self.resizer is not None and self.answers is not None
         resize = self.resizer.take()
         run.parts.scorer.stop()  # before 'end' or 'resize': the followers' servers stop first

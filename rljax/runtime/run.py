@@ -30,6 +30,7 @@ from rljax.config import RunConfig
 from rljax.data.tasks import check_prompts, load_task
 from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Trajectory
+from rljax.engine.state import SlotSampling
 from rljax.envs.base import Env
 from rljax.envs.conversation import Conversations
 from rljax.learner.batch import TrainBatch
@@ -85,6 +86,9 @@ class Run:
     ):
         self.ckpt = self.rewards = self.parts = None
         self.conversations: Conversations | None = None
+        # What the leader runs when the run trains: the phases below, or another program of
+        # the same parts (``rljax eval`` samples a checkpoint instead).
+        self.phases: Callable[[], dict[str, Any]] = self.run_phases
         self.hosting: Hosting = hosting_for(cfg) if hosting is None else hosting
         try:
             self._build(cfg, workdir, reward_fn, loss, devices, env)
@@ -243,11 +247,22 @@ class Run:
         if latest is not None and (not newer or latest[1] > self.sampler.version):
             self.sampler.set_params(*latest)
 
-    def make_request(self, example: dict, request_id: int, *, greedy: bool = False) -> Request:
-        """A request for ``example``; its sampling seed depends only on the run seed and id."""
+    def make_request(
+        self,
+        example: dict,
+        request_id: int,
+        *,
+        greedy: bool = False,
+        samples: int | None = None,
+        sampling: SlotSampling | None = None,
+    ) -> Request:
+        """A request for ``example`` (``Encoding.request``); its sampling seed depends only on
+        the run seed and id."""
         self._lead("Run.make_request")
         home = self.prompts.home(example)
-        request = self.encoding.request(example, request_id, greedy=greedy, home=home)
+        request = self.encoding.request(
+            example, request_id, greedy=greedy, home=home, samples=samples, sampling=sampling
+        )
         return self._parts("make_request").answers.bind(request)
 
     def next_prompts(self) -> list[dict]:
