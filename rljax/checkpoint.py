@@ -147,14 +147,6 @@ def _brief(error: BaseException, limit: int = 200) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-def _step_list(steps: list[int]) -> str:
-    """``steps`` for a message: all of them, or the first and last few."""
-    shown = [str(s) for s in steps]
-    if len(shown) > 8:
-        shown = [*shown[:3], "...", *shown[-3:]]
-    return ", ".join(shown)
-
-
 def _check_step(step: Any) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"checkpoint step={step!r} is invalid: use an int >= 0")
@@ -411,24 +403,27 @@ class Checkpointer:
         )
         return out.params, out.opt_state, _unwrap_meta(out.meta)
 
+    def _pick(self, step: int | None, fix_if_none: str) -> int:
+        """``step``, or the newest when None, once it is known to be a finalised step."""
+        self.wait()
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(f"no finalised checkpoint in {self.directory}; {fix_if_none}")
+        if step is not None and step not in steps:
+            shown = [str(s) for s in steps]
+            if len(shown) > 8:
+                shown = [*shown[:3], "...", *shown[-3:]]
+            raise CheckpointError(
+                f"no finalised checkpoint step {step} in {self.directory} (it holds steps "
+                f"{', '.join(shown)}); pick one of those"
+            )
+        return steps[-1] if step is None else step
+
     def restore_params(self, abstract_params: Any, step: int | None = None) -> Any:
         """The params alone of ``step`` (default: the newest), onto ``abstract_params``'
         shardings: a frozen model made from a run (a teacher, an evaluation, an export).
         :class:`CheckpointError` when none restores, naming the steps there are."""
-        self.wait()
-        steps = self.all_steps()
-        if not steps:
-            raise CheckpointError(
-                f"no finalised checkpoint in {self.directory}; point at a run's workdir that "
-                "saved one"
-            )
-        if step is None:
-            step = steps[-1]
-        elif step not in steps:
-            raise CheckpointError(
-                f"no finalised checkpoint step {step} in {self.directory} (it holds steps "
-                f"{_step_list(steps)}); pick one of those"
-            )
+        step = self._pick(step, "point at a run's workdir that saved one")
         try:
             out = self._manager.restore(
                 step,
@@ -448,20 +443,9 @@ class Checkpointer:
         Cheap enough to look before a restore (the run config a checkpoint was saved with, see
         ``rljax.runtime.resume``); raises :class:`CheckpointError` when it cannot be read.
         """
-        self.wait()
-        steps = self.all_steps()
-        if not steps:
-            raise CheckpointError(
-                f"no finalised checkpoint in {self.directory}; start from scratch or point the "
-                "run at the directory that holds its checkpoints"
-            )
-        if step is None:
-            step = steps[-1]
-        elif step not in steps:
-            raise CheckpointError(
-                f"no finalised checkpoint step {step} in {self.directory} (it holds steps "
-                f"{_step_list(steps)}); pick one of those"
-            )
+        step = self._pick(
+            step, "start from scratch or point the run at the directory that holds its checkpoints"
+        )
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
             return _unwrap_meta(out.meta)

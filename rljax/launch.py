@@ -191,15 +191,16 @@ def main(argv: list[str]) -> None:
 
 def _export() -> dict:
     from rljax.config import ConfigError
-    from rljax.models import saved_runs
+    from rljax.models import export, saved_runs
 
-    run = saved_runs.parse(_CHECKPOINT.value, _STEP.value)
+    checkpoint = str(_CHECKPOINT.value)  # required: _check_command_flags
+    run = saved_runs.parse(checkpoint, _STEP.value)
     if run is None:
         raise ConfigError(
-            f"--checkpoint={_CHECKPOINT.value!r} is not a run's workdir (it holds no "
+            f"--checkpoint={checkpoint!r} is not a run's workdir (it holds no "
             "checkpoints/ directory); name the --workdir a run wrote"
         )
-    written = saved_runs.export(run, _FORMAT.value, _OUT.value)
+    written = export.export(run, str(_FORMAT.value), str(_OUT.value))
     print(f"exported step {written['step']} as {written['format']} to {written['out']}")
     return written
 
@@ -211,15 +212,16 @@ def _eval(cfg, primary: bool) -> dict:
     settings = checkpoints.EvalSettings(
         k=_K.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value, problems=_PROBLEMS.value
     )
-    out = _OUT.value
-    names = ["a", "b"] if _COMPARE.value else ["checkpoint"]
-    runs = [(_CHECKPOINT.value, _STEP.value), (_COMPARE.value, _COMPARE_STEP.value)]
+    out = str(_OUT.value)  # required: _check_command_flags
+    runs = [("checkpoint", str(_CHECKPOINT.value), _STEP.value)]
+    if _COMPARE.value:
+        runs = [("a", *runs[0][1:]), ("b", _COMPARE.value, _COMPARE_STEP.value)]
     summaries, problems = {}, []
-    for name, (checkpoint, step) in zip(names, runs, strict=False):
+    for name, checkpoint, step in runs:
         figures, evaluated = checkpoints.evaluate(
             cfg, checkpoint, out, settings, step=step, name=name
         )
-        summaries[f"{name}: {checkpoint}" if len(names) > 1 else name] = figures
+        summaries[f"{name}: {checkpoint}" if len(runs) > 1 else name] = figures
         problems.append(evaluated)
     if not primary:
         return {}

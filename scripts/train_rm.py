@@ -36,7 +36,7 @@ from rljax.configs import arith_tiny
 from rljax.data.tasks import encode_prompt, load_task
 from rljax.models import saved_runs
 from rljax.models.classifier import save_classifier, sequence_scores
-from rljax.models.loading import load_tokenizer
+from rljax.models.loading import load_saved_run, load_tokenizer
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
 
@@ -91,7 +91,7 @@ def train(args) -> dict:
         run = saved_runs.parse(args.init)
         if run is None:
             sys.exit(f"train_rm: --init={args.init!r} is not a run's workdir; name one or 'random'")
-        model_cfg, graphdef, params, _ = saved_runs.load_params(run, mesh, "--init")
+        model_cfg, graphdef, params, _ = load_saved_run(run, mesh, "--init")
     # A random head, so that the trunk gets gradients from the first step (a zero head sends
     # none back through it).
     d = model_cfg.hidden_size

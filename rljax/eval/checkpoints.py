@@ -192,10 +192,9 @@ def evaluate(
     from rljax.runtime.run import Run
 
     ecfg, step = eval_config(cfg, checkpoint, step)
-    run = Run(ecfg, str(io.join(out, name)), reward_fn=reward_fn)
     result: dict[str, Any] = {}
 
-    def phases() -> dict[str, Any]:
+    def phases(run: Run) -> dict[str, Any]:
         problems = sample_and_score(run, settings, progress)
         figures = summary(problems, settings.k)
         figures |= {
@@ -208,7 +207,7 @@ def evaluate(
         result.update(figures=figures, problems=problems)
         return figures
 
-    run.phases = phases
+    run = Run(ecfg, str(io.join(out, name)), reward_fn=reward_fn, phases=phases)
     try:
         run.train()
     finally:

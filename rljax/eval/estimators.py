@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 
 def _check_counts(n: int, c: int, k: int) -> None:
@@ -67,7 +68,7 @@ class Summary:
     problems: int
 
 
-def summarize(values: Sequence[float]) -> Summary:
+def summarize(values: Sequence[float] | npt.NDArray) -> Summary:
     """The mean of per-problem values and its standard error across problems."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
@@ -120,8 +121,8 @@ class PairedDifference:
 
 
 def paired_bootstrap(
-    a: Sequence[float],
-    b: Sequence[float],
+    a: Sequence[float] | npt.NDArray,
+    b: Sequence[float] | npt.NDArray,
     *,
     resamples: int = 10_000,
     confidence: float = 0.95,
@@ -147,7 +148,7 @@ def paired_bootstrap(
     return PairedDifference(float(d.mean()), float(low), float(high), float(p), int(d.size))
 
 
-def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
+def mcnemar_exact(a: Sequence[bool] | npt.NDArray, b: Sequence[bool] | npt.NDArray) -> float:
     """McNemar's exact two-sided p-value of two binary outcomes on the same problems.
 
     Only the discordant problems count (right in one, wrong in the other): under "no

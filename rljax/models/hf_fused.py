@@ -30,6 +30,7 @@ class _Files(Protocol):
 
     def where(self, name: str) -> str: ...
 
+
 _PER_EXPERT = re.compile(
     r"(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
 )

@@ -10,12 +10,16 @@ config replaces ``model`` (its dtype is kept).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from flax import nnx
 from jax.sharding import Mesh
 
 from rljax import io
-from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig
+from rljax.checkpoint import Checkpointer, CheckpointError
+from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig, replace
+from rljax.models import lora as lora_lib
+from rljax.models import saved_runs
 from rljax.models.sharding import (
     LEARNER_RULES,
     ShardingRules,
@@ -82,8 +86,6 @@ def initial_model_config(cfg: RunConfig) -> ModelConfig:
 
 def _saved_run_config(cfg: RunConfig) -> RunConfig | None:
     """The saved config of the run ``cfg.init`` names, or None when it names no run."""
-    from rljax.models import saved_runs
-
     run = saved_runs.parse(cfg.init)
     return None if run is None else saved_runs.saved_config(run, "config key 'init'")
 
@@ -135,11 +137,9 @@ def load_base_params(cfg: RunConfig, mesh: Mesh, rules: ShardingRules = LEARNER_
     if cfg.init == "random":
         graphdef, params = init_sharded(cfg.model, mesh, rules, cfg.seed)
         return cfg.model, graphdef, params
-    from rljax.models import saved_runs
-
     run = saved_runs.parse(cfg.init)
     if run is not None:
-        model_cfg, graphdef, params, _ = saved_runs.load_params(
+        model_cfg, graphdef, params, _ = load_saved_run(
             run, mesh, "config key 'init'", rules, dtype=cfg.model.dtype
         )
         return model_cfg, graphdef, params
@@ -177,3 +177,50 @@ def abstract_params(
     model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0), lora=lora))
     graphdef, state = nnx.split(model)
     return graphdef, with_shardings(state, state_shardings(state, mesh, rules))
+
+
+def load_saved_run(
+    run: saved_runs.SavedRun,
+    mesh: Mesh,
+    key: str,
+    rules: ShardingRules = LEARNER_RULES,
+    *,
+    merge: bool = True,
+    dtype: str | None = None,
+) -> tuple[ModelConfig, nnx.GraphDef, nnx.State, RunConfig]:
+    """(model config, graphdef, params, saved run config) of ``run``'s step on ``mesh``.
+
+    A LoRA run's base is read from the ``init`` its config names; its adapters are restored
+    from the checkpoint and, with ``merge``, folded into the weights they adapt (a plain
+    Decoder's state), else joined to the base (a LoRA-adapted Decoder's state). ``dtype``:
+    the weights' dtype, when it is not the saved run's.
+    """
+    saved = saved_runs.saved_config(run, key)
+    if dtype is not None and dtype != saved.model.dtype:
+        model = dataclasses.replace(saved.model, dtype=dtype, param_dtype=dtype)
+        saved = replace(saved, model=model)
+    model_cfg = initial_model_config(saved)
+    ckpt = saved_runs.checkpointer(run)
+    where = run.workdir if run.step is None else f"{run.workdir} step {run.step}"
+    if not saved.lora.enabled:
+        graphdef, abstract = abstract_params(model_cfg, mesh, rules)
+        return model_cfg, graphdef, _restore(ckpt, abstract, run.step, key, where), saved
+    lora_graphdef, abstract = abstract_params(model_cfg, mesh, rules, lora=saved.lora)
+    adapters_abstract, _ = lora_lib.split_adapters(abstract)
+    adapters = _restore(ckpt, adapters_abstract, run.step, key, where)
+    with io.input_error(key, where):
+        base = load_base_params(saved_runs.base_config(saved), mesh, rules)[2]
+    joined = lora_lib.join(base, adapters)
+    if not merge:
+        return model_cfg, lora_graphdef, joined, saved
+    graphdef, plain = abstract_params(model_cfg, mesh, rules)
+    merged = lora_lib.merged_layers(nnx.to_pure_dict(joined), saved.lora.scale)
+    nnx.replace_by_pure_dict(plain, merged)
+    return model_cfg, graphdef, plain, saved
+
+
+def _restore(ckpt: Checkpointer, abstract: Any, step: int | None, key: str, where: str) -> Any:
+    try:
+        return ckpt.restore_params(abstract, step)
+    except CheckpointError as e:
+        raise ConfigError(f"{key} = {where!r}: {e}") from None

@@ -58,8 +58,8 @@ class Encoding:
         example: dict,
         request_id: int,
         *,
-        greedy: bool,
         home: int | None,
+        greedy: bool = False,
         samples: int | None = None,
         sampling: SlotSampling | None = None,
     ) -> Request:

@@ -15,6 +15,7 @@ when the run is built; everything here is the same on every kind of run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,6 @@ from rljax.config import RunConfig
 from rljax.data.tasks import check_prompts, load_task
 from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Trajectory
-from rljax.engine.state import SlotSampling
 from rljax.envs.base import Env
 from rljax.envs.conversation import Conversations
 from rljax.learner.batch import TrainBatch
@@ -69,9 +69,7 @@ class Run:
     metrics: MetricsWriter
     ckpt: Checkpointer | None
     rewards: RewardPool | None  # None on a process that scores nothing (a pod's learner)
-    # The leader's parts (Hosting.build); None before they are built, and on a pod's other
-    # processes, whose role's objects their hosting holds.
-    parts: Parts | None
+    parts: Parts | None  # the leader's (Hosting.build); None before, and on a pod's others
 
     def __init__(
         self,
@@ -83,12 +81,12 @@ class Run:
         devices: Sequence[jax.Device] | None = None,
         hosting: Hosting | None = None,
         env: Callable[[], Env] | None = None,
+        phases: Callable[[Run], dict[str, Any]] | None = None,
     ):
         self.ckpt = self.rewards = self.parts = None
         self.conversations: Conversations | None = None
-        # What the leader runs when the run trains: the phases below, or another program of
-        # the same parts (``rljax eval`` samples a checkpoint instead).
-        self.phases: Callable[[], dict[str, Any]] = self.run_phases
+        # What the leader runs in train(): run_phases, or ``phases`` (``rljax eval``'s).
+        self.phases = self.run_phases if phases is None else functools.partial(phases, self)
         self.hosting: Hosting = hosting_for(cfg) if hosting is None else hosting
         try:
             self._build(cfg, workdir, reward_fn, loss, devices, env)
@@ -247,22 +245,11 @@ class Run:
         if latest is not None and (not newer or latest[1] > self.sampler.version):
             self.sampler.set_params(*latest)
 
-    def make_request(
-        self,
-        example: dict,
-        request_id: int,
-        *,
-        greedy: bool = False,
-        samples: int | None = None,
-        sampling: SlotSampling | None = None,
-    ) -> Request:
-        """A request for ``example`` (``Encoding.request``); its sampling seed depends only on
-        the run seed and id."""
+    def make_request(self, example: dict, request_id: int, **how: Any) -> Request:
+        """A request for ``example`` (``how``: greedy, samples, sampling; Encoding.request)."""
         self._lead("Run.make_request")
         home = self.prompts.home(example)
-        request = self.encoding.request(
-            example, request_id, greedy=greedy, home=home, samples=samples, sampling=sampling
-        )
+        request = self.encoding.request(example, request_id, home=home, **how)
         return self._parts("make_request").answers.bind(request)
 
     def next_prompts(self) -> list[dict]:

@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from rljax.config import ConfigError, LoRAConfig, RunConfig, replace
 from rljax.models import saved_runs
-from rljax.models.loading import load_base_params, load_tokenizer
+from rljax.models.loading import load_base_params, load_saved_run, load_tokenizer
 from rljax.models.tokenizer import Tokenizer
 
 
@@ -74,7 +74,7 @@ def load_teacher(cfg: RunConfig, mesh: Mesh, student: Tokenizer) -> tuple[nnx.Gr
     assert tcfg is not None, "load_teacher needs teacher.init"
     run = saved_runs.parse(where)
     if run is not None:
-        _, graphdef, params, _ = saved_runs.load_params(run, mesh, "config key 'teacher.init'")
+        _, graphdef, params, _ = load_saved_run(run, mesh, "config key 'teacher.init'")
     else:
         _, graphdef, params = load_base_params(tcfg, mesh)
     return graphdef, params

@@ -113,14 +113,15 @@ def launch_error(workdir, monkeypatch):
     """``launch_error(*flags)``: runs ``rljax --config=<small recipe> --workdir=<workdir>
     <flags>`` in this process (as ``rljax.launch.run`` would) and returns what it printed on
     exit; checks that the workdir is unchanged. Pass ``--config=`` or ``--workdir=`` to replace
-    the defaults."""
+    the defaults, ``command='eval'`` for ``rljax eval`` (no ``--workdir`` then)."""
     from rljax import launch
 
-    def run(*args: str, target: pathlib.Path = workdir) -> str:
+    def run(*args: str, target: pathlib.Path = workdir, command: str = "train") -> str:
         argv = ["rljax"]
-        if not any(a.startswith("--config=") for a in args):
+        monkeypatch.setattr(launch, "_command", command)
+        if not any(a.startswith("--config=") for a in args) and command != "export":
             argv.append(f"--config={CONFIG}")
-        if not any(a.startswith("--workdir=") for a in args):
+        if not any(a.startswith("--workdir=") for a in args) and command == "train":
             argv.append(f"--workdir={target}")
         argv += list(args)
         before = snapshot(target) if target.exists() else None

@@ -21,7 +21,8 @@ from rljax.config import ConfigError, replace
 from rljax.eval.checkpoints import RESULTS_FILE, SUMMARY_FILE, EvalSettings, evaluate
 from rljax.eval.estimators import pass_at_k
 from rljax.eval.problems import answer_key
-from rljax.models import saved_runs
+from rljax.models import export, saved_runs
+from rljax.models.loading import load_saved_run
 from rljax.models.lora_export import ADAPTER_CONFIG_FILE
 from rljax.models.sharding import make_mesh
 from rljax.runtime.run import Run
@@ -75,7 +76,7 @@ def runs(tmp_path_factory):
 
 def _ours(run: saved_runs.SavedRun, *, merge: bool = True):
     mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
-    _, graphdef, params, _ = saved_runs.load_params(run, mesh, "test", merge=merge)
+    _, graphdef, params, _ = load_saved_run(run, mesh, "test", merge=merge)
     model = nnx.merge(graphdef, params)
     positions = np.tile(np.arange(TOKENS.shape[1]), (TOKENS.shape[0], 1))
     hidden = model(jnp.asarray(TOKENS), jnp.asarray(positions), jnp.ones(TOKENS.shape, jnp.int32))
@@ -93,7 +94,7 @@ def _hf(path):
 
 def test_hf_export_of_a_full_run_loads_in_transformers(runs, tmp_path):
     full, _ = runs
-    written = saved_runs.export(saved_runs.parse(str(full), 1), "hf", str(tmp_path / "hf"))
+    written = export.export(saved_runs.parse(str(full), 1), "hf", str(tmp_path / "hf"))
     assert written["step"] == 1
     ours = _ours(saved_runs.SavedRun(str(full), 1))
     assert_logits_close(_theirs(_hf(tmp_path / "hf")), ours)
@@ -108,11 +109,11 @@ def test_hf_export_of_a_full_run_loads_in_transformers(runs, tmp_path):
 def test_peft_export_of_a_lora_run_loads_onto_its_base_and_merged_equals_it(runs, tmp_path):
     _, lora = runs
     run = saved_runs.SavedRun(str(lora))
-    saved_runs.export(run, "peft", str(tmp_path / "peft"))
+    export.export(run, "peft", str(tmp_path / "peft"))
     config = json.loads((tmp_path / "peft" / ADAPTER_CONFIG_FILE).read_text())
     # The LoRA run started from a run's workdir, which peft cannot read: its base is written
     # beside the adapter, and named.
-    assert config["base_model_name_or_path"] == str(tmp_path / "peft" / saved_runs.BASE_DIR)
+    assert config["base_model_name_or_path"] == str(tmp_path / "peft" / export.BASE_DIR)
     base = _hf(config["base_model_name_or_path"])
     without = _theirs(base)
     adapted = _theirs(peft.PeftModel.from_pretrained(base, tmp_path / "peft"))
@@ -120,7 +121,7 @@ def test_peft_export_of_a_lora_run_loads_onto_its_base_and_merged_equals_it(runs
     assert_logits_close(adapted, ours)
     # The adapters trained: leaving them out moves the logits well past the tolerance.
     assert np.abs(adapted - without).max() > 1e-3 * np.abs(adapted).max()
-    saved_runs.export(run, "merged", str(tmp_path / "merged"))
+    export.export(run, "merged", str(tmp_path / "merged"))
     assert_logits_close(_theirs(_hf(tmp_path / "merged")), adapted)
 
 
@@ -139,7 +140,7 @@ def test_export_refusals_are_one_line(runs, tmp_path):
     ]
     for run, fmt, message in cases:
         with pytest.raises(ConfigError, match=message) as e:
-            saved_runs.export(run, fmt, str(tmp_path / "x"))
+            export.export(run, fmt, str(tmp_path / "x"))
         assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"step 1 of run .* but step 2 was asked for"):
         saved_runs.parse(f"{full}/checkpoints/1", 2)
