@@ -10,7 +10,7 @@ import pytest
 
 from rljax.testing import audit, pod
 
-STEPS = 3
+STEPS = 2
 ARGV = [
     "-m",
     "rljax.launch",

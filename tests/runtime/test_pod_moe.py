@@ -1,7 +1,11 @@
 """A mixture of experts on a pod (4 processes x 2 devices on localhost: the sampler on hosts
 0-1, the learner on hosts 2-3), expert-parallel over 2 on both meshes, so each mesh's 'expert'
 axis spans its two hosts: expert-sharded weights cross the hosts at every swap, the sampler
-hosts record routes, the learner hosts train on them with replay on, and a relaunch resumes."""
+hosts record routes, and the learner hosts train on them with replay on.
+
+A relaunch is not repeated here (CI time): a pod's resume is tests/runtime/test_pod.py's, and a
+MoE run's resume with its buffered groups' routes is the moe_async chaos scenario's
+(tests/scripts/test_chaos.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 from rljax.testing import audit, pod
 
-STEPS = 3
+STEPS = 2
 ARGV = [
     "-m",
     "rljax.launch",
@@ -24,14 +28,13 @@ ARGV = [
     "--config.moe.disagreement_every=1",
     "--config.sft.steps=0",
     "--config.eval_examples=4",
-    "--config.checkpoint.enabled=True",
-    "--config.checkpoint.every_steps=1",
+    "--config.checkpoint.enabled=True",  # saved at the end: expert shards from both hosts
     "--config.metrics.progress_bar=False",
 ]
 
 
 @pytest.mark.slow
-def test_moe_pod_trains_on_the_recorded_routes_and_resumes(tmp_path):
+def test_moe_pod_trains_on_the_recorded_routes(tmp_path):
     workdir = tmp_path / "w"
     argv = [*ARGV, f"--workdir={workdir}"]
     codes, text = pod.run(
@@ -44,14 +47,4 @@ def test_moe_pod_trains_on_the_recorded_routes_and_resumes(tmp_path):
     assert all(r["moe/routed_pairs"] > 0 for r in rows), rows
     assert all(0.0 <= r["moe/router_disagreement"] <= 1.0 for r in rows)
     assert all(r["sync_bytes"] > 0 for r in rows)
-
-    codes, text = pod.run(
-        [*argv, f"--config.num_steps={STEPS + 1}"],
-        processes=4,
-        devices=2,
-        logdir=tmp_path,
-        name="b",
-    )
-    assert codes == [0] * 4, text[0][-3000:]
-    assert "resumed from checkpoint" in text[0]
-    assert audit.audit_steps(audit.read_metrics(workdir), STEPS + 1) == []
+    assert (workdir / "checkpoints" / str(STEPS)).is_dir()
