@@ -17,6 +17,8 @@ from rljax.eval.problems import Problem, per_problem
 
 PLOT_FILE = "pass_at_k.png"
 DIFFERENCE_FILE = "comparison.json"
+RESAMPLES = 10_000
+RESAMPLES_FLOOR = 1.0 / RESAMPLES  # the smallest p-value RESAMPLES resamples can show
 
 
 def _same_problems(a: Sequence[Problem], b: Sequence[Problem]) -> None:
@@ -38,7 +40,7 @@ def compare(a: Sequence[Problem], b: Sequence[Problem], k: int) -> dict[str, Any
     for name in fa:
         if name in ("tokens", "truncated"):
             continue
-        d = paired_bootstrap(fa[name], fb[name])
+        d = paired_bootstrap(fa[name], fb[name], resamples=RESAMPLES)
         row: dict[str, Any] = {
             "mean": d.mean,
             "low": d.low,
@@ -58,13 +60,14 @@ def difference_table(diff: dict[str, Any], names: tuple[str, str]) -> str:
     for name, row in diff.items():
         if not isinstance(row, dict):
             continue
+        p = row["p_bootstrap"]  # never below 1 / resamples: shown as "<" there
+        shown = f"< {RESAMPLES_FLOOR:.0e}" if p <= RESAMPLES_FLOOR else f"= {p:.3g}"
         text = (
             f"  {name:<10} {100 * row['mean']:+.1f} points "
-            f"[{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]  "
-            f"p = {row['p_bootstrap']:.3g} (bootstrap)"
+            f"[{100 * row['low']:+.1f}, {100 * row['high']:+.1f}]  p {shown} (bootstrap)"
         )
         if "p_mcnemar" in row:
-            text += f", {row['p_mcnemar']:.3g} (McNemar)"
+            text += f", = {row['p_mcnemar']:.3g} (McNemar)"
         lines.append(text)
     return "\n".join(lines)
 
