@@ -235,8 +235,9 @@ class TeacherConfig:
 
     Attributes:
       init: the teacher's weights: a run's workdir (its newest checkpoint, with the model and
-        tokenizer its config recorded), a Hugging Face directory, a GGUF file or 'smollm2';
-        '' (no teacher). It must share the policy's tokenizer.
+        tokenizer its config recorded; a LoRA run's adapters folded in) or one step's
+        directory in it, a Hugging Face directory, a GGUF file or 'smollm2'; '' (no teacher).
+        It must share the policy's tokenizer.
       tokenizer: the teacher's tokenizer when init does not record one: 'init' (the checkpoint's
         own), 'char' or a directory with tokenizer.json. Compared with the policy's before
         anything loads.

@@ -27,6 +27,7 @@ from rljax.config.sections import (
     CheckpointConfig,
     DataConfig,
     EnvConfig,
+    EvalConfig,
     MeshConfig,
     MetricsConfig,
     SamplingConfig,
@@ -50,8 +51,9 @@ class RunConfig:
       moe: mixture-of-experts training: routing replay, expert parallelism (MoEConfig).
       tokenizer: 'char', a directory with tokenizer.json, or 'init' (the checkpoint's).
       init: the initial weights: 'random' (from model), a Hugging Face directory, a GGUF file,
-        or 'smollm2'. A loaded checkpoint's own config.json / GGUF metadata replaces model (its
-        dtype is kept).
+        'smollm2', or a run's workdir or one step's directory in it (a LoRA run's adapters
+        folded in). A loaded checkpoint's own config.json / GGUF metadata / run config replaces
+        model (its dtype is kept).
       sampling: generation (SamplingConfig).
       learner: the RL algorithm and its optimiser (LearnerConfig).
       critic: the value model of learner.advantage='gae' (CriticConfig).
@@ -70,6 +72,7 @@ class RunConfig:
       lora: low-rank adapters trained on a frozen base (LoRAConfig).
       checkpoint: checkpointing (CheckpointConfig).
       metrics: where metrics go (MetricsConfig).
+      eval: how the held-out split is evaluated: greedy, or k samples per problem (EvalConfig).
       mode: 'sync' (one lock-step schedule, on-policy) or 'async' (sampler and learner
         overlap, off-policy up to buffer.max_staleness).
       seed: seeds the data, the initial weights and the sampling.
@@ -99,6 +102,7 @@ class RunConfig:
     lora: LoRAConfig = LoRAConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
+    eval: EvalConfig = EvalConfig()
     mode: str = "sync"
     seed: int = 0
     num_steps: int = 100

@@ -363,6 +363,34 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """How a run evaluates its held-out split (``eval_every``, ``eval_examples``): greedy, one
+    answer per problem (the default), or ``k`` samples per problem at ``temperature``, logged
+    with the figures of ``rljax eval`` (avg@k, pass@j for powers of two j up to k, maj@k, the
+    mean length and the fraction cut; rljax.eval).
+
+    Attributes:
+      k: samples per held-out problem; 1 with temperature 0 is greedy.
+      temperature: the evaluation's sampling temperature (0: greedy, which needs k = 1).
+    """
+
+    k: int = 1
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        _positive("eval.k", self.k)
+        if not isinstance(self.temperature, int | float) or self.temperature < 0:
+            _fail("eval.temperature", self.temperature, "a number >= 0 (0: greedy)")
+        if self.temperature == 0 and self.k > 1:
+            _fail(
+                "eval.k",
+                self.k,
+                "1 with eval.temperature=0 (greedy draws the same answer k times); or set "
+                "eval.temperature above 0",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     """Where metrics go (rljax.metrics): JSONL in the workdir, a progress bar, an optional timeline.
 

@@ -17,13 +17,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from rljax import io
 from rljax.config import ConfigError, RunConfig, replace
-from rljax.engine.samples import FINISH_LENGTH
 from rljax.engine.state import SlotSampling
-from rljax.eval.problems import CORRECT_ABOVE, Problem, Sample, answer_key, summary
+from rljax.eval.problems import Problem, summary
 from rljax.models import saved_runs
 
 log = logging.getLogger(__name__)
@@ -109,52 +106,19 @@ def eval_config(
 
 
 def sample_and_score(run: Any, settings: EvalSettings, progress: bool = True) -> list[Problem]:
-    """``settings.k`` samples of each held-out problem from ``run``'s sampler, scored.
-
-    The run's phases call it on the leader: the weights are published to the sampler first,
-    and the problems go in chunks that fill the sampler's slots about twice, for the progress
-    bar."""
-    from rljax.runtime.evaluation import heldout_scores
-    from rljax.runtime.scoring import completion_text
+    """``settings.k`` samples of each held-out problem from ``run``'s sampler, scored, once the
+    run's weights are published to the sampler (the run's phases call it on the leader)."""
+    from rljax.runtime.evaluation import sample_problems
 
     cfg = run.cfg
     examples = run.heldout_examples[: settings.problems or cfg.eval_examples]
-    sampling = settings.sampling(cfg)
     run.publish()
-    slots = cfg.sampling.max_concurrent_decodes
-    chunk = max(1, 2 * slots // settings.k)
     bar = _progress(len(examples), progress and run.metrics.is_writer)
-    problems: list[Problem] = []
-    for start in range(0, len(examples), chunk):
-        part = examples[start : start + chunk]
-        requests = [
-            run.make_request(ex, start + i, samples=settings.k, sampling=sampling)
-            for i, ex in enumerate(part)
-        ]
-        trajs = run.sampler.run(requests)  # in the order they finished
-        rewards = np.nan_to_num(run.score(trajs), nan=0.0)  # a failed reward is wrong
-        scores, _ = heldout_scores(cfg.reward, run.tokenizer, trajs, rewards)
-        by_problem: dict[int, list[tuple[int, Sample]]] = {}
-        for t, score in zip(trajs, scores, strict=True):
-            text = completion_text(run.tokenizer, t)
-            sample = Sample(
-                text=text,
-                answer=answer_key(text),
-                score=float(score),
-                correct=bool(score > CORRECT_ABOVE),
-                tokens=len(t.response_tokens),
-                truncated=t.finish_reason == FINISH_LENGTH,
-            )
-            by_problem.setdefault(t.group_id, []).append((t.sample_index, sample))
-        for i, ex in enumerate(part):
-            samples = [s for _, s in sorted(by_problem.get(start + i, []), key=lambda x: x[0])]
-            problems.append(Problem(start + i, ex, samples))
+    try:
+        return sample_problems(run, examples, settings.k, settings.sampling(cfg), bar)
+    finally:
         if bar is not None:
-            bar.update(len(part))
-    if bar is not None:
-        bar.close()
-    run.env_metrics.skip(getattr(run.sampler, "stats", None))
-    return problems
+            bar.close()
 
 
 def _progress(total: int, show: bool):

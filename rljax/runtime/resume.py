@@ -49,6 +49,7 @@ RESUMABLE_KEYS = (
     "num_steps",
     "eval_every",
     "eval_examples",
+    "eval.*",
     "kernel_impl",
     "checkpoint.*",
     "metrics.*",
