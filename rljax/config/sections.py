@@ -27,6 +27,7 @@ from rljax.config.checks import (
 )
 from rljax.config.model import ModelConfig
 from rljax.config.reward import JudgeConfig, RewardConfig, RewardModelConfig
+from rljax.data.registry import ANSWER_FORMATS
 from rljax.data.registry import TASKS as TASK_REGISTRY
 
 # Their own modules now (rljax.config.model, rljax.config.reward); kept importable here.
@@ -258,6 +259,14 @@ class DataConfig:
       prompt_format: 'raw' or 'chat' (the tokenizer's chat template).
       prompt_template: the user text; {prompt} is the task prompt, {question} the same without
         a trailing '='.
+      prompt_field: gsm8k/math: the row's key of the question ('': 'question' for gsm8k,
+        'problem' for math).
+      answer_field: gsm8k/math: the row's key of the answer ('': 'answer' for gsm8k; for math
+        a short 'answer' when the row has one, else 'solution').
+      answer_format: gsm8k/math: how the answer field gives the final answer: 'gsm8k' (the
+        number after the last '####'), 'boxed' (the last \\boxed{...}), 'number' (the last
+        number in it), 'raw' (the whole text), or 'auto' (gsm8k for gsm8k, boxed for math). A
+        row whose answer does not parse, or that lacks a field, is skipped and counted.
     """
 
     task: str = "arithmetic"
@@ -268,6 +277,9 @@ class DataConfig:
     heldout_size: int = 256
     prompt_format: str = "raw"
     prompt_template: str = "{prompt}"
+    prompt_field: str = ""
+    answer_field: str = ""
+    answer_format: str = "auto"
 
     def __post_init__(self):
         _one_of("data.task", self.task, TASKS)
@@ -282,6 +294,7 @@ class DataConfig:
         _positive("data.train_size", self.train_size)
         _positive("data.heldout_size", self.heldout_size)
         _one_of("data.prompt_format", self.prompt_format, ("raw", "chat"))
+        _one_of("data.answer_format", self.answer_format, ANSWER_FORMATS)
         try:
             self.prompt_template.format(prompt="1+1=", question="1+1")
         except (KeyError, IndexError, ValueError) as e:

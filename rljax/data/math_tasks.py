@@ -5,18 +5,29 @@ Records are normalised to the task example format ``{"id", "prompt", "answer"}``
 
 * GSM8K rows ``{"question", "answer": "...reasoning... #### 72"}`` give ``"72"``;
 * MATH rows ``{"problem", "solution": "... \\boxed{\\frac{1}{2}}"}`` give ``"\\frac{1}{2}"``;
-  rows that already carry a short ``"answer"`` (MATH-500 style) use it as is.
+  rows that already carry a short ``"answer"`` (MATH-500 style) use it as is;
+* other files name their keys and answer format (``data.prompt_field``, ``data.answer_field``,
+  ``data.answer_format``: ``gsm8k``, ``boxed``, ``number`` for the last number, or ``raw``).
+
+A row without its question or answer, or with an answer that does not parse, is skipped and
+counted (the run logs the counts); a file with no usable row is refused in one line.
 
 ``id`` is the row number in the file, so it is stable for a given file on every host.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+from collections import Counter
 from collections.abc import Callable
 
 from rljax import io
-from rljax.rewards.verifiers import last_boxed
+from rljax.data.registry import ANSWER_FORMATS
+from rljax.rewards.verifiers import NUMBER_RE, last_boxed, parse_number
+
+log = logging.getLogger(__name__)
 
 KINDS = ("auto", "gsm8k", "math")
 DEFAULT_INSTRUCTION = (
@@ -118,39 +129,68 @@ def _detect_kind(record: dict, path: str) -> str:
     )
 
 
-def _normalise(record: dict, kind: str, path: str, row: int) -> tuple[str, str]:
-    """Returns ``(question, final_answer)`` of one row."""
-    where = f"{path} row {row}"
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Where a row keeps its question and answer, and how the final answer is read from the
+    answer's text (:data:`ANSWER_FORMATS`). ``answer`` '' (MATH's default): the row's short
+    ``answer`` when it has one, else the last ``\\boxed{}`` of its ``solution``."""
+
+    prompt: str
+    answer: str
+    answer_format: str
+
+
+def fields_for(
+    kind: str, prompt: str = "", answer: str = "", answer_format: str = "auto"
+) -> Fields:
+    """The fields of a ``kind`` file ('gsm8k' or 'math'), each '' or 'auto' taking the kind's
+    default: GSM8K's ``question``/``answer`` with ``#### N``; MATH's ``problem`` with its
+    ``answer``, or the last ``\\boxed{}`` of its ``solution``."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format={answer_format!r} is not one of {ANSWER_FORMATS}.")
     if kind == "gsm8k":
-        if "question" not in record or "answer" not in record:
-            raise ValueError(
-                f"{where}: GSM8K rows need 'question' and 'answer' keys (it has "
-                f"{sorted(record)}); fix or delete the row."
-            )
-        answer = gsm8k_final_answer(str(record["answer"]))
-        if answer is None:
-            raise ValueError(
-                f"{where}: GSM8K answer has no '#### <final answer>' line; end the answer with one."
-            )
-        return str(record["question"]), answer
-    if "problem" not in record:
-        raise ValueError(
-            f"{where}: MATH rows need a 'problem' key (it has {sorted(record)}); fix or delete "
-            "the row."
-        )
-    if record.get("answer") not in (None, ""):
-        return str(record["problem"]), str(record["answer"]).strip()
-    if "solution" not in record:
-        raise ValueError(
-            f"{where}: MATH rows need a 'solution' or an 'answer' key; add one to the row."
-        )
-    answer = last_boxed(str(record["solution"]))
-    if answer is None:
-        raise ValueError(
-            f"{where}: MATH solution has no \\boxed{{...}} final answer; add an 'answer' key "
-            "or box the answer."
-        )
-    return str(record["problem"]), answer.strip()
+        default = Fields("question", "answer", "gsm8k")
+    else:
+        default = Fields("problem", "", "boxed")
+    return Fields(
+        prompt or default.prompt,
+        answer or default.answer,
+        default.answer_format if answer_format == "auto" else answer_format,
+    )
+
+
+def final_answer(text: str, answer_format: str) -> str | None:
+    """The final answer in a row's answer ``text``, read as ``answer_format`` says; None when
+    it has none: GSM8K's ``#### N`` (a number), MATH's last ``\\boxed{}``, the text's last
+    number, or the whole text (``raw``)."""
+    if answer_format == "gsm8k":
+        answer = gsm8k_final_answer(text)
+        return answer if answer and parse_number(answer) is not None else None
+    if answer_format == "boxed":
+        boxed = last_boxed(text)
+        return boxed.strip() if boxed is not None and boxed.strip() else None
+    if answer_format == "number":
+        numbers = NUMBER_RE.findall(text)
+        return numbers[-1].replace(",", "") if numbers else None
+    return text.strip() or None
+
+
+def _row(record: dict, fields: Fields) -> tuple[str, str] | str:
+    """``(question, final answer)`` of one row, or why it cannot be used: ``missing '<key>'``
+    or ``unparsable answer``."""
+    if fields.prompt not in record or record[fields.prompt] in (None, ""):
+        return f"missing {fields.prompt!r}"
+    if fields.answer:
+        if fields.answer not in record or record[fields.answer] in (None, ""):
+            return f"missing {fields.answer!r}"
+        answer = final_answer(str(record[fields.answer]), fields.answer_format)
+    elif record.get("answer") not in (None, ""):  # MATH-500 style: a short answer already
+        answer = str(record["answer"]).strip()
+    elif record.get("solution") in (None, ""):
+        return "missing 'solution' or 'answer'"
+    else:
+        answer = final_answer(str(record["solution"]), fields.answer_format)
+    return "unparsable answer" if answer is None else (str(record[fields.prompt]), answer)
 
 
 def plain_prompt(question: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
@@ -184,14 +224,22 @@ def load_math_examples(
     kind: str = "auto",
     prompt_fn: PromptFn = plain_prompt,
     limit: int | None = None,
+    fields: Fields | None = None,
+    skipped: Counter | None = None,
 ) -> list[dict]:
-    """Loads a GSM8K/MATH file as ``[{"id", "prompt", "answer"}, ...]``.
+    """Loads a GSM8K/MATH-style file as ``[{"id", "prompt", "answer"}, ...]``.
+
+    A row without its question or answer, or whose answer does not parse, is skipped and
+    counted in ``skipped`` (by reason) and in one warning; a file with no usable row at all is
+    refused (ValueError).
 
     Args:
       path: a local or ``gs://`` path to ``.jsonl``/``.json``/``.parquet``.
       kind: ``"gsm8k"``, ``"math"`` or ``"auto"`` (by the first row's keys).
       prompt_fn: turns the question into the prompt; see :func:`chat_prompt_builder`.
       limit: keep only the first ``limit`` rows.
+      fields: where the question and answer are (default: the kind's, :func:`fields_for`).
+      skipped: a Counter the skipped rows are counted into, by reason.
     """
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} is not supported; use one of {list(KINDS)}.")
@@ -204,26 +252,52 @@ def load_math_examples(
         )
     if limit is not None:
         records = records[:limit]
-    if kind == "auto":
-        kind = _detect_kind(records[0], path)
-    examples = []
+    if fields is None:
+        fields = fields_for(_detect_kind(records[0], path) if kind == "auto" else kind)
+    examples, bad = [], Counter()
     for row, record in enumerate(records):
-        question, answer = _normalise(record, kind, path, row)
+        got = _row(record, fields)
+        if isinstance(got, str):
+            bad[got] += 1
+            continue
+        question, answer = got
         examples.append({"id": row, "prompt": prompt_fn(question), "answer": answer})
+    if not examples:
+        reasons = ", ".join(f"{n} {why}" for why, n in bad.most_common())
+        raise ValueError(
+            f"{path}: none of its {len(records)} rows is usable ({reasons}); point "
+            f"data.prompt_field, data.answer_field and data.answer_format at the file's keys "
+            f"({sorted(records[0])}) and answers"
+        )
+    if bad:
+        log.warning(
+            "%s: skipped %d of %d rows (%s)",
+            path,
+            sum(bad.values()),
+            len(records),
+            ", ".join(f"{n} {why}" for why, n in bad.most_common()),
+        )
+    if skipped is not None:
+        skipped.update(bad)
     return examples
 
 
-def load_splits(data_cfg) -> tuple[list[dict], list[dict]]:
+def load_splits(data_cfg, skipped: Counter | None = None) -> tuple[list[dict], list[dict]]:
     """Returns ``(train, heldout)`` examples for a GSM8K/MATH ``DataConfig``.
 
     Uses ``data_cfg.task`` (``"gsm8k"`` or ``"math"``), ``path``, ``train_size`` and
     ``heldout_size``. The last ``heldout_size`` rows of the file are held out and the first
     ``train_size`` of the rest train, so the split depends on the file alone and is the same on
     every host. Prompts are :func:`plain_prompt` text; the runtime applies any chat template.
+    ``data_cfg.prompt_field``, ``answer_field`` and ``answer_format`` say where a row keeps
+    its question and answer; rows that cannot be used are counted into ``skipped``.
     """
     if data_cfg.task not in ("gsm8k", "math"):
         raise ValueError(f"data.task={data_cfg.task!r} is not a file task; use 'gsm8k' or 'math'.")
-    examples = load_math_examples(data_cfg.path, kind=data_cfg.task)
+    fields = fields_for(
+        data_cfg.task, data_cfg.prompt_field, data_cfg.answer_field, data_cfg.answer_format
+    )
+    examples = load_math_examples(data_cfg.path, kind=data_cfg.task, fields=fields, skipped=skipped)
     heldout_size = data_cfg.heldout_size
     if len(examples) <= heldout_size:
         raise ValueError(

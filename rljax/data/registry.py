@@ -25,6 +25,10 @@ class Task:
     needs: Needs = NOTHING
 
 
+# How a file task's answer field gives the final answer (rljax.data.math_tasks.final_answer);
+# 'auto': the task's own (gsm8k: '#### N', math: the last \\boxed{}).
+ANSWER_FORMATS = ("auto", "gsm8k", "boxed", "number", "raw")
+
 TASKS: dict[str, Task] = {
     "arithmetic": Task(),
     # The hidden operand is an addend: the lookup answers it, and the sum is then known.

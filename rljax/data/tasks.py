@@ -12,8 +12,9 @@ from rljax.data.arithmetic import ArithmeticTask, hide_operand
 from rljax.data.registry import TASKS
 
 
-def load_task(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) examples for ``data_cfg.task``."""
+def load_task(data_cfg, seed: int, skipped=None) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) examples for ``data_cfg.task``; a file task's rows that cannot be
+    used are counted into ``skipped`` (a Counter, by reason)."""
     if not TASKS[data_cfg.task].reads_file:
         task = ArithmeticTask(
             num_digits=data_cfg.num_digits,
@@ -30,7 +31,7 @@ def load_task(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
     from rljax.data import math_tasks
 
     with io.input_error("data.path", data_cfg.path):
-        return math_tasks.load_splits(data_cfg)
+        return math_tasks.load_splits(data_cfg, skipped)
 
 
 def check_prompts(

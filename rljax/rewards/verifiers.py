@@ -11,7 +11,7 @@ import re
 from fractions import Fraction
 
 # A number as models write it: optional sign, thousands separators, decimals, or a fraction.
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _HASH_ANSWER_RE = re.compile(r"####\s*([^\n]*)")
 _FRAC_RE = re.compile(r"^\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 _REL_TOL = 1e-6
@@ -58,7 +58,7 @@ def extract_answer(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip()
-    numbers = _NUMBER_RE.findall(text)
+    numbers = NUMBER_RE.findall(text)
     return numbers[-1] if numbers else None
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -109,7 +110,8 @@ class Run:
         self.workdir = str(io.ensure_writable_dir(workdir))
         self.loss = get_loss(loss or cfg.learner.loss, cfg.learner)
         self.tokenizer = load_tokenizer(cfg)
-        self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed)
+        skipped: Counter = Counter()  # a task file's unusable rows, by reason: counted, not fatal
+        self.train_examples, self.heldout_examples = load_task(cfg.data, cfg.seed, skipped)
         prompts = self.train_examples + self.heldout_examples[: cfg.eval_examples]
         check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
         self.model_cfg = initial_model_config(cfg)
@@ -128,24 +130,22 @@ class Run:
         self.metrics = MetricsWriter(
             self.workdir, total_steps=cfg.num_steps, progress_bar=cfg.metrics.progress_bar
         )
+        if skipped:
+            self.metrics.write(0, "data", {f"skipped_rows/{why}": n for why, n in skipped.items()})
         self.open_checkpointer()
-        # Per-mesh engines and learners, so a resize back to a mesh recompiles nothing.
-        self.engines, self.learners = MeshCache(), MeshCache()
-        # Called as hook(run, step) on the learner thread at each step boundary (see resize).
-        self.step_hooks: list[Callable[[Run, int], None]] = []
+        self.engines, self.learners = MeshCache(), MeshCache()  # per mesh: resizes reuse them
+        self.step_hooks: list[Callable[[Run, int], None]] = []  # hook(run, step) at boundaries
         self.reallocation = (
             Reallocation(cfg.mesh, cfg.reallocator, max_staleness=cfg.buffer.max_staleness)
             if cfg.mesh.reallocate
             else None
         )
-        # Reward failures summed over the scoring processes, for metrics.
-        self.reward_failures: dict[str, int] = {}
+        self.reward_failures: dict[str, int] = {}  # summed over the scoring processes
         self.stop_requested = False
         self.last_metrics: dict[str, Any] = {}
         self.driver: Driver | None = None
         self.initial_accuracy = float("nan")
-        # A resumed run restores onto abstract state: the model is not loaded to be overwritten.
-        self.resumed_meta: dict[str, Any] | None = None
+        self.resumed_meta: dict[str, Any] | None = None  # restored onto abstract state
         self.parts = self.hosting.build(self)
         if cfg.lending.enabled:  # chips lent inside a step (one process: a pod refuses it)
             self.replace_parts(lender=lending.build(self))

@@ -1,6 +1,7 @@
 """Tests for GSM8K/MATH file loading."""
 
 import builtins
+import importlib
 import json
 
 import pytest
@@ -95,10 +96,14 @@ def test_parquet_without_pyarrow_names_the_fix(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "rows, kind, message",
     [
-        ([{"question": "q", "answer": "no marker"}], "auto", "row 0: GSM8K answer has no '####"),
-        ([{"problem": "p", "solution": "no box"}], "auto", "row 0: MATH solution has no \\boxed"),
+        (
+            [{"question": "q", "answer": "no marker"}],
+            "auto",
+            "none of its 1 rows is usable (1 unparsable answer)",
+        ),
+        ([{"problem": "p", "solution": "no box"}], "auto", "(1 unparsable answer)"),
         ([{"text": "x"}], "auto", "cannot tell the task kind from keys ['text']"),
-        ([{"problem": "p"}], "gsm8k", "row 0: GSM8K rows need 'question' and 'answer'"),
+        ([{"problem": "p"}], "gsm8k", "(1 missing 'question'); point data.prompt_field"),
         ([], "auto", "has no rows"),
     ],
 )
@@ -133,3 +138,74 @@ def test_load_splits_holds_out_the_last_rows(tmp_path):
     big = DataConfig(task="gsm8k", path=path, train_size=5, heldout_size=10)
     with pytest.raises(ValueError, match="has 10 rows, not more than data.heldout_size=10"):
         math_tasks.load_splits(big)
+
+
+def test_a_file_in_its_own_format_with_bad_rows_skipped_and_counted(tmp_path):
+    """Keys and an answer format of the user's own; a row without its question, one without
+    its answer and one whose answer does not parse are skipped and counted, not fatal."""
+    from collections import Counter
+
+    from rljax.config import DataConfig
+
+    rows = [{"q": f"What is {i}+1?", "sol": f"It is {i + 1}."} for i in range(8)]
+    rows[2] = {"sol": "It is 3."}
+    rows[4] = {"q": "What is 4+1?"}
+    rows[6] = {"q": "What is 6+1?", "sol": "seven"}
+    path = _write_jsonl(tmp_path / "own.jsonl", rows)
+    cfg = DataConfig(
+        task="gsm8k",
+        path=path,
+        prompt_field="q",
+        answer_field="sol",
+        answer_format="number",
+        train_size=10,
+        heldout_size=2,
+    )
+    skipped = Counter()
+    train, heldout = math_tasks.load_splits(cfg, skipped)
+    assert skipped == {"missing 'q'": 1, "missing 'sol'": 1, "unparsable answer": 1}
+    assert [e["id"] for e in train + heldout] == [0, 1, 3, 5, 7]
+    assert [e["answer"] for e in train + heldout] == ["1", "2", "4", "6", "8"]
+    assert train[0]["prompt"].startswith("What is 0+1?")
+
+
+@pytest.mark.parametrize(
+    "text, answer_format, want",
+    [
+        ("so 3 + 4 = 7\n#### 1,234", "gsm8k", "1234"),
+        ("#### about seven", "gsm8k", None),
+        ("we get \\boxed{\\frac{1}{2}} and \\boxed{3}", "boxed", "3"),
+        ("no box", "boxed", None),
+        ("12 apples, then 1,500 more", "number", "1500"),
+        ("none", "number", None),
+        ("  x^2  ", "raw", "x^2"),
+    ],
+)
+def test_final_answer_formats(text, answer_format, want):
+    assert math_tasks.final_answer(text, answer_format) == want
+
+
+def test_a_run_counts_the_rows_it_skipped_and_goes_on(tmp_path, monkeypatch):
+    from rljax.configs import arith_tiny
+
+    from rljax.config import replace
+
+    run_module = importlib.import_module("rljax.runtime.run")
+
+    # The tiny recipe's char tokenizer cannot spell the prompts' instruction; the counting is
+    # what is under test here, not the prompts.
+    monkeypatch.setattr(run_module, "check_prompts", lambda *args: None)
+
+    rows = [{"question": f"{i}+1=", "answer": f"#### {i + 1}"} for i in range(40)]
+    rows[5] = {"question": "5+1="}
+    rows[9] = {"question": "9+1=", "answer": "#### ten"}
+    path = _write_jsonl(tmp_path / "g.jsonl", rows)
+    changes = {"data.task": "gsm8k", "data.path": path, "sft.teacher": "reference"}
+    changes |= {"sft.teacher_slip": 0.0, "sft.exact_steps": 0, "data.heldout_size": 8}
+    run = run_module.Run(replace(arith_tiny.recipe("small"), **changes), str(tmp_path / "w"))
+    run.close()
+    assert len(run.train_examples) + len(run.heldout_examples) == 38
+    records = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
+    [data] = [r for r in records if r["phase"] == "data"]
+    assert data["skipped_rows/missing 'answer'"] == 1
+    assert data["skipped_rows/unparsable answer"] == 1

@@ -25,11 +25,11 @@ def _jsonl(rows) -> str:
 CASES = [
     ("D01", "missing.jsonl", None, "point data.path at a JSONL or parquet file"),
     ("D02", "bad.jsonl", _jsonl([GOOD]) + '{"question": "2+2=", "answer": \n', "fix or delete"),
-    ("D03", "keys.jsonl", _jsonl([GOOD, {"question": "3+3="}] * 20), "fix or delete the row"),
+    ("D03", "keys.jsonl", _jsonl([{"question": "3+3="}] * 20), "point data.prompt_field"),
     ("D04", "empty.jsonl", "", "point data.path at a file with one record per line"),
     ("D05", "data.csv", "question,answer\n1+1=,2\n", "rename or convert it"),
     ("D06", "few.jsonl", _jsonl([GOOD] * 16), "lower heldout_size"),
-    ("D07", "marker.jsonl", _jsonl([{"question": "1+1=", "answer": "2"}]), "end the answer"),
+    ("D07", "marker.jsonl", _jsonl([{"question": "1+1=", "answer": "2"}]), "data.answer_format"),
     ("D08", "latin1.jsonl", "caf\xe9\n", "must be UTF-8 JSON lines"),
     ("D09", "list.jsonl", _jsonl([GOOD, ["1+1=", "2"]]), "write one {...} record per line"),
 ]
