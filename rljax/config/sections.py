@@ -257,8 +257,9 @@ class DataConfig:
       heldout_size: held-out examples, disjoint from the training ones (gsm8k/math: the file's
         last rows).
       prompt_format: 'raw' or 'chat' (the tokenizer's chat template).
-      prompt_template: the user text; {prompt} is the task prompt, {question} the same without
-        a trailing '='.
+      prompt_template: the user text; {prompt} is the task prompt, {question} the question
+        alone (arithmetic: the prompt without its trailing '='; gsm8k/math: the row's question,
+        without the step-by-step instruction {prompt} appends).
       prompt_field: gsm8k/math: the row's key of the question ('': 'question' for gsm8k,
         'problem' for math).
       answer_field: gsm8k/math: the row's key of the answer ('': 'answer' for gsm8k; for math

@@ -261,7 +261,10 @@ def load_math_examples(
             bad[got] += 1
             continue
         question, answer = got
-        examples.append({"id": row, "prompt": prompt_fn(question), "answer": answer})
+        question = question.strip()
+        examples.append(
+            {"id": row, "prompt": prompt_fn(question), "question": question, "answer": answer}
+        )
     if not examples:
         reasons = ", ".join(f"{n} {why}" for why, n in bad.most_common())
         raise ValueError(

@@ -66,7 +66,7 @@ def check_prompts(
 def encode_prompt(tokenizer, data_cfg, example: dict) -> list[int]:
     """The prompt tokens for ``example``: the template filled in, chat-formatted if configured."""
     content = data_cfg.prompt_template.format(
-        prompt=example["prompt"], question=example["prompt"].rstrip("= ")
+        prompt=example["prompt"], question=example.get("question", example["prompt"].rstrip("= "))
     )
     if data_cfg.prompt_format == "chat":
         text = tokenizer.apply_chat_template(
