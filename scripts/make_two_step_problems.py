@@ -6,7 +6,8 @@ Each row is ``{"question": ..., "answer": "<the two steps>\\n#### <number>"}``, 
 format, so ``configs/smollm2_gsm8k_format.py`` reads it as a user's GSM8K-style file would be
 read (``data.task='gsm8k'``). The problems combine two operations on one-digit numbers (a sum
 then a difference, a product then a sum, ...) in eight everyday settings, small enough that
-SmolLM2-135M solves some of them; the answers are non-negative integers. The file in the repository is this script's output with the defaults.
+SmolLM2-135M solves some of them; the answers are non-negative integers. The file in the
+repository is this script's output with the defaults.
 """
 
 from __future__ import annotations
