@@ -155,6 +155,8 @@ def _check_command_flags(command: str) -> None:
             sys.exit(f"rljax {command}: --{name} is required; see `rljax {command} --help`")
     if command == "export" and not _FORMAT.value:
         sys.exit("rljax export: --format is required: hf, peft or merged")
+    if command == "eval" and _COMPARE_STEP.present and not _COMPARE.value:
+        sys.exit("rljax eval: --compare_step needs --compare (the checkpoint it is a step of)")
 
 
 def main(argv: list[str]) -> None:

@@ -254,7 +254,8 @@ def load_math_examples(
         records = records[:limit]
     if fields is None:
         fields = fields_for(_detect_kind(records[0], path) if kind == "auto" else kind)
-    examples, bad = [], Counter()
+    examples: list[dict] = []
+    bad: Counter = Counter()
     for row, record in enumerate(records):
         got = _row(record, fields)
         if isinstance(got, str):

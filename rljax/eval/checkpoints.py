@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,8 +21,6 @@ from rljax.config import ConfigError, RunConfig, replace
 from rljax.engine.state import SlotSampling
 from rljax.eval.problems import Problem, summary
 from rljax.models import saved_runs
-
-log = logging.getLogger(__name__)
 
 RESULTS_FILE = "problems.jsonl"
 SUMMARY_FILE = "summary.json"
