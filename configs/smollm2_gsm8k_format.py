@@ -19,58 +19,34 @@ The first run (seed 0, docs/benchmarks.md) went from 3.1 % to 6.2 % greedy held-
 import pathlib
 
 import ml_collections
+from rljax.configs import smollm2_arith
 
-from rljax.config import (
-    DataConfig,
-    LearnerConfig,
-    MetricsConfig,
-    ModelConfig,
-    RewardConfig,
-    RunConfig,
-    SamplingConfig,
-    replace,
-    to_config_dict,
-)
+from rljax.config import DataConfig, RunConfig, replace, to_config_dict
 
 VARIANTS = ("small",)  # small: 2 steps of 2 groups, a smoke run of the file-task path
 DATA = str(pathlib.Path(__file__).resolve().with_name("data") / "two_step.jsonl")
 
 
 def recipe(variant: str = "") -> RunConfig:
-    """The typed config of a variant ('' for the full run); ``get_config`` wraps it."""
+    """The typed config of a variant ('' for the full run); ``get_config`` wraps it.
+
+    configs/smollm2_arith.py's ``learn`` run (model, sampling, GRPO settings, evaluation)
+    with the file's data in place of generated sums, and room for the longer prompts."""
     if variant not in ("", *VARIANTS):
         raise ValueError(
             f"unknown variant {variant!r} of configs/smollm2_gsm8k_format.py; "
             f"use one of {VARIANTS} or none"
         )
-    cfg = RunConfig(
-        # The GGUF's metadata replaces this architecture; only the dtype is read from here.
-        model=ModelConfig(dtype="float32", param_dtype="float32"),
-        init="smollm2",
-        tokenizer="init",
-        sampling=SamplingConfig(
-            temperature=0.7,
-            max_new_tokens=16,
-            max_prefill_length=128,
-            max_concurrent_decodes=96,
-            page_size=16,
-        ),
-        learner=LearnerConfig(
-            loss="grpo", group_size=8, batch_groups=4, learning_rate=1e-5, grad_clip=1.0
-        ),
-        data=DataConfig(
-            task="gsm8k",
-            path=DATA,
-            train_size=544,
-            heldout_size=96,
-            prompt_format="chat",
-            prompt_template="{question} Answer with just the number.",
-        ),
-        reward=RewardConfig(name="math_answer"),
-        metrics=MetricsConfig(progress_bar=False),
-        num_steps=15,
-        eval_every=5,
-        eval_examples=96,
+    data = DataConfig(
+        task="gsm8k",
+        path=DATA,
+        train_size=544,
+        heldout_size=96,
+        prompt_format="chat",
+        prompt_template="{question} Answer with just the number.",
+    )
+    cfg = replace(
+        smollm2_arith.recipe("learn"), data=data, **{"sampling.max_prefill_length": 128}
     )
     if variant == "small":
         cfg = replace(
