@@ -266,8 +266,8 @@ def load_math_examples(
         examples.append(
             {"id": row, "prompt": prompt_fn(question), "question": question, "answer": answer}
         )
+    reasons = ", ".join(f"{n} {why}" for why, n in bad.most_common())
     if not examples:
-        reasons = ", ".join(f"{n} {why}" for why, n in bad.most_common())
         raise ValueError(
             f"{path}: none of its {len(records)} rows is usable ({reasons}); point "
             f"data.prompt_field, data.answer_field and data.answer_format at the file's keys "
@@ -275,11 +275,7 @@ def load_math_examples(
         )
     if bad:
         log.warning(
-            "%s: skipped %d of %d rows (%s)",
-            path,
-            sum(bad.values()),
-            len(records),
-            ", ".join(f"{n} {why}" for why, n in bad.most_common()),
+            "%s: skipped %d of %d rows (%s)", path, sum(bad.values()), len(records), reasons
         )
     if skipped is not None:
         skipped.update(bad)

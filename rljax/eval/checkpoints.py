@@ -29,14 +29,12 @@ SUMMARY_FILE = "summary.json"
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """What ``rljax eval`` samples: ``k`` per problem at ``temperature`` (0: greedy, k = 1),
-    with ``top_p``/``top_k``/``min_p`` (None: the config's ``sampling.*``), over the first
-    ``problems`` held-out examples (0: ``eval_examples``)."""
+    with ``top_p`` (None: the config's ``sampling.top_p``; top-k and min-p are always the
+    config's), over the first ``problems`` held-out examples (0: ``eval_examples``)."""
 
     k: int = 16
     temperature: float = 1.0
     top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
     problems: int = 0
 
     def __post_init__(self):
@@ -53,14 +51,12 @@ class EvalSettings:
             raise ConfigError(f"--problems={self.problems} must be >= 0 (0: eval_examples)")
 
     def sampling(self, cfg: RunConfig) -> SlotSampling:
-        s = cfg.sampling
+        """The run's ``sampling.*`` with this temperature (and ``top_p``, when given)."""
         if self.temperature == 0:
             return SlotSampling(temperature=0.0)
-        return SlotSampling(
-            temperature=self.temperature,
-            top_k=s.top_k if self.top_k is None else self.top_k,
-            top_p=s.top_p if self.top_p is None else self.top_p,
-            min_p=s.min_p if self.min_p is None else self.min_p,
+        top_p = cfg.sampling.top_p if self.top_p is None else self.top_p
+        return dataclasses.replace(
+            SlotSampling.from_config(cfg.sampling), temperature=self.temperature, top_p=top_p
         )
 
 
@@ -150,13 +146,13 @@ def evaluate(
     """Evaluate one checkpoint (:func:`eval_config`) into ``<out>/<name>/``; (summary,
     problems). ``reward_fn``: a Python reward in place of ``reward.*`` (as ``Run`` takes).
     Every process of a pod calls it; only the leader's return holds the results."""
-    from rljax.runtime.run import Run
+    from rljax.runtime.run import Run, run
 
     ecfg, step = eval_config(cfg, checkpoint, step)
     result: dict[str, Any] = {}
 
-    def phases(run: Run) -> dict[str, Any]:
-        problems = sample_and_score(run, settings, progress)
+    def phases(evaluation: Run) -> dict[str, Any]:
+        problems = sample_and_score(evaluation, settings, progress)
         figures = summary(problems, settings.k)
         figures |= {
             "checkpoint": checkpoint,
@@ -168,9 +164,5 @@ def evaluate(
         result.update(figures=figures, problems=problems)
         return figures
 
-    run = Run(ecfg, str(io.join(out, name)), reward_fn=reward_fn, phases=phases)
-    try:
-        run.train()
-    finally:
-        run.close()
+    run(ecfg, str(io.join(out, name)), reward_fn=reward_fn, phases=phases)
     return result.get("figures", {}), result.get("problems", [])

@@ -39,7 +39,7 @@ def export(
     if fmt not in FORMATS:
         raise ConfigError(f"--format={fmt!r} is not one of {FORMATS}; pick one")
     saved = saved_runs.saved_config(run, key)
-    where = run.workdir if run.step is None else f"{run.workdir} step {run.step}"
+    where = run.where
     if fmt == "peft" and not saved.lora.enabled:
         raise ConfigError(
             f"{key} = {where!r} is a full fine-tune (lora.enabled=False): it has no adapter "

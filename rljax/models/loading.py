@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax import io
-from rljax.checkpoint import Checkpointer, CheckpointError
+from rljax.checkpoint import CheckpointError
 from rljax.config import ConfigError, LoRAConfig, ModelConfig, RunConfig, replace
 from rljax.models import lora as lora_lib
 from rljax.models import saved_runs
@@ -200,15 +200,13 @@ def load_saved_run(
         model = dataclasses.replace(saved.model, dtype=dtype, param_dtype=dtype)
         saved = replace(saved, model=model)
     model_cfg = initial_model_config(saved)
-    ckpt = saved_runs.checkpointer(run)
-    where = run.workdir if run.step is None else f"{run.workdir} step {run.step}"
     if not saved.lora.enabled:
         graphdef, abstract = abstract_params(model_cfg, mesh, rules)
-        return model_cfg, graphdef, _restore(ckpt, abstract, run.step, key, where), saved
+        return model_cfg, graphdef, _restore(run, abstract, key), saved
     lora_graphdef, abstract = abstract_params(model_cfg, mesh, rules, lora=saved.lora)
     adapters_abstract, _ = lora_lib.split_adapters(abstract)
-    adapters = _restore(ckpt, adapters_abstract, run.step, key, where)
-    with io.input_error(key, where):
+    adapters = _restore(run, adapters_abstract, key)
+    with io.input_error(key, run.where):
         base = load_base_params(saved_runs.base_config(saved), mesh, rules)[2]
     joined = lora_lib.join(base, adapters)
     if not merge:
@@ -219,8 +217,9 @@ def load_saved_run(
     return model_cfg, graphdef, plain, saved
 
 
-def _restore(ckpt: Checkpointer, abstract: Any, step: int | None, key: str, where: str) -> Any:
+def _restore(run: saved_runs.SavedRun, abstract: Any, key: str) -> Any:
+    """``run``'s step's params onto ``abstract``; a failure in one line naming ``key``."""
     try:
-        return ckpt.restore_params(abstract, step)
+        return saved_runs.checkpointer(run).restore_params(abstract, run.step)
     except CheckpointError as e:
-        raise ConfigError(f"{key} = {where!r}: {e}") from None
+        raise ConfigError(f"{key} = {run.where!r}: {e}") from None

@@ -38,6 +38,11 @@ class SavedRun:
     def checkpoints(self) -> str:
         return str(io.join(self.workdir, "checkpoints"))
 
+    @property
+    def where(self) -> str:
+        """The run as the one-line errors name it."""
+        return self.workdir if self.step is None else f"{self.workdir} step {self.step}"
+
 
 def parse(path: str, step: int | None = None) -> SavedRun | None:
     """The saved run ``path`` names (a workdir, or one step's directory in it), or None when
@@ -58,14 +63,6 @@ def parse(path: str, step: int | None = None) -> SavedRun | None:
     return None
 
 
-def is_saved_run(path: str) -> bool:
-    """Whether ``path`` names a run's workdir or one step's directory in it."""
-    try:
-        return parse(path) is not None
-    except ConfigError:
-        return False
-
-
 def checkpointer(run: SavedRun) -> Checkpointer:
     """A read-only Checkpointer of the run's checkpoints."""
     return Checkpointer(run.checkpoints, _READ_ONLY)
@@ -79,15 +76,14 @@ def steps(run: SavedRun) -> list[int]:
 def saved_config(run: SavedRun, key: str) -> RunConfig:
     """The run config ``run``'s step was saved with (``key``: the config key or flag that
     named it, for the one-line errors)."""
-    where = run.workdir if run.step is None else f"{run.workdir} step {run.step}"
     try:
         meta = checkpointer(run).read_meta(run.step)
     except CheckpointError as e:
-        raise ConfigError(f"{key} = {where!r}: {e}") from None
+        raise ConfigError(f"{key} = {run.where!r}: {e}") from None
     saved = meta.get("config")
     if not isinstance(saved, dict):
         raise ConfigError(
-            f"{key} = {where!r}: its checkpoint holds no run config (saved by an older "
+            f"{key} = {run.where!r}: its checkpoint holds no run config (saved by an older "
             "rljax); export the model to a Hugging Face directory with the rljax that wrote it"
         )
     return _unflatten(saved)

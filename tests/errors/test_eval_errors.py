@@ -68,21 +68,19 @@ def test_k_above_one_greedy(launch_error, check_row, runs, tmp_path):
     check_row("X04", message, "set --k=1 for greedy")
 
 
-def test_peft_export_of_a_full_fine_tune(launch_error, check_row, runs, tmp_path):
+@pytest.mark.parametrize(
+    "row_id, run, fmt, fix",
+    [("X05", 0, "peft", "use --format=hf"), ("X06", 1, "hf", "use --format=merged")],
+    ids=["X05-peft-of-a-full-fine-tune", "X06-hf-of-a-lora-run"],
+)
+def test_an_export_format_the_run_cannot_give(
+    launch_error, check_row, runs, tmp_path, row_id, run, fmt, fix
+):
     out = tmp_path / "out"
     message = launch_error(
-        f"--checkpoint={runs[0]}", "--format=peft", f"--out={out}", command="export"
+        f"--checkpoint={runs[run]}", f"--format={fmt}", f"--out={out}", command="export"
     )
-    check_row("X05", message, "use --format=hf")
-    assert not out.exists()
-
-
-def test_hf_export_of_a_lora_run(launch_error, check_row, runs, tmp_path):
-    out = tmp_path / "out"
-    message = launch_error(
-        f"--checkpoint={runs[1]}", "--format=hf", f"--out={out}", command="export"
-    )
-    check_row("X06", message, "use --format=merged")
+    check_row(row_id, message, fix)
     assert not out.exists()
 
 
