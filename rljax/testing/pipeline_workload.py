@@ -4,14 +4,17 @@
 compares its rate with limits computed here from the cost model alone, never from the driver:
 
 - :meth:`Workload.limits`: the sampler at full slot occupancy and the learner on the mean batch;
-- :meth:`Workload.staleness_bound`: the fraction of that ideal any schedule can reach when every
-  consumed group must satisfy the staleness bound eta (its oldest token at most eta versions
-  old), even one that knows every response length in advance.
+- :meth:`Workload.staleness_bound`: a ceiling on the fraction of that ideal any schedule can
+  reach when every consumed group must satisfy the staleness bound eta (its oldest token at
+  most eta versions old), even one that knows every response length in advance;
+- :meth:`Workload.staleness_reachable`: what one constructed schedule of that same clairvoyant
+  relaxation reaches. The best schedule lies between the two (at eta <= 1 they meet).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -76,9 +79,7 @@ class Workload:
 
     def mean_response_len(self, draws: int = 200_000) -> float:
         """The length distribution's mean, by sampling it (the cap makes it no closed form)."""
-        draw = lognormal_lengths(self.median_len, self.sigma, self.max_len)
-        rng = np.random.default_rng(12345)
-        return float(np.mean([draw(rng) for _ in range(draws)]))
+        return _mean_length(self.median_len, self.sigma, self.max_len, draws)
 
     def limits(self) -> tuple[float, float]:
         """(sampler, learner) learner-steps/s, each side's cost model alone at its best.
@@ -93,33 +94,99 @@ class Workload:
         learner = 1.0 / (self.learn_fixed_s + self.learn_per_token_s * batch_tokens + self.sync_s)
         return sampler, learner
 
-    def staleness_bound(self, eta: int, groups: int = 100_000, seed: int = 12345) -> float:
-        """The most of the ideal (:meth:`limits`) a schedule reaches under staleness bound eta.
+    def _sorted_steps(self, groups: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(D, L) per learner step of ``groups`` drawn groups put together longest first.
 
-        A group consumed at learner step k has its oldest token from params k - eta or newer,
-        which the sampler holds no earlier than step k - eta starts; so its longest response,
-        decoded at the fastest a decode step ever runs (one live slot), must fit in the window
-        ``a_k - a_{k-eta}`` between those step starts. Every gap between step starts is at
-        least the ideal step time T and lies in eta windows, so the run takes at least
-        ``(1/eta) * sum_k max(eta * T, D_k)``, ``D_k`` the longest group duration consumed at
-        step k. Even a clairvoyant schedule does no better than put the longest groups
-        together, B to a step, which this takes over ``groups`` drawn groups. 1.0 at eta = 0
-        is not claimed: eta = 0 (sync) serialises the sampler and the learner, a different
-        limit; it returns nan there.
+        D is a step's longest group at the fastest a decode step ever runs (one live slot), L
+        the learner's cost on that step's batch. Taking the groups B at a time in order of
+        their longest response gives the least sum of D over any split into steps.
         """
-        if eta == 0:
-            return float("nan")
         draw = lognormal_lengths(self.median_len, self.sigma, self.max_len)
         rng = np.random.default_rng(seed)
         lengths = np.array([[draw(rng) for _ in range(self.group_size)] for _ in range(groups)])
-        durations = np.sort(lengths.max(axis=1) * (self.decode_s + self.decode_per_slot_s))[::-1]
+        durations = lengths.max(axis=1) * (self.decode_s + self.decode_per_slot_s)
+        tokens = (lengths + self.prompt_len).sum(axis=1)
+        order = np.argsort(-durations, kind="stable")
+        usable = len(order) - len(order) % self.batch_groups
+        by_step = order[:usable].reshape(-1, self.batch_groups)
+        longest = durations[by_step].max(axis=1)
+        costs = self.learn_fixed_s + self.learn_per_token_s * tokens[by_step].sum(axis=1)
+        return longest, costs
+
+    def staleness_bound(self, eta: int, groups: int = 100_000, seed: int = 12345) -> float:
+        """The most of the ideal (:meth:`limits`) any schedule reaches under staleness bound eta.
+
+        A rigorous ceiling on the clairvoyant relaxation (:func:`makespan_floor`): a schedule
+        that knows every length, decodes each group at the fastest a decode step ever runs and
+        may put any groups together. At eta = 0 it is the sync limit (sample, learn, publish
+        in turn). :meth:`staleness_reachable` is a schedule of that relaxation; the most any
+        schedule reaches lies between the two.
+        """
+        longest, costs = self._sorted_steps(groups, seed)
         step_s = 1.0 / min(self.limits())
-        longest = durations[:: self.batch_groups]  # the longest of each step's B groups
+        floor = makespan_floor(longest, costs, self.sync_s, eta)
+        return float(min(1.0, len(longest) * step_s / floor))
+
+    def staleness_reachable(self, eta: int, groups: int = 100_000, seed: int = 12345) -> float:
+        """What one constructed schedule of the same relaxation reaches, as a fraction of the ideal.
+
+        The groups put together longest first (as in :meth:`staleness_bound`), the steps taken
+        in that order or its reverse, whichever finishes first, each started as early as its
+        window and the learner allow (:func:`earliest_makespan`), and the whole run no
+        shorter than the sampler's limit at full occupancy.
+        """
+        longest, costs = self._sorted_steps(groups, seed)
+        sampler, _ = self.limits()
+        step_s = 1.0 / min(self.limits())
         steps = len(longest)
-        total = np.maximum(eta * step_s, longest).sum() / eta
-        return float(steps * step_s / total)
+        makespan = min(
+            earliest_makespan(longest, costs, self.sync_s, eta),
+            earliest_makespan(longest[::-1], costs[::-1], self.sync_s, eta),
+        )
+        return float(steps * step_s / max(makespan, steps / sampler))
 
     def learner_cost(self, free: bool):
         if free:
             return lambda batch: 0.0
         return lambda batch: self.learn_fixed_s + self.learn_per_token_s * batch.num_tokens
+
+
+def earliest_makespan(longest, costs, sync_s: float, eta: int) -> float:
+    """When the last of these learner steps publishes, each started as early as allowed.
+
+    Step k (in the given order, from 1) consumes groups whose oldest token is from params
+    version k - eta or newer. Version j exists once step j - 1 has trained and published
+    (version 1 at time 0), so step k's longest group, lasting ``longest[k]``, starts at the
+    publish of step k - eta - 1 at the earliest and ends by the start of step k; the learner
+    runs one step and its publish at a time. Both constraints only ask a step to start late
+    enough, so starting each as early as they allow finishes every step earliest, for this
+    order of steps.
+    """
+    publish = [0.0] * (eta + 1)  # publishes before step 1: version 1 exists at time 0
+    for duration, cost in zip(longest, costs):
+        start = max(publish[-1], publish[-eta - 1] + float(duration))
+        publish.append(start + float(cost) + sync_s)
+    return publish[-1]
+
+
+def makespan_floor(longest, costs, sync_s: float, eta: int) -> float:
+    """No schedule of these groups publishes its last step before this.
+
+    ``longest`` must come from the groups put together longest first (the least sum any split
+    into steps has; ``costs`` are the learner's, whose sum no split changes). For any order,
+    chaining step k's window back through k - eta - 1, k - 2 (eta + 1), ... gives
+    ``publish_k >= sum over that chain of (D + L + sync)``; the last eta + 1 steps' chains
+    cover every step once, each ends by the last publish, so the last publish is at least
+    their mean, ``sum(D + L + sync) / (eta + 1)``. It is also at least the learner's own
+    ``sum(L + sync)``. At eta = 0 the chain is the whole run: the sync limit.
+    """
+    work = float(np.sum(costs)) + sync_s * len(costs)
+    return max(work, (float(np.sum(longest)) + work) / (eta + 1))
+
+
+@functools.cache
+def _mean_length(median: float, sigma: float, max_len: int, draws: int) -> float:
+    # Cached: the limits and both bounds of every eta read it, and each draw is a Python call.
+    draw = lognormal_lengths(median, sigma, max_len)
+    rng = np.random.default_rng(12345)
+    return float(np.mean([draw(rng) for _ in range(draws)]))

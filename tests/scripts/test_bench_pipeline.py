@@ -102,25 +102,3 @@ def test_steady_rate_needs_steps_past_warmup(bench):
     assert bench._steady_rate([0.0, 1.0, 2.0, 4.0], 1) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="raise --steps"):
         bench._steady_rate([0.0, 1.0], 1)
-
-
-def test_staleness_bound_by_hand(bench):
-    """Fixed lengths: every group lasts D = length x the one-slot decode step."""
-    w = bench.dataclasses.replace(
-        bench.QUICK,
-        sigma=0.0,
-        median_len=40,
-        max_len=64,
-        group_size=2,  # 4 samples a step on 8 slots: a step is shorter than one group's decode
-        learn_fixed_s=0.0,
-        learn_per_token_s=1e-7,
-        sync_s=0.0,
-    )
-    step_s = 1 / min(w.limits())
-    duration = 40 * (w.decode_s + w.decode_per_slot_s)
-    for eta in (1, 2, 4):
-        # Every step's window of eta gaps must hold D: the run takes max(eta T, D) / eta a step.
-        expected = min(1.0, eta * step_s / duration)
-        assert w.staleness_bound(eta, groups=64) == pytest.approx(expected)
-    assert w.staleness_bound(1, groups=64) < 0.6 and w.staleness_bound(2, groups=64) == 1.0
-    assert math.isnan(w.staleness_bound(0))
