@@ -103,13 +103,7 @@ def smollm2(layers: int):
     if path is None:
         return None
     mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
-    cfg, graphdef, params = load_gguf(path, mesh=mesh, rules=LEARNER_RULES)
-    if layers:
-        params = jax.tree.map(lambda x: x[:layers] if x.shape[0] == cfg.num_layers else x, params)
-        cfg = dataclasses.replace(cfg, num_layers=layers)
-        mesh = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
-        graphdef = init_sharded(cfg, mesh, LEARNER_RULES, 0)[0]
-    return cfg, graphdef, params
+    return load_gguf(path, mesh=mesh, rules=LEARNER_RULES, num_layers=layers or None)
 
 
 def tiny(cfg: ModelConfig = TINY):

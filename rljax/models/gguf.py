@@ -16,6 +16,7 @@ a remote one is copied to a temporary file for the duration of the load.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.util
 import os
 import re
@@ -238,11 +239,14 @@ def load_gguf(
     mesh: Mesh,
     rules: ShardingRules,
     dtype: str = "float32",
+    num_layers: int | None = None,
 ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
     """Loads a llama/qwen2/qwen3 GGUF file, dequantized (Q4_1, Q8_0, ...) and sharded on ``mesh``.
 
     Returns ``(cfg, graphdef, params)`` like ``hf.load_hf``; the tokenizer comes from
     ``Tokenizer.from_gguf(path)``. ``dtype`` sets the parameter and compute dtype.
+    ``num_layers`` keeps the first that many blocks and reads no other (a model cut short for
+    smoke tests and benchmarks of one layer); None keeps them all.
     """
     path = os.fspath(path)
     _import_gguf()
@@ -251,6 +255,13 @@ def load_gguf(
     with io.local_copy(path) as local:
         reader = _open(path, local)
         cfg = config_from_gguf(reader, path, dtype=dtype, param_dtype=dtype)
+        if num_layers is not None:
+            if not 1 <= num_layers <= cfg.num_layers:
+                raise ValueError(
+                    f"num_layers={num_layers} but GGUF file {path} has {cfg.num_layers} blocks; "
+                    f"keep between 1 and {cfg.num_layers}"
+                )
+            cfg = dataclasses.replace(cfg, num_layers=num_layers)
         tensors = GGUFTensorReader(
             reader,
             path,

@@ -314,6 +314,16 @@ def test_gguf_matches_safetensors(mesh, tmp_path):
     assert cfg.tie_embeddings and cfg.norm_eps == 1e-5 and cfg.rope_theta == 100_000.0
     for name, array in nnx.to_pure_dict(want).items():  # exact: the permutation is undone
         np.testing.assert_array_equal(np.asarray(nnx.to_pure_dict(got)[name]), array, name)
+    # Cut to its first block: that block's weights and nothing of the others.
+    path = tmp_path / "f32.gguf"
+    cut_cfg, _, cut = load_gguf(path, mesh=mesh, rules=LEARNER_RULES, num_layers=1)
+    assert cut_cfg.num_layers == 1
+    full, first = nnx.to_pure_dict(got), nnx.to_pure_dict(cut)
+    assert jax.tree.structure(full) == jax.tree.structure(first)
+    for x, y in zip(jax.tree.leaves(full), jax.tree.leaves(first)):
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x)[:1] if x.shape != y.shape else x)
+    with pytest.raises(ValueError, match=r"num_layers=5 but GGUF file .* has 2 blocks"):
+        load_gguf(path, mesh=mesh, rules=LEARNER_RULES, num_layers=5)
     # Q8_0 rounds each weight to a multiple of its 32-weight block's largest / 127 (an error of
     # up to 1/254 of it), so the logits have that precision, not f32's: 5e-3 of their scale
     # measured, bounded at 2e-2.
