@@ -24,7 +24,13 @@ is reported with its [min, max]:
   (d) weight-sync bandwidth: ``WeightSync.publish`` from a 4-device learner mesh to a 4-device
       sampler mesh vs a plain ``device_put`` of the same bytes and vs numpy copy bandwidth
       (scripts/weight_sync_bandwidth.py; run in a child process with 8 CPU devices unless this
-      one already has 8, so that (a)-(c) keep their one-device backend).
+      one already has 8, so that (a)-(c) keep their one-device backend);
+  (e) multi-step decode (``sampling.decode_steps``): SmolLM2-135M (the batching model with
+      --no-smollm2) decoding --per-call tokens a slot per device call, every slot busy: tokens/s,
+      the fraction of the copy bound per token step, and the host's share of a call (1 - the
+      compiled program's time alone / the engine's whole call), median [min, max] over
+      --repeats, each repeat measuring the copy bandwidth again (scripts/decode_bound.py).
+      ``--only-per-call`` runs (e) alone.
 Compile time is excluded from every rljax timing by a warm-up run on the same shapes.
 The last line printed is one JSON object holding every figure.
 """
@@ -48,6 +54,7 @@ from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
+from rljax.models.transformer import init_sharded
 from rljax.testing import pod
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
@@ -62,7 +69,12 @@ from continuous_batching import (  # noqa: E402
     spread,
     warm_up,
 )
-from decode_bound import copy_bandwidth_gbs, decode_step_vs_bound, layouts_ab  # noqa: E402
+from decode_bound import (  # noqa: E402
+    copy_bandwidth_gbs,
+    decode_calls_vs_bound,
+    decode_step_vs_bound,
+    layouts_ab,
+)
 
 SMOLLM2_PROMPTS = (
     "What is the capital of France?",
@@ -435,6 +447,12 @@ def parse_args(argv):
     p.add_argument("--smollm2-new-tokens", type=int, default=16)
     p.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M rows")
     p.add_argument("--decode-steps", type=int, default=20)
+    p.add_argument(
+        "--per-call", type=int, nargs="+", default=[1, 4, 8, 16], help="(e): tokens per call"
+    )
+    p.add_argument("--per-call-tokens", type=int, default=48, help="(e): timed tokens a slot")
+    p.add_argument("--per-call-slots", type=int, default=4, help="(e): decode slots")
+    p.add_argument("--only-per-call", action="store_true", help="run (e) alone")
     p.add_argument("--copy-mib", type=int, default=512, help="array size for the copy bandwidth")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of (b), repeats of (c)")
     p.add_argument("--sync-repeats", type=int, default=5, help="timed publishes per mode in (d)")
@@ -451,6 +469,7 @@ def parse_args(argv):
         args.max_new_tokens, args.max_prompt, args.page_size = 24, 8, 8
         args.decode_steps, args.copy_mib, args.repeats, args.no_smollm2 = 3, 32, 1, True
         args.sync_repeats = 2
+        args.per_call, args.per_call_tokens, args.per_call_slots = [1, 4], 8, 2
     for name in (
         "slots",
         "requests",
@@ -473,6 +492,60 @@ def parse_args(argv):
     return args
 
 
+def bench_per_call(args, figures, model) -> None:
+    """(e): decode calls of --per-call tokens a slot against the copy bound, --repeats times."""
+    cfg, graphdef, state = model
+    longest = max(args.per_call)
+    new_tokens = longest * (max(1, args.per_call_tokens // longest) + 3)
+    engine = greedy_engine(cfg, graphdef, args.per_call_slots, args.max_prompt, new_tokens)
+    params = engine.load_params(state)
+    rows = {n: [] for n in args.per_call}
+    bandwidths = []
+    for _ in range(args.repeats):
+        bandwidths.append(copy_bandwidth_gbs(args.copy_mib * 2**20, repeats=5))
+        for n in args.per_call:
+            rows[n].append(
+                decode_calls_vs_bound(
+                    figures["per_call_model"],
+                    engine,
+                    params,
+                    bandwidths[-1],
+                    n,
+                    args.per_call_tokens,
+                )
+            )
+    figures["per_call"] = {
+        "copy_bandwidth_gbs": spread(bandwidths),
+        "slots": args.per_call_slots,
+        "weights_layout": engine.weights_layout,
+        **{
+            str(n): {
+                key: spread(r[key] for r in runs)
+                for key in ("tokens_per_s", "step_ms", "fraction_of_bound", "host_share")
+            }
+            for n, runs in rows.items()
+        },
+    }
+    base = figures["per_call"][str(args.per_call[0])]["tokens_per_s"]["median"]
+    for n in args.per_call:
+        row = figures["per_call"][str(n)]
+        row["tokens_per_s_over_first"] = round(row["tokens_per_s"]["median"] / base, 4)
+        log(
+            f"(e) {n} tokens a call: {fmt(row['tokens_per_s'])} tok/s "
+            f"({row['tokens_per_s_over_first']:.2f}x {args.per_call[0]}), copy bound "
+            f"{fmt(row['fraction_of_bound'])}, host share {fmt(row['host_share'])}"
+        )
+
+
+def per_call_model(args, figures, batching, smollm2):
+    """(cfg, graphdef, params state) of the model (e) decodes, named in ``figures``."""
+    if smollm2 is not None:
+        figures["per_call_model"] = "SmolLM2-135M"
+        return smollm2[2:]
+    figures["per_call_model"] = "batching model"
+    return batching[0].model_cfg, batching[2], batching[3]
+
+
 def main(argv=None) -> dict:
     """Runs the benchmark; prints progress and, last, one JSON line. Returns the figures."""
     args = parse_args(argv)
@@ -487,6 +560,9 @@ def main(argv=None) -> dict:
         "weights_layout": args.weights_layout,
     }
     log(f"machine: {os.cpu_count()} CPUs, backend {figures['backend']}, load {load_average()}")
+    if args.only_per_call:
+        bench_per_call(args, figures, only_per_call_model(args, figures))
+        return finish(figures, start)
     batching = bench_batching(args, figures)
     smollm2 = None
     try:
@@ -515,6 +591,26 @@ def main(argv=None) -> dict:
         for key, (label, run) in served.items()
     }
     bench_weight_sync(args, figures, batching, smollm2)
+    bench_per_call(args, figures, per_call_model(args, figures, batching, smollm2))
+    return finish(figures, start)
+
+
+def only_per_call_model(args, figures):
+    """(e) alone: SmolLM2-135M from its GGUF (no transformers), else the batching model."""
+    from rljax.models.gguf import find_smollm2_gguf, load_gguf
+
+    path = None if args.no_smollm2 else find_smollm2_gguf()
+    if path is None:
+        figures["per_call_model"] = "batching model"
+        cfg = BATCHING_MODEL if not args.quick else QUICK_MODEL
+        mesh = sampler_mesh()
+        graphdef, state = init_sharded(cfg, mesh, SAMPLER_RULES, args.seed)
+        return cfg, graphdef, state
+    figures["per_call_model"] = "SmolLM2-135M"
+    return load_gguf(path, mesh=sampler_mesh(), rules=SAMPLER_RULES)
+
+
+def finish(figures: dict, start: float) -> dict:
     figures["load_average_end"] = load_average()
     figures["wall_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(figures, sort_keys=True), flush=True)

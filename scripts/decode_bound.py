@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from rljax.kernels.paged_attention.ops import XLA_BLOCK_TOKENS
 
+from rljax.engine.decode import call_inputs as decode_inputs
 from rljax.engine.paged import PagedEngine
 from rljax.models.layouts import PerLayer
 from rljax.models.serving import TRANSPOSED, ServingDecoder, to_serving
@@ -221,6 +222,103 @@ def decode_step_vs_bound(
         "read_bound_ms": round(read_bound * 1e3, MS_DECIMALS),
         "fraction_of_read_bound": round(read_bound / step, RATIO_DECIMALS),
     }
+
+
+def _fill_every_slot(engine: PagedEngine, params):
+    """A fresh decode state with one prompt of max_prefill_length tokens in every slot."""
+    b = engine.max_concurrent_decodes
+    prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32)
+    prompt %= engine.model_cfg.vocab_size
+    prefix, _ = engine.prefill_multisampling(
+        params=params, padded_tokens=prompt, true_length=len(prompt), num_samples=b
+    )
+    return engine.bulk_insert(prefix, engine.init_decode_state(), list(range(b)))
+
+
+def time_calls(engine: PagedEngine, params, per_call: int, calls: int) -> dict:
+    """Seconds of ``calls`` decode calls of ``per_call`` tokens a slot, every slot busy.
+
+    ``call_s``: the engine's whole call, as the Sampler makes it (``generate`` and the copy of
+    its result to the host for 1; ``generate_steps`` otherwise): host bookkeeping (page tables
+    grown, inputs placed, results read back) and the device's work. ``device_s``: the same
+    compiled program called back to back on prepared inputs, waiting only for its outputs.
+    Two untimed calls compile each first; each timing starts from every slot freshly filled.
+    """
+    b = engine.max_concurrent_decodes
+    limits = np.full(b, per_call * (calls + 2), np.int32)
+
+    def engine_call(state):
+        if per_call == 1:
+            state, result = engine.generate(params, state)
+            return state, result.convert_to_numpy()
+        return engine.generate_steps(params, state, per_call, limits, ())
+
+    out = {}
+    state, held = _fill_every_slot(engine, params), []
+    for _ in range(2):
+        state, _ = engine_call(state)
+    times = []
+    for _ in range(calls):
+        held.append(sum(engine.slot_length(s) for s in range(b)))
+        start = time.perf_counter()
+        state, _ = engine_call(state)
+        times.append(time.perf_counter() - start)
+    out["call_s"], out["held"] = times, held
+    # The device program alone: the pages taken above stay held, so it writes where it may.
+    state = _fill_every_slot(engine, params)
+    if per_call == 1:
+        program, inputs = engine.steps.generate(None), ()
+    else:
+        program = engine.steps.generate_steps(None, per_call)
+        _, inputs = decode_inputs(per_call, limits, (), engine.replicated())
+    for _ in range(2):
+        state, *rest = program(params, state, *inputs)
+        jax.block_until_ready(rest)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        state, *rest = program(params, state, *inputs)
+        jax.block_until_ready(rest)
+        times.append(time.perf_counter() - start)
+    out["device_s"] = times
+    return out
+
+
+def decode_calls_vs_bound(
+    label, engine: PagedEngine, params, bandwidth_gbs, per_call: int, tokens: int
+) -> dict:
+    """Tokens/s of calls of ``per_call`` tokens a slot, every slot busy, against the copy bound
+    of one token step ((params + held KV bytes) / ``bandwidth_gbs``), and the host's share of a
+    call: 1 - the device program's time / the engine call's (medians over the calls)."""
+    cfg = engine.model_cfg
+    b = engine.max_concurrent_decodes
+    calls = max(1, tokens // per_call)
+    t = time_calls(engine, params, per_call, calls)
+    kv_bytes = jnp.dtype(engine.sampling_cfg.dtype).itemsize  # the sampler's KV pages
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_bytes
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    # Every token step of a call reads the params and the KV held then (about half a call on).
+    kv_held = (statistics.mean(t["held"]) + b * (per_call - 1) / 2) * kv_per_token
+    call, device = statistics.median(t["call_s"]), statistics.median(t["device_s"])
+    step = call / per_call
+    bound = (param_bytes + kv_held) / (bandwidth_gbs * 1e9)
+    row = {
+        "decode_steps": per_call,
+        "slots": b,
+        "calls": calls,
+        "tokens_per_s": round(b * per_call / call, 3),
+        "step_ms": round(step * 1e3, MS_DECIMALS),
+        "bound_ms": round(bound * 1e3, MS_DECIMALS),
+        "fraction_of_bound": round(bound / step, RATIO_DECIMALS),
+        "host_share": round(max(0.0, 1 - device / call), RATIO_DECIMALS),
+    }
+    print(
+        f"(e) {label}: {per_call} tokens a call x {b} slots: {row['tokens_per_s']:.1f} tok/s, "
+        f"{row['step_ms']:.2f} ms a token step, {row['fraction_of_bound']:.3f} of the copy bound "
+        f"({row['bound_ms']:.2f} ms), host {row['host_share']:.3f} of a call",
+        flush=True,
+    )
+    return row
 
 
 # ---- driver -------------------------------------------------------------------------------

@@ -69,6 +69,11 @@ class SamplingConfig:
         CPU dots decode from fastest, rebuilt at every swap beside the published copy the
         weight sync keeps, so the sampler side holds the weights twice; rljax.models.serving),
         or 'auto' (per_layer when the sampler's devices are CPUs, stacked on accelerators).
+      decode_steps: tokens the sampler decodes per device call, in a loop on the device that
+        checks each slot's stop tokens and token budget (rljax.engine.decode); in-flight weight
+        swaps, preemption and conversations' turns happen between calls. 0 = the default of
+        the sampler's device kind (DEFAULT_DECODE_STEPS there, measured in docs/benchmarks.md).
+        1 returns to the host after every token. Tokens and log-probs do not depend on it.
     """
 
     temperature: float = 1.0
@@ -85,6 +90,7 @@ class SamplingConfig:
     swap_mode: str = "inflight"
     dtype: str = "float32"
     weights_layout: str = "auto"
+    decode_steps: int = 0
 
     def __post_init__(self):
         _positive_float("sampling.temperature", self.temperature, allow_zero=True)
@@ -100,6 +106,7 @@ class SamplingConfig:
         _positive("sampling.prefill_batch", self.prefill_batch)
         _positive("sampling.page_size", self.page_size)
         _positive("sampling.num_pages", self.num_pages, allow_zero=True)
+        _positive("sampling.decode_steps", self.decode_steps, allow_zero=True)
         _one_of("sampling.swap_mode", self.swap_mode, SWAP_MODES)
         _one_of("sampling.weights_layout", self.weights_layout, WEIGHTS_LAYOUTS)
         for b in self.prefill_buckets:

@@ -39,6 +39,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rljax.config import LoRAConfig, ModelConfig, SamplingConfig
+from rljax.engine.decode import Sampler as LogitsSampler
 from rljax.engine.paged import BUSY_SLOT_GRACE_S, PagedEngine
 from rljax.engine.state import (
     DecodeState,
@@ -48,7 +49,6 @@ from rljax.engine.state import (
     SlotSampling,
     register_with_jetstream,
 )
-from rljax.engine.steps import Sampler as LogitsSampler
 from rljax.engine.tokenizer import EngineTokenizer, TokenizerParameters, load_tokenizer
 from rljax.models.sharding import SAMPLER_RULES, ShardingRules
 

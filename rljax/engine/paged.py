@@ -53,6 +53,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rljax.config import LoRAConfig, ModelConfig, SamplingConfig
+from rljax.engine import decode
+from rljax.engine.decode import Sampler as LogitsSampler
 from rljax.engine.pages import PageAllocator, SlotPages
 from rljax.engine.prefill import (
     PrefillRequest,
@@ -69,9 +71,13 @@ from rljax.engine.state import (
     decode_state_shardings,
     prefix_shardings,
 )
-from rljax.engine.steps import Sampler as LogitsSampler
 from rljax.engine.steps import build_steps
-from rljax.engine.weights import ServingLayout, load_checkpoint, serving_layout
+from rljax.engine.weights import (
+    ServingLayout,
+    check_learner_params,
+    load_checkpoint,
+    serving_layout,
+)
 from rljax.models.sharding import (
     SAMPLER_RULES,
     ShardingRules,
@@ -205,16 +211,7 @@ class PagedEngine:
         Always a copy: the learner donates its buffers to the next step, so the sampler must
         never alias them, even when both roles share devices.
         """
-        if params is None:
-            raise ValueError(
-                "load_params() needs the params to serve: pass a params state, e.g. "
-                "load_params(learner.params)"
-            )
-        if not isinstance(params, nnx.State):
-            raise ValueError(
-                "load_params() takes a params state (the learner's layout), not params this "
-                "engine already serves; pass those to prefill/generate as they are"
-            )
+        check_learner_params(params)
         moved = jax.device_put(params, self.param_shardings(params), may_alias=False)
         return self.serving_params(moved)
 
@@ -462,6 +459,29 @@ class PagedEngine:
             decode_state, data, log_prob, routes = step(params, decode_state)
             self.pages.advance()
         return decode_state, ResultTokens(data, log_prob=log_prob, routes=routes)
+
+    def generate_steps(
+        self,
+        params: Any,
+        decode_state: DecodeState,
+        steps: int,
+        limits: Sequence[int],
+        stop_ids: Sequence[int],
+        sampler: LogitsSampler | None = None,
+    ) -> tuple[DecodeState, list[ResultTokens]]:
+        """Up to ``steps`` tokens for every live slot in one device call (rljax's multi-step
+        decode; :mod:`rljax.engine.decode`): slot b draws at most ``limits[b]`` and stops at
+        any of ``stop_ids``. Every page the call may write is taken first (OutOfPages as
+        :meth:`generate`). Returns one host ResultTokens per step, as ``generate`` would."""
+        ahead, inputs = decode.call_inputs(steps, limits, stop_ids, self.replicated())
+        with self._lock:
+            self._parked |= self.pages.grow(ahead)
+            decode_state = self._park_freed(decode_state)
+            call = self.steps.generate_steps(sampler, steps)
+            decode_state, *out = call(params, decode_state, *inputs)
+            results = decode.split_steps(*out)
+            self.pages.advance(decode.decoded(results))
+        return decode_state, results
 
     def lower_generate(self, params: Any) -> jax.stages.Lowered:
         """The device step of :meth:`generate` lowered for a params state and an empty decode

@@ -179,31 +179,42 @@ class SlotPages:
         self.paused[slot] = False
         return self.table[slot]
 
-    def grow(self) -> bool:
-        """Give every live slot the page its next token is written to.
+    def grow(self, ahead: np.ndarray | None = None) -> bool:
+        """Give every live slot the pages its next tokens are written to.
 
-        Returns whether the table changed. Takes nothing and raises OutOfPages (naming the
-        slots) when a shard cannot serve every slot.
+        ``ahead[b]`` (default 1 for every slot) counts the tokens slot b may write in the next
+        device call, capped at the room it has left; a multi-step decode asks for the whole
+        call's pages at once. Returns whether the table changed. Takes nothing and raises
+        OutOfPages (naming the slots) when a shard cannot serve every slot.
         """
         live = np.flatnonzero(self.live())
-        need = [int(s) for s in live if self.positions[s] // self.page_size >= len(self._held[s])]
-        shard = [self.shard_of(s) for s in need]
+        if ahead is None:
+            ahead = np.ones(self.num_slots, np.int64)
+        last = np.minimum(self.positions + np.maximum(ahead, 1), self.max_seq_len) - 1
+        more = {int(s): int(last[s] // self.page_size + 1 - len(self._held[s])) for s in live}
+        more = {s: n for s, n in more.items() if n > 0}
+        wanted = np.zeros(self.kv_shards, np.int64)
+        for s, n in more.items():
+            wanted[self.shard_of(s)] += n
         short = [
             s
-            for s, d in zip(need, shard, strict=True)
-            if shard.count(d) > self.allocators[d].free_count
+            for s in more
+            if wanted[self.shard_of(s)] > self.allocators[self.shard_of(s)].free_count
         ]
         if short:
             raise OutOfPages(short)
-        for s, d in zip(need, shard, strict=True):
-            (page,) = self.allocators[d].allocate(1)
-            self.table[s, len(self._held[s])] = page
-            self._held[s].append(page)
-        return bool(need)
+        for s, n in more.items():
+            pages = self.allocators[self.shard_of(s)].allocate(n)
+            held = self._held[s]
+            self.table[s, len(held) : len(held) + n] = pages
+            held.extend(pages)
+        return bool(more)
 
-    def advance(self) -> None:
-        """Every live slot cached one more token (after a generate)."""
-        self.positions[self.live()] += 1
+    def advance(self, counts: np.ndarray | None = None) -> None:
+        """Every live slot cached one more token after a generate, or ``counts[b]`` more after
+        a multi-step decode."""
+        live = self.live()
+        self.positions[live] += 1 if counts is None else np.asarray(counts)[live]
 
     def release(self, slot: int) -> None:
         """Return ``slot``'s pages to its shard and park it on the null page."""

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.config import SamplingConfig
+from rljax.engine.decode import Sampler as LogitsSampler
 from rljax.engine.state import DecodeState, Prefix, ResultTokens, SlotSampling
-from rljax.engine.steps import Sampler as LogitsSampler
 from rljax.engine.steps import Steps
 
 

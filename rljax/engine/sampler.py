@@ -10,8 +10,13 @@ soon as a sequence finishes and is freed (``PagedEngine.free_resource``), so a l
 response length distribution does not idle the batch the way static batching does. The Sampler
 drives rljax's native engine (:mod:`rljax.engine.paged`), JetStream's calls and its extensions.
 
+Each :meth:`Sampler.step` runs one decode call of ``decode_steps`` tokens a slot, a loop on
+the device that stops each slot at a stop id or its budget (:mod:`rljax.engine.decode`); a slot
+that stops early idles for the rest of the call (counted as ``decode_steps_idle``). New samples
+take freed slots at the next call.
+
 Every sampled token is tagged with the params version that produced it. Params can be swapped
-between ``generate`` calls (:meth:`Sampler.set_params`):
+between decode calls (:meth:`Sampler.set_params`):
 - ``inflight``: keep the KV cache and continue (PipelineRL-style in-flight update);
 - ``recompute``: re-prefill every running sequence under the new params, and every sample
   still waiting for a slot (its first token, drawn by the old params, is kept);
@@ -45,11 +50,12 @@ from typing import Any
 import numpy as np
 
 from rljax.engine.backlog import Backlog, prefill_request
+from rljax.engine.decode import steps_per_call
 from rljax.engine.homes import SlotHomes
 from rljax.engine.paged import PagedEngine
 from rljax.engine.pages import OutOfPages
 from rljax.engine.samples import FINISH_LENGTH, FINISH_STOP, Recorder, Request, Sample, Trajectory
-from rljax.engine.state import DecodeState, Prefix
+from rljax.engine.state import DecodeState, Prefix, ResultTokens
 from rljax.engine.turns import TurnAnswer, TurnTracker
 
 # Request, Trajectory and the finish reasons are the Sampler's interface; they live in
@@ -63,6 +69,8 @@ class Sampler:
 
     ``keep_kv=False`` gives up a conversation's slot and pages at each turn end and prefills
     its whole prefix again for the next turn (the baseline keeping the KV is measured against).
+    ``decode_steps`` (default: the engine's ``sampling.decode_steps``) is the tokens a slot may
+    draw in one :meth:`step`'s decode call; swaps, new samples and turns wait for the call's end.
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class Sampler:
         swap_mode: str | None = None,
         slot_homes: Sequence[int] | None = None,
         keep_kv: bool = True,
+        decode_steps: int | None = None,
     ):
         self.stats: collections.Counter[str] = collections.Counter()
         self._recorder = Recorder(stop_ids, stop_strings, detokenize, self.stats)
@@ -96,6 +105,10 @@ class Sampler:
         self._next_id = itertools.count()
         self._order = itertools.count()
         self._staged: tuple[Any, int] | None = None
+        # Tokens per decode call (rljax.engine.decode). Stop strings are read from the text on
+        # the host, which the device cannot check: with any, one token a call.
+        setting = engine.sampling_cfg.decode_steps if decode_steps is None else decode_steps
+        self.decode_steps = 1 if stop_strings else steps_per_call(setting, engine.mesh)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -354,31 +367,25 @@ class Sampler:
         self._fill_slots(finished)
         if not self._decoding():
             return finished
-        while True:
-            try:
-                self.state, result = self.engine.generate(self.params, self.state)
-                break
-            except OutOfPages:
-                if len(self._decoding()) == 1 and not self.waiting_conversations:
-                    raise RuntimeError(
-                        "the KV page pool cannot hold even one sequence; raise sampling.num_pages"
-                    ) from None
-                self._preempt_youngest()
-        self.stats["generate_steps"] += 1
-        result = result.convert_to_numpy()
+        results = self._decode()
         busy = self._decoding()
         done: list[Trajectory] = []
-        running, turn_ended = self._recorder.record(
-            [s for _, s in busy],
-            result,
-            [slot for slot, _ in busy],
-            self.version,
-            done,
-            fed_routes=None if result.routes is None else np.asarray(result.routes),
-        )
-        for s in turn_ended:
-            self._turns.end_turn(s)
-        still = {busy[i][0] for i in running}
+        active = busy
+        for result in results:  # one per decode step of the call
+            running, turn_ended = self._recorder.record(
+                [s for _, s in active],
+                result,
+                [slot for slot, _ in active],
+                self.version,
+                done,
+                fed_routes=None if result.routes is None else np.asarray(result.routes),
+            )
+            for s in turn_ended:
+                self._turns.end_turn(s)
+            active = [active[i] for i in running]
+        # Slot-steps a call ran for slots that had stopped (at most the call's steps after).
+        self.stats["decode_steps_idle"] += len(busy) * len(results) - self._drawn(results, busy)
+        still = {slot for slot, _ in active}
         for slot, s in busy:
             if slot not in still:  # finished, or waiting for its env
                 self._slots[slot] = None
@@ -388,6 +395,41 @@ class Sampler:
                     self._turns.park(slot, s)
         self.stats["conversations_waiting"] = self._turns.waiting
         return finished + done
+
+    def _decode(self) -> list[ResultTokens]:
+        """One decode call: ``decode_steps`` tokens a slot (host results, one per step),
+        preempting the youngest sample while the pool cannot hold even one token a slot."""
+        steps = self.decode_steps
+        while True:
+            try:
+                if steps == 1:
+                    self.state, result = self.engine.generate(self.params, self.state)
+                    results = [result.convert_to_numpy()]
+                else:
+                    limits = np.zeros(self.num_slots, np.int32)
+                    for slot, s in self._decoding():
+                        limits[slot] = max(1, s.budget - len(s.tokens))
+                    self.state, results = self.engine.generate_steps(
+                        self.params, self.state, steps, limits, self.stop_ids
+                    )
+                break
+            except OutOfPages:
+                if steps > 1:  # the pages for a whole call are short: one token this call
+                    steps = 1
+                    self.stats["decode_calls_shortened"] += 1
+                    continue
+                if len(self._decoding()) == 1 and not self.waiting_conversations:
+                    raise RuntimeError(
+                        "the KV page pool cannot hold even one sequence; raise sampling.num_pages"
+                    ) from None
+                self._preempt_youngest()
+        self.stats["generate_steps"] += len(results)
+        self.stats["decode_calls"] += 1
+        return results
+
+    @staticmethod
+    def _drawn(results: list[ResultTokens], busy: list[tuple[int, Sample]]) -> int:
+        return int(sum(r.valid[[slot for slot, _ in busy]].sum() for r in results))
 
     def run(self, requests: Sequence[Request] = ()) -> list[Trajectory]:
         """Submit ``requests`` and step until everything queued has finished."""

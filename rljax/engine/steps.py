@@ -20,90 +20,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.typing import ArrayLike
 
-from rljax.config import ModelConfig, SamplingConfig
-from rljax.engine import sampling
+from rljax.engine.decode import (
+    Sampler,
+    StepsHost,
+    decode_routes,
+    decode_token,
+    draw,
+    generate_steps_step,
+)
 from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
-from rljax.engine.weights import ServingLayout
-from rljax.models.sharding import ShardingRules
-
-Sampler = Callable[[jax.Array], jax.Array]  # logits [rows, V] -> tokens [rows]
-
-
-class StepsHost(Protocol):
-    """What the steps read of the engine they are built for: its layout and shardings.
-
-    :class:`~rljax.engine.paged.PagedEngine` is the one implementation; it imports this
-    module, so naming it here would close an import circle.
-    """
-
-    model_cfg: ModelConfig
-    sampling_cfg: SamplingConfig
-    layout: ServingLayout
-    rules: ShardingRules
-    impl: str
-    record_routes: bool
-    max_seq_len: int
-    page_size: int
-    pages_per_slot: int
-    kv_shards: int
-    slots_per_shard: int
-    pages_per_shard: int
-    num_pages: int
-
-    @property
-    def mesh(self) -> Mesh: ...
-
-    @property
-    def max_concurrent_decodes(self) -> int: ...
-
-    def replicated(self) -> NamedSharding: ...
-
-    def decode_state_shardings(self) -> DecodeState: ...
-
-    def get_prefix_destination_sharding(self) -> Prefix: ...
-
-
-def draw(
-    logits_sv: jax.Array,
-    keys_s: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    min_p: jax.Array,
-    steps_s: jax.Array,
-    live_s: jax.Array,
-    sampler: Sampler | None,
-) -> tuple[jax.Array, jax.Array]:
-    """Tokens and log-probs for rows of logits, each with its own key, step and settings.
-
-    ``sampler`` (a callable or None) replaces rljax's sampling; ``live_s`` marks the rows whose
-    settings count when deciding whether the filters' sort runs at all.
-    """
-    if sampler is not None:
-        tokens = jnp.asarray(sampler(logits_sv)).astype(jnp.int32).reshape(-1)
-        logp = jax.nn.log_softmax(logits_sv.astype(jnp.float32), axis=-1)
-        return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    keys = jax.vmap(lambda kd, s: jax.random.fold_in(jax.random.wrap_key_data(kd), s))(
-        keys_s, steps_s
-    )
-    # The filters' sort runs only when some sampled (not greedy) row asks for one.
-    asks = (top_k > 0) | (top_p < 1.0) | (min_p > 0.0)
-    return sampling.sample(
-        logits_sv,
-        keys,
-        temperature,
-        top_k,
-        top_p,
-        min_p,
-        use_filters=jnp.any(asks & live_s & (temperature > 0.0)),
-    )
 
 
 def forward_kv(
@@ -122,17 +54,6 @@ def forward_kv(
     return hidden, kv, stats.routes.reshape(n, t, -1)
 
 
-def decode_routes(
-    engine: StepsHost, model: Any, *args: Any, **kw: Any
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
-    """``model.decode``: hidden [B, D], the pages, and (recording) the routes of each row's
-    fed token [B, Lm*k]."""
-    if not engine.record_routes:
-        return (*model.decode(*args, **kw), None)
-    hidden, kp, vp, routes = model.decode(*args, record_routes=True, **kw)
-    return hidden, kp, vp, routes.reshape(routes.shape[0], -1)
-
-
 @dataclasses.dataclass
 class Steps:
     """The compiled pieces of one engine."""
@@ -145,6 +66,8 @@ class Steps:
     generate: Callable[[Sampler | None], jax.stages.Wrapped]
     # extend(sampler) -> jitted step continuing one slot (_extend_step)
     extend: Callable[[Sampler | None], jax.stages.Wrapped]
+    # generate_steps(sampler, steps) -> jitted multi-step decode (decode.generate_steps_step)
+    generate_steps: Callable[[Sampler | None, int], jax.stages.Wrapped]
 
     def lower_generate(self, params: Any, state: DecodeState) -> jax.stages.Lowered:
         """The generate step (rljax's own sampling) lowered for ``params`` and ``state``."""
@@ -159,6 +82,7 @@ def build_steps(engine: StepsHost) -> Steps:
 
     generates: dict[Sampler | None, jax.stages.Wrapped] = {}
     extends: dict[Sampler | None, jax.stages.Wrapped] = {}
+    multis: dict[tuple[Sampler | None, int], jax.stages.Wrapped] = {}
 
     def generate(sampler: Sampler | None) -> jax.stages.Wrapped:
         if sampler not in generates:
@@ -170,6 +94,13 @@ def build_steps(engine: StepsHost) -> Steps:
             extends[sampler] = _extend_step(engine, state_sh, rep, sampler)
         return extends[sampler]
 
+    def generate_steps(sampler: Sampler | None, steps: int) -> jax.stages.Wrapped:
+        if (sampler, steps) not in multis:
+            multis[sampler, steps] = generate_steps_step(
+                engine, state_sh, rep, max_seq_len, sampler, steps
+            )
+        return multis[sampler, steps]
+
     def empty_state() -> DecodeState:
         return _empty_state(engine)
 
@@ -177,7 +108,7 @@ def build_steps(engine: StepsHost) -> Steps:
     make_state = jax.jit(empty_state, out_shardings=state_sh)
     prefill, prefill_many = _prefill_step(engine), _prefill_many_step(engine)
     insert = _insert_step(engine, state_sh)
-    return Steps(make_state, prefill, prefill_many, insert, generate, extend)
+    return Steps(make_state, prefill, prefill_many, insert, generate, extend, generate_steps)
 
 
 def _prefill_step(engine: StepsHost) -> jax.stages.Wrapped:
@@ -358,40 +289,8 @@ def _generate_step(
     def generate(params: Any, state: DecodeState) -> tuple[DecodeState, jax.Array, jax.Array, Any]:
         model = engine.layout.model(params)
         live = state.active & (state.positions < max_seq_len)
-        # A full slot decodes onto its shard's null page, so it never writes past its pages.
-        hidden, kp, vp, routes = decode_routes(
-            engine,
-            model,
-            state.tokens,
-            jnp.where(live, state.positions, 0),
-            state.k_pages,
-            state.v_pages,
-            jnp.where(live[:, None], state.page_table, 0),
-            impl=engine.impl,
-            sharding=(engine.mesh, engine.rules),
-            kv_shards=engine.kv_shards,
-        )
-        tokens, logprobs = draw(
-            model.logits(hidden),
-            state.keys,
-            state.temperature,
-            state.top_k,
-            state.top_p,
-            state.min_p,
-            state.steps,
-            live,
-            sampler,
-        )
-        tokens = jnp.where(live, tokens, state.tokens)
-        new = dataclasses.replace(
-            state,
-            k_pages=kp,
-            v_pages=vp,
-            tokens=tokens,
-            positions=state.positions + live,
-            steps=state.steps + live,
-        )
-        data, log_prob = pack_result(tokens, live, new.steps, jnp.where(live, logprobs, 0.0))
+        new, tokens, logprobs, routes = decode_token(engine, model, state, live, sampler)
+        data, log_prob = pack_result(tokens, live, new.steps, logprobs)
         return new, data, log_prob, routes
 
     return generate

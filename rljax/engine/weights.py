@@ -205,6 +205,21 @@ def serving_layout(
     )
 
 
+def check_learner_params(params: Any) -> None:
+    """Raises unless ``params`` is what ``PagedEngine.load_params`` copies: a params state in
+    the learner's layout (not None, not weights an engine already serves)."""
+    if params is None:
+        raise ValueError(
+            "load_params() needs the params to serve: pass a params state, e.g. "
+            "load_params(learner.params)"
+        )
+    if not isinstance(params, nnx.State):
+        raise ValueError(
+            "load_params() takes a params state (the learner's layout), not params this "
+            "engine already serves; pass those to prefill/generate as they are"
+        )
+
+
 def load_checkpoint(
     path: str, model_cfg: ModelConfig, mesh: Mesh, rules: ShardingRules
 ) -> nnx.State:

@@ -176,7 +176,10 @@ def test_interrupt_and_resume_of_a_conversation_draw_what_uninterrupted_draws(se
     and resumed, re-prefilled from its whole prefix, gives the uninterrupted tokens."""
     stop = STOP
     (reference, *_), _, _ = _run(seeded, stop, samples=1, seed=3)
-    sampler, conv, made = _conversation(seeded, stop, samples=1, seed=3, manual=True)
+    # Two tokens a call: the interrupt lands inside the second model turn.
+    sampler, conv, made = _conversation(
+        seeded, stop, samples=1, seed=3, manual=True, decode_steps=2
+    )
     sampler.submit([conv])
     turn_started = False
     while True:

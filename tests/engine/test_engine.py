@@ -79,7 +79,7 @@ def test_engine_properties(tiny):
 def test_swapping_in_identical_params_changes_no_token_and_tags_versions(tiny):
     reqs = lambda: _requests(np.random.default_rng(1), 4)  # noqa: E731
     plain = Sampler(tiny.engine, tiny.params).run(reqs())
-    sampler = Sampler(tiny.engine, tiny.params, swap_mode="inflight")
+    sampler = Sampler(tiny.engine, tiny.params, swap_mode="inflight", decode_steps=1)
     sampler.submit(reqs())
     swapped, steps = [], 0
     while sampler.has_work():
@@ -114,7 +114,7 @@ def test_other_swap_modes_keep_greedy_output(tiny, mode):
 
 
 def test_interrupt_and_resume_continue_from_the_prefix(tiny):
-    sampler = Sampler(tiny.engine, tiny.params)
+    sampler = Sampler(tiny.engine, tiny.params, decode_steps=2)  # 9 of 10 tokens in 4 steps
     (rid,) = sampler.submit([Request([3, 4, 5], max_new_tokens=10)])
     for _ in range(4):
         sampler.step()

@@ -97,7 +97,7 @@ def test_a_swap_keeps_each_token_s_first_routes(moe):
     """A swap in mode 'recompute' re-prefills the running sample under new params: the tokens
     fed before it keep their routes (old params), the ones fed after carry the new params'."""
     engine, graphdef, (state_a, state_b) = moe
-    sampler = Sampler(engine, engine.load_params(state_a), swap_mode="recompute")
+    sampler = Sampler(engine, engine.load_params(state_a), swap_mode="recompute", decode_steps=1)
     sampler.submit([Request(PROMPT, num_samples=1, seed=2)])
     for _ in range(5):
         assert not sampler.step()
@@ -109,7 +109,7 @@ def test_a_swap_keeps_each_token_s_first_routes(moe):
 
 def test_a_resumed_sample_records_what_its_prefill_feeds(moe):
     engine, graphdef, (state_a, _) = moe
-    sampler = Sampler(engine, engine.load_params(state_a))
+    sampler = Sampler(engine, engine.load_params(state_a), decode_steps=2)  # 9 of 14 tokens
     (rid,) = sampler.submit([Request(PROMPT, num_samples=1, seed=9)])
     for _ in range(4):
         sampler.step()

@@ -23,7 +23,7 @@ def test_swap_re_prefills_prefixes_waiting_for_a_slot(old_new, mode):
     new version must continue the sequence exactly as the new params would from a fresh
     prefill."""
     old, new = old_new
-    sampler = Sampler(old.engine, old.params, swap_mode=mode)
+    sampler = Sampler(old.engine, old.params, swap_mode=mode, decode_steps=1)
     sampler.submit([Request(PROMPT, num_samples=6, max_new_tokens=6)])
     sampler.step()
     assert sampler.busy_slots == 4  # the other 2 wait in the pending queue
@@ -72,7 +72,7 @@ def test_samples_take_only_their_home_s_slots(two_homes):
     """Two groups of home 0 and one of home 1: the second home-0 group waits for home 0's slots
     without holding up home 1's, and every sample decodes what it would anywhere."""
     tiny, homes = two_homes
-    sampler = Sampler(tiny.engine, tiny.params, slot_homes=homes)
+    sampler = Sampler(tiny.engine, tiny.params, slot_homes=homes, decode_steps=1)
     prompts = [PROMPT, PROMPT[::-1], PROMPT[2:]]
     requests = [
         Request(p, num_samples=2, max_new_tokens=5, home=h)
@@ -91,7 +91,7 @@ def test_samples_take_only_their_home_s_slots(two_homes):
 
 def test_a_request_without_a_home_takes_any_slot_and_a_bad_home_is_refused(two_homes):
     tiny, homes = two_homes
-    sampler = Sampler(tiny.engine, tiny.params, slot_homes=homes)
+    sampler = Sampler(tiny.engine, tiny.params, slot_homes=homes, decode_steps=1)
     sampler.submit([Request(PROMPT, num_samples=4, max_new_tokens=3)])
     sampler.step()
     assert sampler.busy_slots == 4
