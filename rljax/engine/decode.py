@@ -188,7 +188,7 @@ def generate_steps_step(
     ) -> tuple[DecodeState, jax.Array, jax.Array, Any]:
         model = engine.layout.model(params)
 
-        def one(carry, _):
+        def one(carry: Any, _: Any) -> Any:
             state, drawn, stopped = carry
             live = state.active & (state.positions < max_seq_len) & ~stopped & (drawn < limits)
             new, tokens, logprobs, routes = decode_token(engine, model, state, live, sampler)
@@ -220,11 +220,11 @@ def call_inputs(
 
 def split_steps(data: jax.Array, log_prob: jax.Array, routes: Any) -> list[ResultTokens]:
     """A multi-step call's stacked rows as one host ResultTokens per step."""
-    data, log_prob = np.asarray(data), np.asarray(log_prob)
-    routes = None if routes is None else np.asarray(routes)
+    rows, logps = np.asarray(data), np.asarray(log_prob)
+    fed = None if routes is None else np.asarray(routes)
     return [
-        ResultTokens(data[j], log_prob=log_prob[j], routes=None if routes is None else routes[j])
-        for j in range(data.shape[0])
+        ResultTokens(rows[j], log_prob=logps[j], routes=None if fed is None else fed[j])
+        for j in range(rows.shape[0])
     ]
 
 

@@ -43,7 +43,7 @@ import dataclasses
 import itertools
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
@@ -211,7 +211,7 @@ class PagedEngine:
         Always a copy: the learner donates its buffers to the next step, so the sampler must
         never alias them, even when both roles share devices.
         """
-        check_learner_params(params)
+        params = check_learner_params(params)
         moved = jax.device_put(params, self.param_shardings(params), may_alias=False)
         return self.serving_params(moved)
 
@@ -465,8 +465,8 @@ class PagedEngine:
         params: Any,
         decode_state: DecodeState,
         steps: int,
-        limits: Sequence[int],
-        stop_ids: Sequence[int],
+        limits: Sequence[int] | np.ndarray,
+        stop_ids: Collection[int],
         sampler: LogitsSampler | None = None,
     ) -> tuple[DecodeState, list[ResultTokens]]:
         """Up to ``steps`` tokens for every live slot in one device call (rljax's multi-step

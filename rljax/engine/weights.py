@@ -205,9 +205,9 @@ def serving_layout(
     )
 
 
-def check_learner_params(params: Any) -> None:
-    """Raises unless ``params`` is what ``PagedEngine.load_params`` copies: a params state in
-    the learner's layout (not None, not weights an engine already serves)."""
+def check_learner_params(params: Any) -> nnx.State:
+    """``params`` if it is what ``PagedEngine.load_params`` copies, a params state in the
+    learner's layout; raises for None or weights an engine already serves."""
     if params is None:
         raise ValueError(
             "load_params() needs the params to serve: pass a params state, e.g. "
@@ -218,6 +218,7 @@ def check_learner_params(params: Any) -> None:
             "load_params() takes a params state (the learner's layout), not params this "
             "engine already serves; pass those to prefill/generate as they are"
         )
+    return params
 
 
 def load_checkpoint(
