@@ -19,6 +19,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from rljax.configs import arith_tiny
 
 from rljax.config import ConfigError, MeshConfig, replace
+from rljax.engine.decode import steps_per_call
 from rljax.mesh.resize import MeshCache, Reallocation, plan_resize
 from rljax.policy.meter import Generate, Learn, LearnerWait, SamplerIdle, StepEnd
 from rljax.policy.reallocation import PhaseStats, Split
@@ -154,7 +155,8 @@ def test_resize_62_44_62_matches_a_run_without_resizing(tmp_path, shared_compile
     assert run.engines.builds == run.learners.builds == 1
     assert len(run.engines) == len(run.learners) == 2
     # Compiled once each, by the first 6/2 engine and learner, though used again after 4/4.
-    assert run.parts.engine.steps.generate(None)._cache_size() == 1
+    per_call = steps_per_call(cfg.sampling.decode_steps, run.parts.engine.mesh)
+    assert run.parts.engine.steps.generate_steps(None, per_call)._cache_size() == 1
     assert run.learner._step_fn._cache_size() == 1
     resizes = _records(tmp_path / "resized", "resize")
     assert [(r["from"], r["to"], r["step"]) for r in resizes] == [
@@ -197,6 +199,8 @@ def test_reallocation_resizes_with_requests_in_flight(tmp_path, shared_compiles)
             "mesh.reallocate": True,
             "mesh.reallocate_every": 1,
             "num_steps": 6,
+            # One token a sampler step, so a batch takes several steps (see slow_step).
+            "sampling.decode_steps": 1,
         }
     )
     run = Run(cfg, str(tmp_path))

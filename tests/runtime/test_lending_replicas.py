@@ -13,8 +13,9 @@ G = 4  # samples per group; each replica has 4 slots: one group
 
 
 def _replicas():
-    main = tiny_engine(max_concurrent_decodes=G, devices=jax.devices()[:1])
-    lent = tiny_engine(max_concurrent_decodes=G, devices=jax.devices()[6:7])
+    # One token a serve, so the counts below follow the calls.
+    main = tiny_engine(max_concurrent_decodes=G, devices=jax.devices()[:1], decode_steps=1)
+    lent = tiny_engine(max_concurrent_decodes=G, devices=jax.devices()[6:7], decode_steps=1)
     replicas = ReplicaSet(Sampler(main.engine, main.params, version=3))
     return replicas, Sampler(lent.engine, lent.params, version=4)
 
