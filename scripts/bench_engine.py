@@ -530,10 +530,12 @@ def bench_per_call(args, figures, model) -> None:
     for n in args.per_call:
         row = figures["per_call"][str(n)]
         row["tokens_per_s_over_first"] = round(row["tokens_per_s"]["median"] / base, 4)
+        t, f, h = row["tokens_per_s"], row["fraction_of_bound"], row["host_share"]
         log(
-            f"(e) {n} tokens a call: {fmt(row['tokens_per_s'])} tok/s "
+            f"(e) {n} tokens a call: {t['median']:.1f} [{t['min']:.1f}, {t['max']:.1f}] tok/s "
             f"({row['tokens_per_s_over_first']:.2f}x {args.per_call[0]}), copy bound "
-            f"{fmt(row['fraction_of_bound'])}, host share {fmt(row['host_share'])}"
+            f"{f['median']:.3f} [{f['min']:.3f}, {f['max']:.3f}], host share "
+            f"{h['median']:.3f} [{h['min']:.3f}, {h['max']:.3f}]"
         )
 
 

@@ -166,7 +166,8 @@ def check_decode(args, out: dict) -> None:
             engine = PagedEngine(cfg, sampling, mesh, graphdef)
             params = engine.load_params(state)
             rows = {}
-            for per_call in sorted({1, default}):
+            # --tiny (a test on a CPU, whose default is 1) times 4 a call as well.
+            for per_call in sorted({1, default} | ({4} if args.tiny else set())):
                 rows[str(per_call)] = decode_calls_vs_bound(
                     key, engine, params, bandwidth, per_call, args.decode_tokens
                 )

@@ -30,8 +30,13 @@ from rljax.models.sharding import ShardingRules
 
 Sampler = Callable[[jax.Array], jax.Array]  # logits [rows, V] -> tokens [rows]
 
-# sampling.decode_steps = 0: tokens per decode call for the sampler's device kind.
-DEFAULT_DECODE_STEPS = {"cpu": 8, "gpu": 8, "tpu": 8}
+# sampling.decode_steps = 0: tokens per decode call for the sampler's device kind. The CPU's is
+# measured (docs/benchmarks.md, "Multi-step decode"): 4, 8 and 16 tokens a call decode no faster
+# than 1 there, whose host share is already near 0, and a slot that stops early idles for the
+# rest of a call, so 1. Accelerators' 8 is not measured by rljax yet (scripts/device_check.py
+# times 1 against it): it is where returning to the host after every token costs most
+# (tpu-inference measured a 40% cut in decode time from several steps a call).
+DEFAULT_DECODE_STEPS = {"cpu": 1, "gpu": 8, "tpu": 8}
 
 
 def steps_per_call(setting: int, mesh: Mesh) -> int:

@@ -1,7 +1,8 @@
 """Agents on a pod: 3 processes x 2 CPU devices on localhost (the sampler on hosts 0-1, the
 learner on host 2) run configs/arith_tools.py:small. Each conversation's env steps on the
 sampler host that read its prompt, the leader posts each step's env answers with the step, and
-the pod trains exactly what one process does with the same config and split, bit for bit."""
+the pod trains exactly what one process does with the same config and split, bit for bit,
+decoding four tokens a device call."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ ARGV = [
     "--config.mesh.sampler_devices=4",
     "--config.mesh.learner_devices=2",
     "--config.num_steps=2",
+    # Four tokens a decode call: the followers replay multi-step calls, turns ending inside one.
+    "--config.sampling.decode_steps=4",
     "--config.eval_examples=4",
     "--config.metrics.progress_bar=False",
 ]
