@@ -261,9 +261,11 @@ def test_colocated_misfit_names_both_roles(planner, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v5p16", "v6e8_lora"])
+@pytest.mark.parametrize("variant", ["v5p16"])
 def test_qwen3_30b_a3b_recipes_fit(planner, variant):
-    """configs/qwen3_30b_a3b_gsm8k.py's variants fit their chips (about a minute each)."""
+    """configs/qwen3_30b_a3b_gsm8k.py's full fine-tune fits its chips (about a minute). The
+    LoRA variant (v6e8_lora) is planned by the same code; its figures are in docs/benchmarks.md
+    with the command, and it left CI for time (the tiny LoRA plans above check LoRA's terms)."""
     config = REPO / "configs" / "qwen3_30b_a3b_gsm8k.py"
     argv = [f"--config={config}:{variant}", "--kernel_impl=pallas", "--no_sampler_hoist"]
     code, lines, err = _run(planner, argv)
