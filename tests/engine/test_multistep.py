@@ -7,13 +7,14 @@ import jax
 import numpy as np
 import pytest
 
-from rljax.config import ModelConfig, SamplingConfig
+from rljax.config import SamplingConfig
 from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
 from rljax.testing.engines import tiny_engine
 from rljax.testing.turns import scripted
+from tests.engine.test_routes import MOE  # the tiny MoE whose routes that file checks
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7], [2, 7, 1, 8]]
 BUDGETS = [12, 5, 9, 7]  # slots end at different steps, most inside a call of 3 or 4
@@ -139,22 +140,6 @@ def test_conversation_turns_end_inside_a_call(greedy):
     for a, b in zip(*runs, strict=True):
         assert a.loss_mask == b.loss_mask
     assert any(0 in t.loss_mask for t in runs[0]), "an env turn must be in the conversation"
-
-
-MOE = ModelConfig(
-    family="qwen3_moe",
-    vocab_size=32,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=3,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=16,
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=16,
-    mlp_only_layers=(0,),
-)
 
 
 def test_routes_of_every_step_come_back():
