@@ -117,12 +117,7 @@ def time_busy_steps(
     two untimed steps compile generate.
     """
     b = engine.max_concurrent_decodes
-    prompt = np.arange(1, engine.max_prefill_length + 1, dtype=np.int32)
-    prompt %= engine.model_cfg.vocab_size
-    prefix, _ = engine.prefill_multisampling(
-        params=params, padded_tokens=prompt, true_length=len(prompt), num_samples=b
-    )
-    state = engine.bulk_insert(prefix, engine.init_decode_state(), list(range(b)))
+    state = _fill_every_slot(engine, params)
     # The prompt fills max_prefill_length; the cache holds max_new_tokens more: stay inside.
     steps = min(steps, engine.sampling_cfg.max_new_tokens - 2)
     if steps < 1:
