@@ -21,7 +21,11 @@ from rljax.needs import Needs
 
 DTYPES = ("float32", "bfloat16")
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
-FAMILIES = ("llama", "qwen2", "qwen3", *MOE_FAMILIES)
+GEMMA_FAMILIES = ("gemma2", "gemma3")
+FAMILIES = ("llama", "qwen2", "qwen3", *MOE_FAMILIES, *GEMMA_FAMILIES)
+# model.layer_types entries (Hugging Face's names): a local (sliding-window) or a global layer.
+LAYER_TYPES = ("sliding_attention", "full_attention")
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 ROUTER_REPLAY = ("off", "rollout")
 LOSSES = tuple(LOSS_NEEDS)  # the built-in ones; rljax.LOSSES takes more at run time
 SWAP_MODES = ("inflight", "recompute", "drain")

@@ -14,6 +14,8 @@ from typing import Any
 from rljax.config.checks import (
     DTYPES,
     FAMILIES,
+    HIDDEN_ACTS,
+    LAYER_TYPES,
     MOE_FAMILIES,
     ROUTER_REPLAY,
     _fail,
@@ -26,13 +28,13 @@ from rljax.models.lora_targets import ATTENTION_TARGETS, target_weights
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2, and the Qwen3-MoE / Qwen2-MoE
-    mixtures of experts), read by rljax.models.
+    """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2, the Qwen3-MoE / Qwen2-MoE
+    mixtures of experts, and Gemma 2 / Gemma 3 text), read by rljax.models.
 
     Field names follow Hugging Face ``config.json`` where one exists.
 
     Attributes:
-      family: the architecture, one of llama, qwen2, qwen3, qwen3_moe, qwen2_moe.
+      family: the architecture, one of llama, qwen2, qwen3, qwen3_moe, qwen2_moe, gemma2, gemma3.
       vocab_size: rows of the token embedding (and of the output projection).
       hidden_size: D, the width of the residual stream.
       intermediate_size: the hidden width of the SwiGLU MLP.
@@ -42,7 +44,8 @@ class ModelConfig:
       head_dim: H, the width of one head (even: RoPE rotates pairs).
       rope_theta: the RoPE base frequency.
       rope_scaling: None, or a mapping with rope_type='llama3', factor, low_freq_factor,
-        high_freq_factor, original_max_position_embeddings (Llama 3.1+ long-context scaling).
+        high_freq_factor, original_max_position_embeddings (Llama 3.1+ long-context scaling),
+        or rope_type='linear' and factor (positions divided by it; Gemma 3's global layers).
       norm_eps: the RMSNorms' epsilon.
       tie_embeddings: the output projection reuses the token embedding.
       qk_norm: RMSNorm on each head's q and k before RoPE (Qwen3).
@@ -63,6 +66,21 @@ class ModelConfig:
       router_aux_loss_coef: the weight of the router's load-balancing loss in the learner's loss.
       router_z_loss_coef: the weight of the router z-loss (mean squared logsumexp of the router
         logits); 0: off.
+      layer_types: each layer's attention, 'sliding_attention' (local: the last sliding_window
+        keys) or 'full_attention' (global); empty: every layer global.
+      sliding_window: the keys a local layer's query sees, itself included; None without local
+        layers.
+      rope_local_base_freq: the RoPE base of the local layers (Gemma 3); None: rope_theta.
+      attn_logit_softcapping: c, attention scores become c * tanh(score / c) (Gemma 2); None.
+      final_logit_softcapping: the same on the output logits (Gemma 2); None.
+      query_pre_attn_scalar: the attention scale is this ** -0.5 (Gemma); None: head_dim.
+      hidden_act: the MLP's gate activation: 'silu' (SwiGLU) or 'gelu_pytorch_tanh' (GeGLU
+        with tanh-GELU, Gemma).
+      post_norms: RMSNorm also after attention and after the MLP, before each residual add
+        (Gemma's sandwich norms).
+      norm_unit_offset: RMSNorms scale by (1 + w), their weights starting at 0 (Gemma).
+      scale_embeddings: the token embedding is multiplied by sqrt(hidden_size), rounded to the
+        compute dtype (Gemma).
     """
 
     family: str = "llama"
@@ -91,6 +109,16 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    rope_local_base_freq: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
+    hidden_act: str = "silu"
+    post_norms: bool = False
+    norm_unit_offset: bool = False
+    scale_embeddings: bool = False
 
     def __post_init__(self):
         _one_of("model.family", self.family, FAMILIES)
@@ -119,15 +147,54 @@ class ModelConfig:
         _one_of("model.param_dtype", self.param_dtype, DTYPES)
         if self.rope_scaling is not None:
             scaling = dict(self.rope_scaling)
-            if scaling.get("rope_type") != "llama3":
-                _fail("model.rope_scaling.rope_type", scaling.get("rope_type"), "'llama3' or None")
-            for k in ("factor", "low_freq_factor", "high_freq_factor"):
+            rope_type = scaling.get("rope_type")
+            if rope_type not in ("llama3", "linear"):
+                _fail("model.rope_scaling.rope_type", rope_type, "'llama3', 'linear' or None")
+            _positive_float("model.rope_scaling.factor", scaling.get("factor"))
+        if self.rope_scaling is not None and dict(self.rope_scaling)["rope_type"] == "llama3":
+            scaling = dict(self.rope_scaling)
+            for k in ("low_freq_factor", "high_freq_factor"):
                 _positive_float(f"model.rope_scaling.{k}", scaling.get(k))
             _positive(
                 "model.rope_scaling.original_max_position_embeddings",
                 scaling.get("original_max_position_embeddings"),
             )
         _check_experts(self)
+        _check_attention(self)
+
+
+def _check_attention(cfg: ModelConfig) -> None:
+    """Local/global layers, soft-caps and Gemma's other fields: one line per bad value."""
+    _one_of("model.hidden_act", cfg.hidden_act, HIDDEN_ACTS)
+    optional = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
+    for name in (*optional, "rope_local_base_freq"):
+        if getattr(cfg, name) is not None:
+            _positive_float(f"model.{name}", getattr(cfg, name))
+    if cfg.layer_types and len(cfg.layer_types) != cfg.num_layers:
+        _fail(
+            "model.layer_types",
+            tuple(cfg.layer_types),
+            f"one entry per layer (model.num_layers={cfg.num_layers}), or () for all global",
+        )
+    bad = [t for t in cfg.layer_types if t not in LAYER_TYPES]
+    if bad:
+        _fail("model.layer_types", bad[0], f"one of {LAYER_TYPES} for every layer")
+    local = "sliding_attention" in cfg.layer_types
+    if local and cfg.sliding_window is None:
+        _fail("model.sliding_window", None, "an integer >= 1 for the 'sliding_attention' layers")
+    if cfg.sliding_window is not None:
+        window = cfg.sliding_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            _fail("model.sliding_window", window, "an integer >= 1 (keys a local query sees)")
+        if window > cfg.max_position_embeddings:
+            _fail(
+                "model.sliding_window",
+                window,
+                f"at most model.max_position_embeddings={cfg.max_position_embeddings} (a "
+                "larger window is global attention: set the layers to 'full_attention')",
+            )
+    if cfg.num_experts and local:
+        _fail("model.layer_types", "sliding_attention", "global layers only in an MoE model")
 
 
 def _check_experts(cfg: ModelConfig) -> None:

@@ -33,9 +33,10 @@ from jax.sharding import Mesh
 
 from rljax.config import LoRAConfig, ModelConfig
 from rljax.models import lora
+from rljax.models.call_paths import CallPaths
 from rljax.models.serving import ServingDecoder, serving_converter
 from rljax.models.sharding import ShardingRules, state_shardings, with_shardings
-from rljax.models.transformer import CallPaths, abstract_decoder
+from rljax.models.transformer import abstract_decoder
 
 
 class ServingLayout(Protocol):

@@ -27,9 +27,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax import io
 from rljax.config import ModelConfig
 from rljax.models import hf
+from rljax.models.call_paths import Sharding
 from rljax.models.families import ARCHITECTURES, config_from_hf, config_to_hf
 from rljax.models.sharding import ShardingRules
-from rljax.models.transformer import Decoder, Sharding
+from rljax.models.transformer import Decoder
 
 SCORE = "score.weight"
 _SUFFIX = "ForSequenceClassification"

@@ -8,7 +8,13 @@ Five architectures map onto :class:`rljax.config.ModelConfig`:
 * ``Qwen3ForCausalLM`` (family ``qwen3``: per-head q/k RMSNorm, ``head_dim`` set explicitly);
 * ``Qwen3MoeForCausalLM`` (family ``qwen3_moe``: Qwen3's attention, mixture-of-experts MLPs);
 * ``Qwen2MoeForCausalLM`` (family ``qwen2_moe``: Qwen2's attention, whose q/k/v bias
-  transformers 5 makes optional (``qkv_bias``), mixture-of-experts MLPs with a shared expert).
+  transformers 5 makes optional (``qkv_bias``), mixture-of-experts MLPs with a shared expert);
+* ``Gemma2ForCausalLM`` (family ``gemma2``: local and global layers alternating, soft-capped
+  attention and output logits) and ``Gemma3ForCausalLM`` (family ``gemma3``, ``model_type``
+  ``gemma3_text``: local layers with their own RoPE base, q/k RMSNorm). Both have GeGLU MLPs,
+  norms after attention and the MLP, RMSNorm's (1 + w) scale, the embedding scaled by sqrt(D)
+  and ``query_pre_attn_scalar``; each is a :class:`ModelConfig` field, read under its Hugging
+  Face name (``layer_types``, or Gemma 3's older ``sliding_window_pattern``).
 
 The mixture-of-experts keys keep their Hugging Face names (``num_experts``,
 ``num_experts_per_tok``, ``moe_intermediate_size``, ``norm_topk_prob``, ``decoder_sparse_step``,
@@ -27,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rljax.config import ModelConfig
-from rljax.config.checks import MOE_FAMILIES
+from rljax.config.checks import GEMMA_FAMILIES, LAYER_TYPES, MOE_FAMILIES
 from rljax.models.presets import get_preset
 
 # architecture (config.json "architectures"[0]) -> (family, model_type)
@@ -37,10 +43,12 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("qwen3", "qwen3"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "qwen3_moe"),
     "Qwen2MoeForCausalLM": ("qwen2_moe", "qwen2_moe"),
+    "Gemma2ForCausalLM": ("gemma2", "gemma2"),
+    "Gemma3ForCausalLM": ("gemma3", "gemma3_text"),
 }
 FAMILY_ARCHITECTURE = {family: arch for arch, (family, _) in ARCHITECTURES.items()}
 _MODEL_TYPES = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}
-_QK_NORM = ("qwen3", "qwen3_moe")
+_QK_NORM = ("qwen3", "qwen3_moe", "gemma3")
 _QKV_BIAS = ("qwen2", "qwen2_moe")
 # Mixture-of-experts keys read when present (ModelConfig's defaults are transformers').
 _MOE_OPTIONAL = {
@@ -96,6 +104,9 @@ def _rope(config_json: Mapping[str, Any], source: str) -> tuple[float, dict[str,
 
 def _check_features(config_json: Mapping[str, Any], family: str, source: str) -> None:
     """Rejects config.json options the shared decoder does not implement."""
+    if family in GEMMA_FAMILIES:
+        _check_gemma(config_json, source)
+        return
     act = config_json.get("hidden_act", "silu")
     if act != "silu":
         raise _unsupported(source, f"hidden_act={act!r} is not supported", "rljax uses SwiGLU")
@@ -174,6 +185,10 @@ def config_from_hf(
         raise _unsupported(
             source, f"{arch} config has a non-integer size ({exc})", "fix the value in the file"
         ) from None
+    if family in GEMMA_FAMILIES:
+        fields.update(gemma_fields(config_json, family, source))
+        fields.update(overrides)
+        return ModelConfig(**fields)
     theta, scaling = _rope(config_json, source)
     dtype = _dtype(config_json)
     fields.update(
@@ -195,6 +210,8 @@ def config_from_hf(
 
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """A Hugging Face ``config.json`` dict that transformers 4.x and 5.x both load."""
+    if cfg.family in GEMMA_FAMILIES:
+        return gemma_config_to_hf(cfg)
     if cfg.family not in _QK_NORM and cfg.qk_norm:
         raise ValueError(
             f"config_to_hf: family {cfg.family!r} with qk_norm=True has no Hugging Face "
@@ -255,6 +272,171 @@ def _moe_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.family == "qwen2_moe":
         out["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
         out["qkv_bias"] = cfg.qkv_bias
+    return out
+
+
+# -- Gemma 2 and Gemma 3 (text) ------------------------------------------------------------
+
+_GEMMA_ACT = "gelu_pytorch_tanh"
+
+
+def _check_gemma(config_json: Mapping[str, Any], source: str) -> None:
+    """Rejects Gemma options the shared decoder does not implement."""
+    act = config_json.get("hidden_activation") or config_json.get("hidden_act") or _GEMMA_ACT
+    if act != _GEMMA_ACT:
+        raise _unsupported(
+            source, f"hidden_activation={act!r} is not supported", f"Gemma uses {_GEMMA_ACT!r}"
+        )
+    if config_json.get("attention_bias"):
+        raise _unsupported(source, "attention_bias=true is not supported", "set it to false")
+    if config_json.get("use_bidirectional_attention"):
+        raise _unsupported(
+            source,
+            "use_bidirectional_attention=true (an encoder) is not supported",
+            "rljax trains causal decoders: set it to false",
+        )
+
+
+def _gemma_layer_types(config_json: Mapping[str, Any], family: str, layers: int, source: str):
+    """Each layer's attention type: ``layer_types``, else the family's default pattern."""
+    types = config_json.get("layer_types")
+    if types is None:
+        if family == "gemma2":  # local first, then alternating
+            return tuple(LAYER_TYPES[i % 2] for i in range(layers))
+        pattern = int(config_json.get("sliding_window_pattern", 6))
+        return tuple(LAYER_TYPES[(i + 1) % pattern == 0] for i in range(layers))
+    types = tuple(types)
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown or len(types) != layers:
+        what = (
+            f"layer_types names the unknown attention pattern {unknown[0]!r}"
+            if unknown
+            else f"layer_types has {len(types)} entries for num_hidden_layers={layers}"
+        )
+        raise _unsupported(
+            source, what, f"rljax reads one of {LAYER_TYPES} per layer; fix layer_types"
+        )
+    return types
+
+
+def _gemma_rope(config_json: Mapping[str, Any], family: str, source: str):
+    """(global RoPE base, global scaling or None, local RoPE base) from either dialect:
+    transformers 5's ``rope_parameters`` keyed by layer type (Gemma 3) or flat, or the legacy
+    ``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq``."""
+    params = config_json.get("rope_parameters") or {}
+    if "full_attention" in params:
+        full, local = dict(params["full_attention"]), dict(params.get("sliding_attention") or {})
+    else:
+        full, local = dict(params), {}
+    theta = float(config_json.get("rope_theta", full.get("rope_theta", 10000.0)))
+    local_theta = config_json.get("rope_local_base_freq", local.get("rope_theta"))
+    scaling = dict(config_json.get("rope_scaling") or full)
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if local.get("rope_type", "default") != "default":
+        raise _unsupported(
+            source, f"local rope type {local['rope_type']!r} is not supported", "use 'default'"
+        )
+    if rope_type == "default":
+        return theta, None, None if local_theta is None else float(local_theta)
+    if rope_type != "linear" or "factor" not in scaling:
+        raise _unsupported(
+            source,
+            f"rope type {rope_type!r} is not supported for {family}",
+            "rljax implements 'default' and 'linear' (with a factor) RoPE for Gemma",
+        )
+    linear = {"rope_type": "linear", "factor": float(scaling["factor"])}
+    return theta, linear, None if local_theta is None else float(local_theta)
+
+
+def _optional_float(config_json: Mapping[str, Any], key: str) -> float | None:
+    value = config_json.get(key)
+    return None if value is None else float(value)
+
+
+def gemma_fields(config_json: Mapping[str, Any], family: str, source: str) -> dict[str, Any]:
+    """The :class:`ModelConfig` fields of a Gemma 2 / Gemma 3 ``config.json`` beyond the sizes."""
+    layers = int(config_json["num_hidden_layers"])
+    types = _gemma_layer_types(config_json, family, layers, source)
+    theta, scaling, local_theta = _gemma_rope(config_json, family, source)
+    window = config_json.get("sliding_window")
+    dtype = _dtype(config_json)
+    return dict(
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_local_base_freq=local_theta,
+        layer_types=types,
+        sliding_window=None if window is None else int(window),
+        norm_eps=float(config_json.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(config_json.get("tie_word_embeddings", True)),
+        qk_norm=family in _QK_NORM,
+        max_position_embeddings=int(config_json.get("max_position_embeddings", 8192)),
+        attn_logit_softcapping=_optional_float(config_json, "attn_logit_softcapping"),
+        final_logit_softcapping=_optional_float(config_json, "final_logit_softcapping"),
+        query_pre_attn_scalar=_optional_float(config_json, "query_pre_attn_scalar"),
+        hidden_act=_GEMMA_ACT,
+        post_norms=True,
+        norm_unit_offset=True,
+        scale_embeddings=True,
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+
+
+_GEMMA_SHAPE = dict(
+    hidden_act=_GEMMA_ACT, post_norms=True, norm_unit_offset=True, scale_embeddings=True
+)
+
+
+def gemma_config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+    """A Gemma 2 / Gemma 3 ``config.json`` dict that transformers 4.x and 5.x both load."""
+    off = [k for k, v in _GEMMA_SHAPE.items() if getattr(cfg, k) != v]
+    if off or cfg.qkv_bias or cfg.qk_norm != (cfg.family in _QK_NORM):
+        raise ValueError(
+            f"config_to_hf: family {cfg.family!r} with {off or ['qkv_bias/qk_norm']} differing "
+            f"from Gemma's has no Hugging Face architecture; keep {_GEMMA_SHAPE}"
+        )
+    arch = FAMILY_ARCHITECTURE[cfg.family]
+    types = list(cfg.layer_types) or ["full_attention"] * cfg.num_layers
+    scaling = dict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
+    full = {"rope_type": "default", **(scaling or {}), "rope_theta": cfg.rope_theta}
+    out: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": ARCHITECTURES[arch][1],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_activation": _GEMMA_ACT,
+        "hidden_act": _GEMMA_ACT,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": scaling,
+        "layer_types": types,
+        "sliding_window": cfg.sliding_window,
+        "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+        "attn_logit_softcapping": cfg.attn_logit_softcapping,
+        "final_logit_softcapping": cfg.final_logit_softcapping,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "dtype": cfg.param_dtype,
+        "torch_dtype": cfg.param_dtype,
+        "use_cache": True,
+    }
+    if cfg.family == "gemma3":
+        local_theta = cfg.rope_local_base_freq or cfg.rope_theta
+        out["rope_local_base_freq"] = local_theta
+        out["rope_parameters"] = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_theta},
+        }
+        out["use_bidirectional_attention"] = False
+    else:
+        out["rope_parameters"] = full
     return out
 
 

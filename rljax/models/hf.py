@@ -36,7 +36,7 @@ from rljax import io
 from rljax.config import ModelConfig
 from rljax.models.families import config_from_hf, config_to_hf
 from rljax.models.hf_fused import FusedExperts, has_fused_experts
-from rljax.models.hf_specs import TENSOR_SPECS, TensorSpec, describe
+from rljax.models.hf_specs import TensorSpec, describe, tensor_specs
 from rljax.models.sharding import ShardingRules, state_shardings
 from rljax.models.transformer import abstract_decoder
 
@@ -203,8 +203,9 @@ def check_tensors(reader: TensorReader, cfg: ModelConfig, config_source: str) ->
     (readers that know dtypes) holds no floating-point weights."""
     dtype_of = getattr(reader, "dtype", None)
     fix = "re-download the checkpoint, or fix config.json if it was edited"
+    specs = tensor_specs(cfg)
     for pname in _param_names(cfg):
-        spec = TENSOR_SPECS[pname]
+        spec = specs[pname]
         want = spec.hf_shape(cfg)
         for index, name in spec.tensors(cfg):
             got = reader.shape(name)
@@ -241,8 +242,9 @@ def load_params(
     shardings = nnx.to_pure_dict(state_shardings(abstract, mesh, rules))
     target_dtype = np.dtype(jax.numpy.dtype(cfg.param_dtype))
     arrays = {}
+    specs = tensor_specs(cfg)
     for pname, struct in nnx.to_pure_dict(abstract).items():
-        spec, shape = TENSOR_SPECS[pname], struct.shape
+        spec, shape = specs[pname], struct.shape
         cache: dict[tuple, np.ndarray] = {}
 
         def callback(index, spec=spec, shape=shape, cache=cache):
@@ -285,8 +287,8 @@ def load_hf(
     rules: ShardingRules,
     dtype: str | None = None,
 ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
-    """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE/Qwen2-MoE safetensors directory,
-    sharded on ``mesh``.
+    """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE/Qwen2-MoE/Gemma 2/Gemma 3 (text)
+    safetensors directory, sharded on ``mesh``.
 
     Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
     ``model.safetensors.index.json``), bf16 or f32; routed experts one tensor per expert (the
@@ -311,10 +313,11 @@ def hf_tensors(cfg: ModelConfig, params: nnx.State | Mapping[str, Any]):
     """Yields ``(hf_name, numpy array)`` for every tensor, gathering one parameter at a time."""
     # nnx.State is itself a Mapping (of Variables), so test for it first.
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+    specs = tensor_specs(cfg)
     for pname, value in pure.items():
-        if pname not in TENSOR_SPECS:
+        if pname not in specs:
             raise ValueError(f"parameter {pname!r} has no Hugging Face tensor; not a Decoder state")
-        spec = TENSOR_SPECS[pname]
+        spec = specs[pname]
         inverse = tuple(int(a) for a in np.argsort(spec.perm))
         hf_shape = spec.hf_shape(cfg)
         host = np.asarray(jax.device_get(value))

@@ -171,6 +171,24 @@ MOE_TENSOR_SPECS: dict[str, TensorSpec] = {
 
 TENSOR_SPECS: dict[str, TensorSpec] = {**DENSE_TENSOR_SPECS, **MOE_TENSOR_SPECS}
 
+# Gemma's sandwich norms (``post_norms``): its ``post_attention_layernorm`` follows attention,
+# and the MLP's input norm is ``pre_feedforward_layernorm``.
+POST_NORM_TENSOR_SPECS: dict[str, TensorSpec] = {
+    "mlp_norm": TensorSpec(_LAYER + "pre_feedforward_layernorm.weight", _NORM, (0,), _LAYERS),
+    "attn_post_norm": TensorSpec(
+        _LAYER + "post_attention_layernorm.weight", _NORM, (0,), _LAYERS
+    ),
+    "mlp_post_norm": TensorSpec(
+        _LAYER + "post_feedforward_layernorm.weight", _NORM, (0,), _LAYERS
+    ),
+}
+
+
+def tensor_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
+    """The layout map of ``cfg``'s architecture: :data:`TENSOR_SPECS`, with Gemma's norm names
+    under ``post_norms``."""
+    return {**TENSOR_SPECS, **POST_NORM_TENSOR_SPECS} if cfg.post_norms else TENSOR_SPECS
+
 
 def describe(spec: TensorSpec, index: tuple[int, ...], cfg: ModelConfig) -> str:
     """What the tensor at ``index`` is, for error messages: '' for a non-expert tensor,

@@ -1,4 +1,5 @@
-"""The decoder's position-wise pieces: RMSNorm and rotary embeddings (with Llama-3 scaling)."""
+"""The decoder's position-wise pieces: RMSNorm, rotary embeddings (with Llama-3 and linear
+scaling), the MLP's gate activation and soft-capping."""
 
 from __future__ import annotations
 
@@ -10,20 +11,41 @@ import jax.numpy as jnp
 from rljax.config import ModelConfig
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm computed in float32, cast back to the input dtype."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, unit_offset: bool = False):
+    """RMSNorm computed in float32, cast back to the input dtype; ``unit_offset`` scales by
+    ``1 + weight`` (Gemma's form, its weights starting at 0)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+    scale = weight.astype(jnp.float32)
+    return (y * (1.0 + scale if unit_offset else scale)).astype(x.dtype)
 
 
-def rope_frequencies(cfg: ModelConfig) -> jax.Array:
-    """Inverse frequencies [H/2], with Llama-3 long-context scaling when configured."""
+def gate_activation(cfg: ModelConfig):
+    """The MLP's gate activation: SiLU (SwiGLU) or tanh-approximated GELU (Gemma's GeGLU,
+    Hugging Face's ``gelu_pytorch_tanh``)."""
+    if cfg.hidden_act == "gelu_pytorch_tanh":
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    return jax.nn.silu
+
+
+def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
+    """``cap * tanh(x / cap)`` (Gemma 2's logit soft-capping); ``x`` unchanged when None."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def rope_frequencies(cfg: ModelConfig, *, local: bool = False) -> jax.Array:
+    """Inverse frequencies [H/2] of a global layer, with Llama-3 or linear scaling when
+    configured; of a local layer (``local``), at ``rope_local_base_freq`` and unscaled."""
     h = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
-    if cfg.rope_scaling is None:
+    theta = cfg.rope_theta
+    if local and cfg.rope_local_base_freq is not None:
+        theta = cfg.rope_local_base_freq
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    if cfg.rope_scaling is None or local:
         return inv_freq
     s = dict(cfg.rope_scaling)
+    if s["rope_type"] == "linear":  # positions divided by the factor (Gemma 3's global layers)
+        return inv_freq / s["factor"]
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old_len = s["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq

@@ -1,6 +1,6 @@
 """The two layouts of the decoder's weights, and how each one computes.
 
-The decoder's computation (:class:`rljax.models.transformer.CallPaths`) is the same in both;
+The decoder's computation (:class:`rljax.models.call_paths.CallPaths`) is the same in both;
 what differs is a :class:`Layout`: how a projection multiplies, how the layers run, and how a
 block's MLP is computed. The model object that holds the weights names its layout once, as a
 class attribute; nothing looks at the weights to find it.

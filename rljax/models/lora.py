@@ -2,7 +2,7 @@
 
 An adapted projection computes ``x W + scale * (x A) B`` with ``A`` [in..., r] and ``B``
 [r, out...] (``scale = alpha / r``), in the same call paths the learner and the engine run
-(:class:`rljax.models.transformer.CallPaths`). ``B`` starts at zero, so an adapted model starts
+(:class:`rljax.models.call_paths.CallPaths`). ``B`` starts at zero, so an adapted model starts
 equal to its base. The adapters are :class:`LoRAParam` variables of the
 :class:`~rljax.models.transformer.Decoder`, stacked by layer like the weights they adapt and
 named ``<weight>_lora_a`` / ``<weight>_lora_b``; :func:`split_adapters` separates them from the

@@ -30,7 +30,8 @@ from flax import nnx
 from rljax import io
 from rljax.config import LoRAConfig, ModelConfig
 from rljax.models import lora as lora_lib
-from rljax.models.hf import TENSOR_SPECS, save_hf, save_safetensors
+from rljax.models.hf import save_hf, save_safetensors
+from rljax.models.hf_specs import TENSOR_SPECS
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"

@@ -66,31 +66,6 @@ def dense_layers(cfg: ModelConfig) -> tuple[int, ...]:
     return tuple(i for i in range(cfg.num_layers) if i not in moe)
 
 
-class Segment(NamedTuple):
-    """A run of consecutive layers of one kind: layers [start, stop), whose MLP weights are rows
-    [kind_start, kind_start + stop - start) of their kind's stack."""
-
-    start: int
-    stop: int
-    moe: bool
-    kind_start: int
-
-
-def segments(cfg: ModelConfig) -> tuple[Segment, ...]:
-    """The model's layers as runs of one kind; one segment for a dense or all-MoE model."""
-    moe = set(moe_layers(cfg))
-    out: list[Segment] = []
-    counts = {True: 0, False: 0}
-    for i in range(cfg.num_layers):
-        kind = i in moe
-        if out and out[-1].moe == kind:
-            out[-1] = out[-1]._replace(stop=i + 1)
-        else:
-            out.append(Segment(i, i + 1, kind, counts[kind]))
-        counts[kind] += 1
-    return tuple(out)
-
-
 def expert_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Each mixture-of-experts weight's (shape, the dimensions its initial scale divides by)."""
     lm, d, e = len(moe_layers(cfg)), cfg.hidden_size, cfg.num_experts
@@ -113,7 +88,7 @@ def expert_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[in
     return shapes
 
 
-def _kind(key: str) -> bool | None:
+def weight_kind(key: str) -> bool | None:
     """True for a mixture-of-experts layer's weight (or its adapter), False for a dense MLP's,
     None for what every layer has (attention, norms, dropout keys)."""
     base = key.split("_lora_")[0]
@@ -122,47 +97,6 @@ def _kind(key: str) -> bool | None:
     if base in DENSE_PARAMS:
         return False
     return None
-
-
-def segment_weights(layers: dict[str, jax.Array], seg: Segment) -> dict[str, jax.Array]:
-    """The stacked weights one segment's scan runs over: every layer's rows [start, stop), and
-    its kind's MLP rows."""
-    n = seg.stop - seg.start
-    out = {}
-    for key, value in layers.items():
-        kind = _kind(key)
-        if kind is None:
-            out[key] = value[seg.start : seg.stop]
-        elif kind == seg.moe:
-            out[key] = value[seg.kind_start : seg.kind_start + n]
-    return out
-
-
-def run_layers(layout, cfg: ModelConfig, block, carry, layers, unroll: int, call) -> tuple:
-    """``block(carry, (p, i), moe)`` over the layers in ``layout`` (``moe``: ``call`` for a
-    mixture-of-experts layer, else None); returns (carry, per-layer outputs, MoE stats or None).
-
-    A dense or all-MoE model runs one scan; a model mixing the two runs one per segment of one
-    kind (:func:`segments`), each over its rows of the stacks.
-    """
-    if not cfg.num_experts:
-        carry, out = layout.run_layers(lambda c, x: block(c, x, None), carry, layers, unroll=unroll)
-        return carry, out[0], None
-    outs, stats = [], []
-    for seg in segments(cfg):
-        part = segment_weights(layers, seg)
-        seg_call = call if seg.moe else None
-
-        def seg_block(c, x, start=seg.start, seg_call=seg_call):
-            return block(c, (x[0], x[1] + start), seg_call)
-
-        n = seg.stop - seg.start
-        carry, out = layout.run_layers(seg_block, carry, part, unroll=min(unroll, n))
-        outs.append(out[0])
-        if seg.moe:
-            stats.append(out[1])
-    kv = None if outs[0] is None else jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
-    return carry, kv, gather_stats(stats)
 
 
 class MoECall(NamedTuple):

@@ -1,5 +1,5 @@
 """One decode step's paged KV cache: where each slot's new key and value go, and attention
-over each slot's pages (:meth:`rljax.models.transformer.CallPaths.decode`)."""
+over each slot's pages (:meth:`rljax.models.call_paths.CallPaths.decode`)."""
 
 from __future__ import annotations
 
@@ -54,15 +54,16 @@ class PagedKV:
         )
         return out.reshape(pool.shape)
 
-    def attend(self, q, kp, vp):
-        """Each slot's query [B, N, H] against its pages of one layer's [K, P, Z, H] pools."""
+    def attend(self, q, kp, vp, **options):
+        """Each slot's query [B, N, H] against its pages of one layer's [K, P, Z, H] pools;
+        ``options``: the kernel's ``window``, ``softcap`` and ``sm_scale``."""
         args = (q, kp, vp, self.lengths_b, self.page_table_bm)
-        fn = functools.partial(paged_decode_attention, impl=self.impl)
+        fn = functools.partial(paged_decode_attention, impl=self.impl, **options)
         if self.split is not None:
             mesh, (batch_axes, head_axis) = self.split
             if self.kv_shards == 1:
                 return sharded_paged_decode_attention(
-                    mesh, batch_axes, head_axis, *args, impl=self.impl
+                    mesh, batch_axes, head_axis, *args, impl=self.impl, **options
                 )
             # Each device holds its shard's pages: the pool is split over P by batch_axes.
             pages = PartitionSpec(head_axis, batch_axes, None, None)

@@ -11,7 +11,7 @@ down (measured in docs/benchmarks.md, engine section):
 
 :class:`ServingDecoder` holds each layer's weights as their own arrays, every matrix
 transposed to [out..., in...] (stored under ``name + '_t'``), and runs the decoder's
-computation (:class:`rljax.models.transformer.CallPaths`) over them in the per-layer layout
+computation (:class:`rljax.models.call_paths.CallPaths`) over them in the per-layer layout
 (:data:`rljax.models.layouts.PER_LAYER`: those matmuls, the layers as straight-line code).
 Its values are the Decoder's, up to float summation order. Built by
 :func:`serving_converter` from the learner's params on every weight swap; a TPU sampler keeps
@@ -31,9 +31,11 @@ from jax.sharding import Mesh
 
 from rljax.config import LoRAConfig, ModelConfig
 from rljax.models import lora
+from rljax.models.call_paths import CallPaths
+from rljax.models.layers import soft_cap
 from rljax.models.layouts import PER_LAYER, Layout, PerLayer
 from rljax.models.sharding import ShardingRules, fitted_sharding
-from rljax.models.transformer import LAYER_PARAMS, PARAM_AXES, CallPaths, Decoder
+from rljax.models.transformer import LAYER_PARAMS, PARAM_AXES, Decoder
 
 # Each stacked matrix's per-layer axes, reordered to [out..., in...] for the serving layout.
 TRANSPOSED = {
@@ -93,9 +95,10 @@ class ServingDecoder(CallPaths):
         return self.final_norm
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """Vocabulary logits in float32 for hidden states [..., D]."""
+        """Vocabulary logits in float32 for hidden states [..., D], soft-capped as the Decoder's."""
         head = {PerLayer.key("head"): self.embed if self.head_t is None else self.head_t}
-        return self.layout.project(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
+        logits = self.layout.project(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
+        return soft_cap(logits, self.cfg.final_logit_softcapping)
 
 
 def to_serving(model, *, merge_adapters: bool = False) -> ServingDecoder:

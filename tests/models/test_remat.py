@@ -12,8 +12,9 @@ from rljax.configs import arith_moe
 from rljax.config import REMAT, ConfigError, LearnerConfig
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
+from rljax.models.call_paths import REMAT_POLICIES
 from rljax.models.sharding import LEARNER_RULES, make_mesh
-from rljax.models.transformer import REMAT_POLICIES, Decoder, init_sharded
+from rljax.models.transformer import Decoder, init_sharded
 from rljax.testing.configs import TINY_MODEL
 
 
