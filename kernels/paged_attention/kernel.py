@@ -8,6 +8,11 @@ The page table and lengths are scalar-prefetched into SMEM. K/V pages stay in HB
 scratch and runs an online softmax over the blocks. The loop runs only over the
 ceil(length / S) valid pages, and each page copy is guarded, so pages at or past that count
 are never read: a decode step's cost follows the slot's length, not the table's width.
+
+With a sliding window of W keys, each slot's loop starts at its first in-window page,
+``max(0, length - W) // S`` (computed from the scalar-prefetched length), so the pages wholly
+before the window are never DMA'd and may be freed by the engine: a step's cost follows
+min(length, W). Soft-capping (``c * tanh(s / c)``) is applied to the scores before the mask.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from rljax.kernels.paged_attention import window as window_lib
 from rljax.kernels.paged_attention.block_sizes import BlockSizes
 
 
@@ -36,11 +42,20 @@ class _PageCopies:
     b: Any  # this program's slot and kv head (traced)
     kv_head: Any
     num_pages: Any  # the slot's valid pages (traced)
+    first_page: Any  # the slot's first in-window page (traced), None without a window
     pages_per_seq: int
     pages_per_block: int
 
+    def _column(self, block, j):
+        """The page-table column of page j of ``block``: blocks count from ``first_page``."""
+        column = block * self.pages_per_block + j
+        return column if self.first_page is None else self.first_page + column
+
     def _copies(self, block, slot, j) -> tuple:
-        page = self.page_table_ref[self.b * self.pages_per_seq + block * self.pages_per_block + j]
+        row = self.b * self.pages_per_seq
+        if self.first_page is not None:
+            row = row + self.first_page
+        page = self.page_table_ref[row + block * self.pages_per_block + j]
         k_src, v_src = self.k_hbm.at[self.kv_head, page], self.v_hbm.at[self.kv_head, page]
         return (
             pltpu.make_async_copy(k_src, self.k_buf.at[slot, j], self.sems.at[0, slot, j]),
@@ -52,22 +67,24 @@ class _PageCopies:
         guarded so pages at or past the slot's valid count are never read."""
         for j in range(self.pages_per_block):
 
-            @pl.when(block * self.pages_per_block + j < self.num_pages)
+            @pl.when(self._column(block, j) < self.num_pages)
             def _(j=j):
                 for copy in self._copies(block, slot, j):
                     action(copy)
 
 
-def _online_softmax_step(q, k, v, start, length, carry):
+def _online_softmax_step(q, k, v, start, length, carry, *, window, softcap):
     """Folds one block of keys (positions ``start`` on) into the running max, sum and
-    accumulator; keys at or past ``length`` are masked."""
+    accumulator; keys at or past ``length``, or before the window, are masked."""
     m_prev, l_prev, acc_prev = carry
     tokens_per_block = k.shape[0]
     pos = start + jax.lax.broadcasted_iota(jnp.int32, (1, tokens_per_block), 1)
-    valid = pos < length  # [1, T_blk]; pages past num_pages hold stale or garbage data.
+    # [1, T_blk]; buffer rows of pages outside [first_page, num_pages) hold stale or garbage data.
+    valid = window_lib.attended(pos, length, window)
     s = jax.lax.dot_general(
         q, k.astype(jnp.float32), (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
+    s = window_lib.soft_cap(s, softcap)
     s = jnp.where(valid, s, -jnp.inf)
     m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
     alpha = jnp.exp(m_prev - m_new)
@@ -100,6 +117,8 @@ def _kernel(
     sems,  # DMA semaphores [2 (k/v), 2 (slot), pages_per_block].
     *,
     sm_scale: float,
+    window: int | None,
+    softcap: float | None,
     pages_per_seq: int,
     pages_per_block: int,
     page_size: int,
@@ -109,10 +128,16 @@ def _kernel(
     # Lengths past the table are clamped, matching the reference.
     length = jnp.minimum(lengths_ref[b], pages_per_seq * page_size)
     num_pages = pl.cdiv(length, page_size)
-    num_blocks = pl.cdiv(num_pages, pages_per_block)
+    if window is None:
+        first_page = None
+        num_blocks = pl.cdiv(num_pages, pages_per_block)
+    else:
+        # Block 0 holds the window's first position, so the running max is finite after it.
+        first_page = window_lib.first_page(length, window, page_size)
+        num_blocks = pl.cdiv(num_pages - first_page, pages_per_block)
     tokens_per_block = pages_per_block * page_size
     pages = _PageCopies(
-        page_table_ref, k_hbm, v_hbm, k_buf, v_buf, sems, b, kv_head, num_pages,
+        page_table_ref, k_hbm, v_hbm, k_buf, v_buf, sems, b, kv_head, num_pages, first_page,
         pages_per_seq, pages_per_block,
     )  # fmt: skip
 
@@ -134,7 +159,10 @@ def _kernel(
         pages.for_valid_pages(block, slot, lambda c: c.wait())
         k = k_buf[slot].reshape(tokens_per_block, head_dim)
         v = v_buf[slot].reshape(tokens_per_block, head_dim)
-        return _online_softmax_step(q, k, v, block * tokens_per_block, length, carry)
+        start = block * tokens_per_block
+        if first_page is not None:
+            start = first_page * page_size + start
+        return _online_softmax_step(q, k, v, start, length, carry, window=window, softcap=softcap)
 
     init = (
         jnp.full((group, 1), -jnp.inf, jnp.float32),
@@ -146,7 +174,17 @@ def _kernel(
 
 
 def paged_decode_attention_kernel(
-    q, k_pages, v_pages, lengths, page_table, *, sm_scale, block_sizes: BlockSizes, interpret
+    q,
+    k_pages,
+    v_pages,
+    lengths,
+    page_table,
+    *,
+    sm_scale,
+    block_sizes: BlockSizes,
+    interpret,
+    window: int | None = None,
+    softcap: float | None = None,
 ):
     """Runs the Pallas kernel. Shapes as in ``ops.paged_decode_attention``, already validated.
 
@@ -158,6 +196,8 @@ def paged_decode_attention_kernel(
       sm_scale: softmax scale.
       block_sizes: BlockSizes, already clamped to pages_per_seq.
       interpret: ``pallas_call``'s interpret argument (False on TPU).
+      window: None, or W: each slot attends its last W positions and reads only their pages.
+      softcap: None, or c > 0: scores become c * tanh(scores / c) before the mask.
 
     Returns:
       [B, N, H] in q's dtype.
@@ -171,6 +211,8 @@ def paged_decode_attention_kernel(
     kernel = functools.partial(
         _kernel,
         sm_scale=sm_scale,
+        window=window,
+        softcap=softcap,
         pages_per_seq=pages_per_seq,
         pages_per_block=ppb,
         page_size=page_size,

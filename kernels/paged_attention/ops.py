@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 
 import jax
 from rljax.kernels import dispatch, validation
@@ -47,9 +49,59 @@ def validate(q, k_pages, v_pages, lengths, page_table):
     validation.check_integer("page_table", page_table, _TABLE)
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "use_pallas", "interpret", "block_sizes"))
+def resolve_window(window, capacity: int) -> int | None:
+    """``window`` as a Python int, or None where it can never mask a key.
+
+    A window of at least ``capacity = pages_per_seq * S`` tokens covers every slot (lengths
+    are clamped to the table), so it runs today's global program.
+
+    Raises:
+      ValueError: ``window`` is not an int >= 1.
+    """
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or int(window) < 1:
+        raise ValueError(
+            f"window must be an int >= 1 (the keys each query attends, itself included), got "
+            f"{window!r}; pass window=None for global attention."
+        )
+    return None if int(window) >= capacity else int(window)
+
+
+def resolve_softcap(softcap) -> float | None:
+    """``softcap`` as a Python float, or None.
+
+    Raises:
+      ValueError: ``softcap`` is not a finite number > 0.
+    """
+    if softcap is None:
+        return None
+    ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
+    if not ok or not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(
+            f"softcap must be a finite float > 0 (scores become softcap * tanh(scores / "
+            f"softcap)), got {softcap!r}; pass softcap=None for no soft-capping."
+        )
+    return float(softcap)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("sm_scale", "use_pallas", "interpret", "block_sizes", "window", "softcap"),
+)
 def paged_decode_attention_core(
-    q, k_pages, v_pages, lengths, page_table, *, sm_scale, use_pallas, interpret, block_sizes
+    q,
+    k_pages,
+    v_pages,
+    lengths,
+    page_table,
+    *,
+    sm_scale,
+    use_pallas,
+    interpret,
+    block_sizes,
+    window=None,
+    softcap=None,
 ):
     """The jitted op with options already resolved by ``resolve_options``."""
     if use_pallas:
@@ -62,6 +114,8 @@ def paged_decode_attention_core(
             sm_scale=sm_scale,
             block_sizes=block_sizes,
             interpret=interpret,
+            window=window,
+            softcap=softcap,
         )
     return paged_decode_attention_xla(
         q,
@@ -71,6 +125,8 @@ def paged_decode_attention_core(
         page_table,
         sm_scale=sm_scale,
         pages_per_block=max(1, XLA_BLOCK_TOKENS // k_pages.shape[2]),
+        window=window,
+        softcap=softcap,
     )
 
 
@@ -84,6 +140,8 @@ def paged_decode_attention(
     sm_scale: float | None = None,
     impl: str = "auto",
     block_sizes: block_sizes_lib.BlockSizes | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ):
     """One decode step of (grouped-query) attention over a paged KV cache. Forward only.
 
@@ -92,6 +150,12 @@ def paged_decode_attention(
     the rest of its page table is never attended to, so it may hold any in-range index. The
     Pallas kernel reads only each slot's own pages; the XLA path reads, for every slot, the
     table's columns up to the longest slot's last block of ``XLA_BLOCK_TOKENS`` tokens.
+
+    With ``window=W`` (Gemma 2/3's sliding layers) slot b's query, at position
+    ``lengths[b] - 1``, attends only positions ``[max(0, lengths[b] - W), lengths[b])``, and
+    both paths read only the pages holding them, ``page_table[b, max(0, lengths[b] - W) // S
+    : ceil(lengths[b] / S)]``: the entries before those are never read, so the engine may free
+    their pages and point the entries anywhere in range (page 0, say).
 
     Args:
       q: [B, N, H] float queries, one token per slot.
@@ -103,28 +167,48 @@ def paged_decode_attention(
       sm_scale: softmax scale; defaults to 1 / sqrt(H).
       impl: 'auto' (Pallas on TPU, XLA elsewhere), 'pallas' (interpret mode off TPU) or 'xla'.
       block_sizes: override the tuned ``BlockSizes`` for this chip.
+      window: None (global attention) or an int W >= 1: the keys each query attends, itself
+        included, as Hugging Face's Gemma ``sliding_window``.
+      softcap: None or a finite c > 0: scores (q.k * sm_scale) become c * tanh(scores / c)
+        before the mask, as Gemma 2's ``attn_logit_softcapping``.
 
     Returns:
       [B, N, H] attention outputs in q's dtype.
 
     Raises:
-      ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
-        before anything is traced.
+      ValueError: a misshaped argument (named in the message), an unknown ``impl``, a window
+        below 1 or a softcap that is not a finite positive number; raised before anything is
+        traced.
     """
     validate(q, k_pages, v_pages, lengths, page_table)
-    options = resolve_options(q, page_table, sm_scale, impl, block_sizes)
+    options = resolve_options(
+        q, k_pages, page_table, sm_scale, impl, block_sizes, window=window, softcap=softcap
+    )
     return paged_decode_attention_core(q, k_pages, v_pages, lengths, page_table, **options)
 
 
-def resolve_options(q, page_table, sm_scale, impl, block_sizes) -> dict:
-    """The op's static options, checked and resolved, as keyword arguments for the core."""
+def resolve_options(
+    q, k_pages, page_table, sm_scale, impl, block_sizes, *, window=None, softcap=None
+) -> dict:
+    """The op's static options, checked and resolved, as keyword arguments for the core.
+
+    ``window`` and ``softcap`` are left out when None, so that the core runs (and caches) the
+    same program as a call without them.
+    """
+    window = resolve_window(window, page_table.shape[1] * k_pages.shape[2])
+    softcap = resolve_softcap(softcap)
     backend = dispatch.resolve_impl(impl)
     block_sizes = dispatch.resolve_block_sizes(
         "paged_attention", block_sizes, block_sizes_lib.BlockSizes, block_sizes_lib.for_device
     )
-    return dict(
+    options = dict(
         sm_scale=dispatch.resolve_sm_scale(sm_scale, q.shape[-1]),
         use_pallas=backend.use_pallas,
         interpret=backend.interpret,
         block_sizes=block_sizes.for_pages_per_seq(page_table.shape[1]),
     )
+    if window is not None:
+        options["window"] = window
+    if softcap is not None:
+        options["softcap"] = softcap
+    return options

@@ -6,11 +6,14 @@ import jax
 import jax.numpy as jnp
 
 
-def paged_decode_attention_reference(q, k_pages, v_pages, lengths, page_table, *, sm_scale):
+def paged_decode_attention_reference(
+    q, k_pages, v_pages, lengths, page_table, *, sm_scale, window=None, softcap=None
+):
     """One decode step of attention over a paged KV cache, in plain jnp.
 
     Gathers every slot's pages into a dense [B, K, pages_per_seq * S, H] cache, so it reads
-    all pages including unused ones; the Pallas kernel reads only the valid ones.
+    all pages including unused ones; the Pallas kernel reads only the valid ones. Masks by
+    position on its own (not through ``window.py``), so that it checks the fast paths.
 
     Args:
       q: [B, N, H] queries (one token per slot).
@@ -19,6 +22,9 @@ def paged_decode_attention_reference(q, k_pages, v_pages, lengths, page_table, *
       lengths: [B] int32 valid cached tokens per slot; clamped to pages_per_seq * S.
       page_table: [B, pages_per_seq] int32 page indices into the pool.
       sm_scale: softmax scale applied to q.k.
+      window: None (attend every cached token) or W >= 1: slot b's query, at position
+        lengths[b] - 1, attends positions [max(0, lengths[b] - W), lengths[b]).
+      softcap: None or c > 0: scores become c * tanh(scores / c) before the mask.
 
     Returns:
       [B, N, H] attention outputs in q's dtype; zeros where lengths == 0.
@@ -34,7 +40,14 @@ def paged_decode_attention_reference(q, k_pages, v_pages, lengths, page_table, *
     v = v.transpose(1, 0, 2, 3).astype(jnp.float32)
     q_bkgh = q.reshape(b, kv_heads, group, h).astype(jnp.float32)
     s_bkgl = jnp.einsum("bkgh,bklh->bkgl", q_bkgh, k) * sm_scale
-    valid_bl = jnp.arange(pages_per_seq * page_size)[None, :] < lengths[:, None]
+    if softcap is not None:
+        s_bkgl = softcap * jnp.tanh(s_bkgl / softcap)
+    pos_l = jnp.arange(pages_per_seq * page_size)
+    valid_bl = pos_l[None, :] < lengths[:, None]
+    if window is not None:
+        # Hugging Face Gemma 2/3 keep key j for query i when i - j < W.
+        query_b = jnp.minimum(lengths, pages_per_seq * page_size) - 1
+        valid_bl &= query_b[:, None] - pos_l[None, :] < window
     s_bkgl = jnp.where(valid_bl[:, None, None, :], s_bkgl, -jnp.inf)
     # Rows with no valid token (length 0) would be all -inf: give them zeros, not NaN.
     any_valid_b = (lengths > 0)[:, None, None, None]

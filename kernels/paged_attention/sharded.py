@@ -23,7 +23,7 @@ def sharded_paged_decode_attention(
       batch_axes: mesh axis name (or tuple of names, or None) sharding B.
       head_axis: mesh axis name (or None) sharding N and K; both must divide by its size.
       q, k_pages, v_pages, lengths, page_table: as in ``paged_decode_attention``.
-      **kwargs: ``sm_scale``, ``impl``, ``block_sizes``.
+      **kwargs: ``sm_scale``, ``impl``, ``block_sizes``, ``window``, ``softcap``.
 
     Returns:
       [B, N, H] outputs, sharded like q.
@@ -39,10 +39,13 @@ def sharded_paged_decode_attention(
         )
     options = ops.resolve_options(
         q,
+        k_pages,
         page_table,
         kwargs.pop("sm_scale", None),
         kwargs.pop("impl", "auto"),
         kwargs.pop("block_sizes", None),
+        window=kwargs.pop("window", None),
+        softcap=kwargs.pop("softcap", None),
     )
     if kwargs:
         raise ValueError(f"unexpected keyword arguments {sorted(kwargs)}; see the docstring.")

@@ -8,6 +8,7 @@ into :class:`ModelConfig` key for key (``rljax.models.families``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -166,10 +167,17 @@ class ModelConfig:
 def _check_attention(cfg: ModelConfig) -> None:
     """Local/global layers, soft-caps and Gemma's other fields: one line per bad value."""
     _one_of("model.hidden_act", cfg.hidden_act, HIDDEN_ACTS)
-    optional = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
-    for name in (*optional, "rope_local_base_freq"):
-        if getattr(cfg, name) is not None:
-            _positive_float(f"model.{name}", getattr(cfg, name))
+    unset = {
+        "attn_logit_softcapping": "None (no cap)",
+        "final_logit_softcapping": "None (no cap)",
+        "query_pre_attn_scalar": "None (the scale is head_dim ** -0.5)",
+        "rope_local_base_freq": "None (local layers use rope_theta)",
+    }
+    for name, none in unset.items():
+        value = getattr(cfg, name)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (ok and math.isfinite(value) and value > 0):
+            _fail(f"model.{name}", value, f"a finite number > 0, or {none}")
     if cfg.layer_types and len(cfg.layer_types) != cfg.num_layers:
         _fail(
             "model.layer_types",

@@ -382,6 +382,10 @@ def gemma_fields(config_json: Mapping[str, Any], family: str, source: str) -> di
     )
 
 
+def _whole(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x
+
+
 _GEMMA_SHAPE = dict(
     hidden_act=_GEMMA_ACT, post_norms=True, norm_unit_offset=True, scale_embeddings=True
 )
@@ -416,7 +420,8 @@ def gemma_config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
         "rope_scaling": scaling,
         "layer_types": types,
         "sliding_window": cfg.sliding_window,
-        "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+        # transformers types it int (Gemma's are 256, 144, 168...); a fractional one stays float
+        "query_pre_attn_scalar": _whole(cfg.query_pre_attn_scalar or cfg.head_dim),
         "attn_logit_softcapping": cfg.attn_logit_softcapping,
         "final_logit_softcapping": cfg.final_logit_softcapping,
         "tie_word_embeddings": cfg.tie_embeddings,

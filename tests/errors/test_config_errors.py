@@ -50,6 +50,21 @@ CASES = [
         "expected a divisor of model.num_experts=8: each expert-parallel shard holds whole",
     ),
     ("C28", ["--config.moe.router_replay=rollout"], "no experts to replay"),
+    (
+        "C30",
+        ["--config=configs/arith_gemma.py:small", "--config.model.sliding_window=100"],
+        "a larger window is global attention: set the layers to 'full_attention'",
+    ),
+    (
+        "C31",
+        ["--config=configs/arith_gemma.py:small", "--config.model.attn_logit_softcapping=-1.0"],
+        "expected a finite number > 0, or None (no cap)",
+    ),
+    (
+        "C32",
+        ['--config.model.layer_types=("sliding_attention","full_attention")'],
+        "expected an integer >= 1 for the 'sliding_attention' layers",
+    ),
 ]
 
 

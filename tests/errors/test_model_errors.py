@@ -182,6 +182,20 @@ def test_missing_expert_weight(refused, check_row, workdir, tmp_path):
     check_row("M16", message, "re-download the checkpoint, or fix config.json")
 
 
+def test_gemma_with_an_unknown_attention_pattern(refused, check_row, workdir, tmp_path):
+    from rljax.configs import arith_gemma
+
+    abstract = nnx.to_pure_dict(nnx.split(abstract_decoder(arith_gemma.MODEL))[1])
+    rng = np.random.default_rng(0)
+    params = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in abstract.items()}
+    model_dir = tmp_path / "gemma"
+    hf.save_hf(model_dir, arith_gemma.MODEL, params, Tokenizer.char_level())
+    types = ["sliding_attention", "chunked_attention", "full_attention"]
+    _edit_config(model_dir, layer_types=types)
+    message = refused(_run(model_dir, workdir), ConfigError, workdir)
+    check_row("M17", message, "rljax reads one of ('sliding_attention', 'full_attention') per")
+
+
 # ---- GGUF ------------------------------------------------------------------------------------
 
 

@@ -277,6 +277,33 @@ def test_paged_attention_sweep_lowers(seq_len, head_dim, page_size, generation):
     )
 
 
+# Gemma 2/3's sliding layers over a 4096-token table: windows of one token, one page, a page
+# multiple wider than a block and one that is not; Gemma 2's attention-logit soft cap (50).
+PAGED_WINDOW_CASES = [
+    (1, None, 16, "default"),
+    (16, 50.0, 16, "v4"),
+    (512, None, 32, "v5p"),
+    (1000, 50.0, 16, "v6e"),
+]
+
+
+@pytest.mark.parametrize("window, softcap, page_size, generation", PAGED_WINDOW_CASES)
+def test_paged_attention_window_and_softcap_lower(window, softcap, page_size, generation):
+    pages_per_seq = 4096 // page_size
+    sizes = _table(paged_bs, generation).for_pages_per_seq(pages_per_seq)
+    fn = lambda *a: paged_decode_attention_core(
+        *a, sm_scale=0.0625, block_sizes=sizes, window=window, softcap=softcap, **_TPU
+    )
+    assert_lowers_to_mosaic(
+        fn,
+        _S((4, 8, 256), _BF16),  # q [B, N, H]; Gemma 2 9B's head_dim
+        _S((4, 4 * pages_per_seq, page_size, 256), _BF16),  # [K, P, S, H]
+        _S((4, 4 * pages_per_seq, page_size, 256), _BF16),
+        _S((4,), _I32),
+        _S((4, pages_per_seq), _I32),
+    )
+
+
 def _padding(sizes: FlashBlockSizes, seq_len: int) -> float:
     return sizes.for_seq_len(seq_len).padded_len(seq_len) / seq_len
 
