@@ -11,6 +11,10 @@ Backward: chunk by chunk, logits are recomputed and, with p = exp(z - lse) and H
     dz = g_logp * (onehot(target) - p) - g_ent * p * (z - lse + H),
     d_hidden += dz @ W_c^T / temperature,   d_unembed[:, c] = hidden^T @ dz / temperature.
 
+With a soft cap c (Gemma 2's final-logit soft-capping) the logits are
+z = c * tanh(hidden @ W / c) / temperature, and dz also carries the cap's slope
+1 - tanh(hidden @ W / c)^2 (the derivative of c * tanh(x / c)).
+
 Chunks are sliced with ``dynamic_slice`` inside a ``fori_loop``, so neither the logits nor a
 reshaped copy of the unembedding is ever materialised; a ragged last chunk is a static slice.
 """
@@ -23,8 +27,13 @@ import jax.numpy as jnp
 _F32 = jnp.float32
 
 
-def _logits(hidden, unembed_chunk, temperature):
-    return jnp.dot(hidden, unembed_chunk, preferred_element_type=_F32) / temperature
+def _logits(hidden, unembed_chunk, temperature, softcap):
+    """(logits z, tanh(hidden @ W / c) or None without a cap) of one vocabulary chunk."""
+    raw = jnp.dot(hidden, unembed_chunk, preferred_element_type=_F32)
+    if softcap is None:
+        return raw / temperature, None
+    tanh = jnp.tanh(raw / softcap)
+    return softcap * tanh / temperature, tanh
 
 
 def _chunks(vocab: int, block_v: int):
@@ -34,12 +43,15 @@ def _chunks(vocab: int, block_v: int):
     return block_v, vocab // block_v, vocab % block_v
 
 
-def logprob_stats_chunked(hidden, unembed, targets, *, temperature: float, block_v: int):
+def logprob_stats_chunked(
+    hidden, unembed, targets, *, temperature: float, softcap: float | None, block_v: int
+):
     """Forward statistics without materialising logits.
 
     Args:
       hidden: [T, D]; unembed: [D, V]; targets: [T] int32.
-      temperature: logits divisor.
+      temperature: logits divisor, applied after the cap.
+      softcap: None, or c > 0 capping the logits at c * tanh(hidden @ W / c).
       block_v: vocabulary chunk width.
 
     Returns:
@@ -66,7 +78,7 @@ def logprob_stats_chunked(hidden, unembed, targets, *, temperature: float, block
 
     def body(j, state):
         chunk = jax.lax.dynamic_slice_in_dim(unembed, j * block_v, block_v, axis=1)
-        return update(state, _logits(hidden, chunk, temperature), j * block_v)
+        return update(state, _logits(hidden, chunk, temperature, softcap)[0], j * block_v)
 
     zeros = jnp.zeros((tokens,), _F32)
     state = (jnp.full((tokens,), -jnp.inf, _F32), zeros, zeros, zeros)
@@ -74,14 +86,24 @@ def logprob_stats_chunked(hidden, unembed, targets, *, temperature: float, block
         state = jax.lax.fori_loop(0, num_full, body, state)
     if tail:
         col0 = num_full * block_v
-        state = update(state, _logits(hidden, unembed[:, col0:], temperature), col0)
+        state = update(state, _logits(hidden, unembed[:, col0:], temperature, softcap)[0], col0)
     m, row_sum, s, tgt = state
     lse = m + jnp.log(row_sum)
     return tgt - lse, lse - s / row_sum, lse
 
 
 def logprob_grads_chunked(
-    hidden, unembed, targets, lse, entropy, g_logp, g_ent, *, temperature: float, block_v: int
+    hidden,
+    unembed,
+    targets,
+    lse,
+    entropy,
+    g_logp,
+    g_ent,
+    *,
+    temperature: float,
+    softcap: float | None,
+    block_v: int,
 ):
     """Gradients of (logprobs, entropy) wrt hidden and unembed, chunked over the vocabulary.
 
@@ -89,7 +111,8 @@ def logprob_grads_chunked(
       hidden: [T, D]; unembed: [D, V]; targets: [T] int32.
       lse, entropy: [T] f32 from the forward.
       g_logp, g_ent: [T] cotangents of logprobs and entropy.
-      temperature: logits divisor.
+      temperature: logits divisor, applied after the cap.
+      softcap: None, or the forward's cap c; its slope 1 - tanh^2 enters dz.
       block_v: vocabulary chunk width.
 
     Returns:
@@ -104,12 +127,13 @@ def logprob_grads_chunked(
     shift = entropy[:, None] - lse_c  # z - lse + H = z + shift
 
     def dlogits(chunk, col0):
-        z = _logits(hidden, chunk, temperature)
+        z, tanh = _logits(hidden, chunk, temperature, softcap)
         p = jnp.exp(z - lse_c)
         cols = col0 + jnp.arange(z.shape[1])[None, :]
         onehot = (cols == targets[:, None]).astype(_F32)
         dz = g_logp * (onehot - p) - g_ent * p * (z + shift)
-        return dz / temperature
+        dz = dz / temperature
+        return dz if tanh is None else dz * (1.0 - tanh * tanh)
 
     def grads(chunk, col0):
         dz = dlogits(chunk, col0)

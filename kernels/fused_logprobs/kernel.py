@@ -3,7 +3,8 @@
 Grid (T / block_t, cdiv(V, block_v)); the vocabulary axis is the reduction. Each step
 multiplies a [block_t, D] hidden tile by a [D, block_v] unembedding tile into an f32 logit
 tile that lives only in VMEM, and folds it into four running [block_t, 1] statistics (max,
-sum of exp, sum of exp * logit, target logit; see ``chunked.py`` for the algebra). A ragged
+sum of exp, sum of exp * logit, target logit; see ``chunked.py`` for the algebra). With a
+soft cap c the tile becomes c * tanh(tile / c) before the temperature divides it. A ragged
 last vocabulary tile is masked by column index. Outputs per token: log p(target), entropy
 and the logsumexp that the backward reuses.
 """
@@ -34,6 +35,7 @@ def _kernel(
     tgt_sc,
     *,
     inv_temperature: float,
+    softcap: float | None,
     vocab: int,
     block_v: int,
 ):
@@ -52,6 +54,8 @@ def _kernel(
         (((1,), (0,)), ((), ())),
         preferred_element_type=jnp.float32,
     )
+    if softcap is not None:
+        z = softcap * jnp.tanh(z * (1.0 / softcap))
     z = z * inv_temperature
     cols = j * block_v + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
     if vocab % block_v:
@@ -82,7 +86,14 @@ def _kernel(
 
 
 def token_logprobs_kernel(
-    hidden, unembed, targets, *, temperature: float, block_sizes: BlockSizes, interpret
+    hidden,
+    unembed,
+    targets,
+    *,
+    temperature: float,
+    block_sizes: BlockSizes,
+    interpret,
+    softcap: float | None = None,
 ):
     """Runs the forward kernel.
 
@@ -90,9 +101,10 @@ def token_logprobs_kernel(
       hidden: [Tp, D], Tp a multiple of block_sizes.block_t.
       unembed: [D, V]; V need not divide by block_v.
       targets: [Tp] int32.
-      temperature: logits divisor.
+      temperature: logits divisor, applied after the cap.
       block_sizes: tile sizes (block_t divides Tp).
       interpret: ``pallas_call``'s interpret argument.
+      softcap: None, or c > 0: logits become c * tanh(hidden @ unembed / c) / temperature.
 
     Returns:
       (logprobs [Tp], entropy [Tp], lse [Tp]), all f32.
@@ -106,7 +118,9 @@ def token_logprobs_kernel(
             f"tiles must be a multiple of {_LANES} lanes or the whole vocabulary; fit them with "
             "BlockSizes.for_shape."
         )
-    kernel = functools.partial(_kernel, inv_temperature=1.0 / temperature, vocab=vocab, block_v=bv)
+    kernel = functools.partial(
+        _kernel, inv_temperature=1.0 / temperature, softcap=softcap, vocab=vocab, block_v=bv
+    )
     row_spec = pl.BlockSpec((bt, 1), lambda i, j: (i, 0))
     stat = jax.ShapeDtypeStruct((tokens, 1), jnp.float32)
     logp, ent, lse = pl.pallas_call(

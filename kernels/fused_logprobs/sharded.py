@@ -9,6 +9,9 @@ shard) the target logit. With E_i[z] = lse_i - H_i the local mean logit:
     E[z] = sum_i exp(lse_i - lse) * E_i[z]         (psum)
     entropy = lse - E[z],   log p(target) = psum(z_target) - lse.
 
+The combine reads only the final (capped, tempered) logits' statistics, so a soft cap changes
+nothing here: each device's forward and backward apply it to their own columns.
+
 The backward needs no new algebra: with the global lse and entropy, each device's chunked
 backward gives its exact slice of d_unembed and a partial d_hidden over its columns, which
 shard_map's transpose sums over the vocabulary axis.
@@ -45,30 +48,45 @@ def _combine(logp_i, ent_i, lse_i, local_targets, vocab_axis):
 
 @functools.partial(
     jax.custom_vjp,
-    nondiff_argnames=("vocab_axis", "temperature", "block_sizes", "use_pallas", "interpret"),
+    nondiff_argnames=(
+        "vocab_axis",
+        "temperature",
+        "softcap",
+        "block_sizes",
+        "use_pallas",
+        "interpret",
+    ),
 )
 def _vocab_parallel(
-    hidden, unembed, targets, vocab_axis, temperature, block_sizes, use_pallas, interpret
+    hidden, unembed, targets, vocab_axis, temperature, softcap, block_sizes, use_pallas, interpret
 ):
     out, _ = _vocab_parallel_fwd(
-        hidden, unembed, targets, vocab_axis, temperature, block_sizes, use_pallas, interpret
+        hidden,
+        unembed,
+        targets,
+        vocab_axis,
+        temperature,
+        softcap,
+        block_sizes,
+        use_pallas,
+        interpret,
     )
     return out
 
 
 def _vocab_parallel_fwd(
-    hidden, unembed, targets, vocab_axis, temperature, block_sizes, use_pallas, interpret
+    hidden, unembed, targets, vocab_axis, temperature, softcap, block_sizes, use_pallas, interpret
 ):
     local_targets = _local_targets(targets, unembed.shape[1], vocab_axis)
     logp_i, ent_i, lse_i = ops.forward_stats(
-        hidden, unembed, local_targets, temperature, block_sizes, use_pallas, interpret
+        hidden, unembed, local_targets, temperature, softcap, block_sizes, use_pallas, interpret
     )
     logp, ent, lse = _combine(logp_i, ent_i, lse_i, local_targets, vocab_axis)
     return (logp, ent), (hidden, unembed, local_targets, lse, ent)
 
 
 def _vocab_parallel_bwd(
-    vocab_axis, temperature, block_sizes, use_pallas, interpret, residuals, cotangents
+    vocab_axis, temperature, softcap, block_sizes, use_pallas, interpret, residuals, cotangents
 ):
     del use_pallas, interpret  # The chunked jnp backward serves both forwards.
     hidden, unembed, local_targets, lse, ent = residuals
@@ -84,6 +102,7 @@ def _vocab_parallel_bwd(
         g_logp,
         g_ent,
         temperature=temperature,
+        softcap=softcap,
         block_v=block_sizes.block_v,
     )
     # d_hidden is this shard's partial sum over its columns. hidden is unmapped over vocab_axis,
@@ -110,7 +129,7 @@ def sharded_token_logprobs_and_entropy(
       batch_axes: mesh axis name (or tuple of names, or None) sharding T.
       hidden, unembed, targets: as in ``token_logprobs_and_entropy``.
       vocab_axis: mesh axis name sharding V, or None.
-      **kwargs: ``temperature``, ``impl``, ``block_sizes``.
+      **kwargs: ``temperature``, ``softcap``, ``impl``, ``block_sizes``.
 
     Returns:
       (logprobs [T], entropy [T]), sharded over ``batch_axes``; differentiable.
@@ -127,6 +146,7 @@ def sharded_token_logprobs_and_entropy(
         kwargs.pop("temperature", 1.0),
         kwargs.pop("impl", "auto"),
         kwargs.pop("block_sizes", None),
+        kwargs.pop("softcap", None),
     )
     if kwargs:
         raise ValueError(f"unexpected keyword arguments {sorted(kwargs)}; see the docstring.")

@@ -28,6 +28,8 @@ TOKENS, DIM, VOCAB = 20, 16, 100  # Neither T nor V is a multiple of its block.
 BLOCKS = BlockSizes(block_t=8, block_v=32)
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2e-2}
 GRAD_TOL = {jnp.float32: 1e-4, jnp.bfloat16: 5e-2}
+SOFTCAP = 30.0  # Gemma 2's final_logit_softcapping
+CAPPED_SCALE = 50.0  # unembed * 50: h @ W has a std of about 100, so the cap bites
 
 
 def make_inputs(dtype, *, tokens=TOKENS, seed=0):
@@ -36,6 +38,30 @@ def make_inputs(dtype, *, tokens=TOKENS, seed=0):
     unembed = jnp.asarray(rng.normal(size=(DIM, VOCAB)) / 2, dtype)
     targets = jnp.asarray(rng.integers(0, VOCAB, size=tokens), jnp.int32)
     return hidden, unembed, targets.at[:2].set(jnp.array([0, VOCAB - 1]))  # Edge columns.
+
+
+def capped_inputs(tokens=TOKENS):
+    """f32 inputs whose raw logits h @ W mostly lie past 2c, where tanh saturates."""
+    hidden, unembed, targets = make_inputs(jnp.float32, tokens=tokens)
+    unembed = unembed * CAPPED_SCALE
+    assert np.mean(np.abs(np.asarray(hidden @ unembed)) > 2 * SOFTCAP) > 0.5
+    return hidden, unembed, targets
+
+
+def materialised_logits(hidden, unembed, *, temperature, softcap):
+    """The tests' own oracle, independent of the package: c * tanh(h W / c) / T."""
+    raw = jnp.dot(hidden, unembed, preferred_element_type=jnp.float32)
+    capped = raw if softcap is None else softcap * jnp.tanh(raw / softcap)
+    return capped / temperature
+
+
+def materialised(hidden, unembed, targets, *, temperature, softcap):
+    """(log_softmax at the targets, entropy) of ``materialised_logits``."""
+    logp = jax.nn.log_softmax(
+        materialised_logits(hidden, unembed, temperature=temperature, softcap=softcap), axis=-1
+    )
+    target_logp = jnp.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
+    return target_logp, -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def values_and_grads(fn, hidden, unembed):
@@ -88,22 +114,53 @@ def test_entropy_gradient_alone():
         close(got, expected, 1e-4)
 
 
-def test_tpu_interpreter():
+@pytest.mark.parametrize("impl", ["pallas", "xla", "reference"])
+def test_softcap_matches_materialised_capped_logits(impl):
+    """log_softmax(c * tanh(h W / c) / T) and its entropy, values and gradients wrt h and W."""
+    hidden, unembed, targets = capped_inputs()
+    options = dict(temperature=0.7, softcap=SOFTCAP)
+    if impl == "reference":
+        fn = lambda h, w: token_logprobs_and_entropy_reference(h, w, targets, **options)
+    else:
+        fn = lambda h, w: token_logprobs_and_entropy(
+            h, w, targets, impl=impl, block_sizes=BLOCKS, **options
+        )
+    oracle = lambda h, w: materialised(h, w, targets, **options)
+    ((logp, ent), grads), ((want_logp, want_ent), want_grads) = fast_jit(
+        lambda h, w: (values_and_grads(fn, h, w), values_and_grads(oracle, h, w))
+    )(hidden, unembed)
+    # Logits reach c / T = 43: relative tolerances, as for any logit-sized value.
+    close(logp, want_logp, 2e-5)
+    close(ent, want_ent, 2e-5)
+    for got, expected in zip(grads, want_grads):
+        close(got, expected, 1e-4)
+    # The cap changes the answer: an uncapped op could not pass the checks above.
+    uncapped = materialised(hidden, unembed, targets, temperature=0.7, softcap=None)[0]
+    assert np.max(np.abs(np.asarray(uncapped - want_logp))) > 10.0
+
+
+@pytest.mark.parametrize("softcap", [None, SOFTCAP])
+def test_tpu_interpreter(softcap):
     """The kernel under the TPU interpreter, which NaN-fills scratch and out-of-range reads."""
-    hidden, unembed, targets = make_inputs(jnp.float32, tokens=16)
+    if softcap is None:
+        hidden, unembed, targets = make_inputs(jnp.float32, tokens=16)
+    else:
+        hidden, unembed, targets = capped_inputs(tokens=16)
     run = fast_jit(
         functools.partial(
             token_logprobs_kernel,
-            temperature=1.0,
+            temperature=0.7,
+            softcap=softcap,
             block_sizes=BLOCKS,
             interpret=pltpu.InterpretParams(out_of_bounds_reads="uninitialized"),
         )
     )
     logp, ent, lse = run(hidden, unembed, targets)
-    want_logp, want_ent = token_logprobs_and_entropy_reference(hidden, unembed, targets)
+    want_logp, want_ent = materialised(hidden, unembed, targets, temperature=0.7, softcap=softcap)
     close(logp, want_logp, 2e-5)
     close(ent, want_ent, 2e-5)
-    close(lse, jax.nn.logsumexp(hidden @ unembed, axis=-1), 2e-5)
+    logits = materialised_logits(hidden, unembed, temperature=0.7, softcap=softcap)
+    close(lse, jax.nn.logsumexp(logits, axis=-1), 2e-5)
 
 
 def test_properties_single_token_vocab_and_uniform_logits():
@@ -142,12 +199,21 @@ def test_never_materialises_logits():
 
 
 @pytest.mark.parametrize(
-    "batch_axes, vocab_axis",
-    [(("data", "model"), None), ("data", "model"), (None, "model")],
+    "batch_axes, vocab_axis, softcap",
+    [
+        (("data", "model"), None, None),
+        ("data", "model", None),
+        (None, "model", None),
+        (("data", "model"), None, SOFTCAP),
+        ("data", "model", SOFTCAP),  # the cap under the vocab-parallel combine
+    ],
 )
-def test_sharded_over_tokens_and_vocab(batch_axes, vocab_axis):
+def test_sharded_over_tokens_and_vocab(batch_axes, vocab_axis, softcap):
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    hidden, unembed, targets = make_inputs(jnp.float32, tokens=24)
+    if softcap is None:
+        hidden, unembed, targets = make_inputs(jnp.float32, tokens=24)
+    else:
+        hidden, unembed, targets = capped_inputs(tokens=24)
 
     def sharded(h, w):
         return sharded_token_logprobs_and_entropy(
@@ -158,11 +224,12 @@ def test_sharded_over_tokens_and_vocab(batch_axes, vocab_axis):
             targets,
             vocab_axis=vocab_axis,
             temperature=0.7,
+            softcap=softcap,
             impl="pallas",
             block_sizes=BLOCKS,
         )
 
-    ref = lambda h, w: token_logprobs_and_entropy_reference(h, w, targets, temperature=0.7)
+    ref = lambda h, w: materialised(h, w, targets, temperature=0.7, softcap=softcap)
     ((logp, ent), grads), ((want_logp, want_ent), want_grads) = fast_jit(
         lambda h, w: (values_and_grads(sharded, h, w), values_and_grads(ref, h, w))
     )(hidden, unembed)

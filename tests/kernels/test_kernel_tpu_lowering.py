@@ -199,6 +199,31 @@ def test_fused_logprobs_sweep_lowers_forward_and_backward(vocab, tokens, width, 
     )
 
 
+# Gemma 2's final-logit soft cap (c = 30) before a temperature: V below one lane tile, a ragged
+# last tile, and Gemma 2's own 256,000-token vocabulary.
+SOFTCAP_LOGPROB_CASES = [
+    (18, 37, 64, "default"),
+    (1000, 200, 128, "v4"),
+    (256000, 1000, 128, "v6e"),
+]
+
+
+@pytest.mark.parametrize("vocab, tokens, width, generation", SOFTCAP_LOGPROB_CASES)
+def test_fused_logprobs_softcap_lowers_forward_and_backward(vocab, tokens, width, generation):
+    sizes = _table(logprobs_bs, generation).for_shape(tokens, vocab)
+    fn = _grad_fn(
+        token_logprobs_and_entropy_core,
+        2,
+        temperature=0.7,
+        softcap=30.0,
+        block_sizes=sizes,
+        **_TPU,
+    )
+    assert_lowers_to_mosaic(
+        fn, _S((tokens, width), _BF16), _S((width, vocab), _BF16), _S((tokens,), _I32)
+    )
+
+
 # (T, head dim, segment ids, generation): odd lengths, one tile, lane tiles, long sequences.
 FLASH_CASES = [
     (1, 64, True, "default"),
