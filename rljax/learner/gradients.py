@@ -174,6 +174,8 @@ class Gradients:
         unembed = model.unembed_dv
         args = (hidden.reshape(r * t, d), unembed, mb["targets"].reshape(r * t))
         kw: dict[str, Any] = dict(temperature=self.temperature, impl=self.kernel_impl)
+        if model.cfg.final_logit_softcapping is not None:  # Gemma 2's cap, before temperature
+            kw["softcap"] = model.cfg.final_logit_softcapping
         # Rows are split over the 'batch' axes, so the flattened tokens are too; the vocabulary
         # is split over the 'vocab' axes when they divide it (vocab-parallel combine).
         split = kernel_mesh_axes(
