@@ -29,31 +29,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+import recipe_seeds  # scripts/recipe_seeds.py, beside this file
 
 CONFIG = "configs/arith_moe.py"
-REPO = pathlib.Path(__file__).resolve().parents[1]
 DEVICES = {"sync": 1, "eta2": 8, "off": 1, "small": 1}
 
 
 def launch(variant: str, workdir: pathlib.Path, overrides: dict[str, object]) -> dict:
     """One run of the recipe; returns its summary line and wall seconds."""
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(DEVICES[variant])}
-    flags = [f"--config.{k}={v}" for k, v in overrides.items()]
-    cmd = ["rljax", f"--config={CONFIG}:{variant}", f"--workdir={workdir}", *flags]
-    start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    if out.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    summary = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    return {**summary, "process_wall_s": round(wall, 1)}
+    return recipe_seeds.launch(CONFIG, variant, workdir, overrides, DEVICES[variant])
 
 
 def train_records(workdir: pathlib.Path) -> list[dict]:
@@ -62,29 +51,8 @@ def train_records(workdir: pathlib.Path) -> list[dict]:
 
 
 def learn(args: argparse.Namespace, root: pathlib.Path) -> dict:
-    runs = []
-    for variant in args.variants.split(","):
-        for seed in map(int, args.seeds.split(",")):
-            s = launch(variant, root / f"{variant}_{seed}", {"seed": seed})
-            gain = 100 * (s["final_accuracy"] - s["initial_accuracy"])
-            runs.append({"variant": variant, "seed": seed, "gain_points": round(gain, 1), **s})
-            print(
-                f"{variant:5s} seed {seed}: {100 * s['initial_accuracy']:.1f}% -> "
-                f"{100 * s['final_accuracy']:.1f}% ({gain:+.1f} points), "
-                f"{s['process_wall_s']:.0f} s",
-                flush=True,
-            )
-    by_variant = {}
-    for variant in args.variants.split(","):
-        mine = [r for r in runs if r["variant"] == variant]
-        gains, walls = [r["gain_points"] for r in mine], [r["process_wall_s"] for r in mine]
-        by_variant[variant] = {
-            "gain_median": statistics.median(gains),
-            "gain_range": [min(gains), max(gains)],
-            "wall_median_s": statistics.median(walls),
-            "wall_range_s": [min(walls), max(walls)],
-        }
-    return {"runs": runs, "by_variant": by_variant}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    return recipe_seeds.learn(CONFIG, args.variants.split(","), seeds, root, DEVICES)
 
 
 # (table key, metric): per step, from each run's train records (nan where a step has none).
@@ -198,9 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     root = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="moe_recipe_"))
     figures = learn(args, root) if args.what == "learn" else mismatch(args, root)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if "Model name" in ln), "")
-    figures["cpu"] = model + (" (avx512)" if "avx512" in cpu else " (no avx512)")
+    figures["cpu"] = recipe_seeds.cpu_name()
     print(json.dumps(figures))
     return figures
 
