@@ -29,6 +29,7 @@ from rljax.config.model import ModelConfig
 from rljax.config.reward import JudgeConfig, RewardConfig, RewardModelConfig
 from rljax.data.registry import ANSWER_FORMATS
 from rljax.data.registry import TASKS as TASK_REGISTRY
+from rljax.envs.tool_calls import FORMATS as TOOL_FORMATS
 
 # Their own modules now (rljax.config.model, rljax.config.reward); kept importable here.
 __all__ = ["JudgeConfig", "ModelConfig", "RewardConfig", "RewardModelConfig"]
@@ -326,7 +327,8 @@ class EnvConfig:
       num_workers: env steps that run at once (threads, off the sampler's).
       on_failure: a conversation whose env raised, hung or answered badly ends with what it
         has ('end', its reward the steps' so far) or its group is dropped ('drop').
-      tool_format: the tool-call syntax the 'tools' env parses: 'hermes' (Qwen) or 'smollm2'.
+      tool_format: the tool-call syntax the 'tools' env parses: 'hermes' (Qwen), 'smollm2' or
+        'gemma' (a Python call in a tool_code block; results come back in tool_output blocks).
       tools: the built-in tools the 'tools' env offers: 'calculator', 'python' or both.
       tool_prompt: how the 'tools' env's system message lists them: 'card' (the model
         family's own wording) or 'brief' (a line per tool and one example call).
@@ -350,7 +352,7 @@ class EnvConfig:
         _positive_float("env.step_timeout_s", self.step_timeout_s)
         _positive("env.num_workers", self.num_workers)
         _one_of("env.on_failure", self.on_failure, ("end", "drop"))
-        _one_of("env.tool_format", self.tool_format, ("hermes", "smollm2"))
+        _one_of("env.tool_format", self.tool_format, TOOL_FORMATS)
         _one_of("env.tool_prompt", self.tool_prompt, ("card", "brief"))
         tools = self.tools
         if isinstance(tools, str) or not tools or any(t not in BUILTIN_TOOL_NAMES for t in tools):

@@ -34,8 +34,9 @@ class ChatRenderer:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        texts = (tokenizer.decode([i], skip_special_tokens=False) for i in tokenizer.stop_ids)
-        self._stop_texts = sorted(texts, key=len, reverse=True)
+        # Each stop token's text and id, the longest text first (one may begin another).
+        stops = ((tokenizer.decode([i], skip_special_tokens=False), i) for i in tokenizer.stop_ids)
+        self._stops = sorted(stops, key=lambda stop: len(stop[0]), reverse=True)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """The prompt: the messages with the generation prompt; a BOS in front when the
@@ -46,6 +47,21 @@ class ChatRenderer:
         )
         bos = tok.bos_id is not None and not text.startswith(tok.bos_token)
         return self._encode(text, add_bos=bos, what="Env.reset's messages")
+
+    @property
+    def turn_end_id(self) -> int:
+        """The stop id the chat template writes where an assistant turn ends (SmolLM2's
+        ``<|im_end|>``, Gemma's ``<end_of_turn>``): the id a turn written for the model (a
+        teacher's) ends with. The tokenizer's EOS when the template writes no stop token there.
+        """
+        tok = self.tokenizer
+        stand_in = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _SENTINEL}]
+        text = tok.apply_chat_template(stand_in, add_generation_prompt=False)
+        rest = text[text.rfind(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in text else ""
+        for stop, stop_id in self._stops:
+            if stop and rest.startswith(stop):
+                return stop_id
+        return tok.eos_id
 
     def action_text(self, turn_tokens: Sequence[int]) -> str:
         """The model's turn as the env sees it: decoded, its stop token left out."""
@@ -74,7 +90,7 @@ class ChatRenderer:
             )
         rest = text[at + len(_SENTINEL) :]
         # The model's own stop token already ends its turn: the template's is not repeated.
-        for stop in self._stop_texts:
+        for stop, _ in self._stops:
             if stop and rest.startswith(stop):
                 rest = rest[len(stop) :]
                 break

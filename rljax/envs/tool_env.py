@@ -5,10 +5,12 @@
 Each model turn is then either
 
 - tool calls: each is run and its result returned as a ``{"role": "tool", "name", "content"}``
-  message; the conversation goes on. A call that fails (no such tool, bad arguments, the tool
-  raised, the block could not be read) is answered with ``"error: ..."`` as the content, so
-  the model can recover, and counted in ``Step.info`` as ``tool_errors/<kind>``;
-- or the answer (a turn without ``<tool_call>``): the conversation ends, scored by
+  message (for ``fmt='gemma'``, the turn's results as one user message of ``tool_output``
+  blocks: :func:`rljax.envs.tool_calls.tool_results`); the conversation goes on. A call that
+  fails (no such tool, bad arguments, the tool raised, the block could not be read) is answered
+  with ``"error: ..."`` as the content, so the model can recover, and counted in ``Step.info``
+  as ``tool_errors/<kind>``;
+- or the answer (a turn without a call block): the conversation ends, scored by
   ``answer_reward(answer, example)`` (0.0 without one).
 
 One ToolEnv plays one conversation (``rljax.run(..., env=factory)`` makes one per
@@ -31,6 +33,7 @@ from rljax.envs.tool_calls import (
     ToolCallError,
     ToolError,
     parse_tool_calls,
+    tool_results,
     tools_prompt,
 )
 
@@ -104,8 +107,8 @@ def _error(kind: str, message: str, name: str | None = None) -> tuple[dict, str]
 
 class ToolEnv:
     """An :class:`~rljax.envs.base.Env` whose model calls ``tools`` (default
-    :data:`BUILTIN_TOOLS`) in the ``fmt`` syntax (``"hermes"`` or ``"smollm2"``) before it
-    answers.
+    :data:`BUILTIN_TOOLS`) in the ``fmt`` syntax (``"hermes"``, ``"smollm2"`` or ``"gemma"``)
+    before it answers.
 
     Args:
       tools: name -> :class:`Tool`; each key must be its tool's name.
@@ -130,7 +133,10 @@ class ToolEnv:
     ):
         tools = BUILTIN_TOOLS if tools is None else tools
         if fmt not in FORMATS:
-            raise ValueError(f"ToolEnv(fmt={fmt!r}): use one of {FORMATS}")
+            raise ValueError(
+                f"ToolEnv(fmt={fmt!r}): unknown tool-call format; use one of {FORMATS}, the "
+                "syntax the model was trained on"
+            )
         for key, tool in tools.items():
             if not isinstance(tool, Tool) or tool.name != key:
                 raise ValueError(
@@ -171,7 +177,8 @@ class ToolEnv:
             calls = parse_tool_calls(action, self.fmt)
         except ToolCallError as e:
             msg, _ = _error(e.kind, f"{e.kind}: {e.message}")
-            return Step([msg], info={"tool_calls": 1, f"tool_errors/{e.kind}": 1})
+            observation = tool_results([msg], self.fmt)
+            return Step(observation, info={"tool_calls": 1, f"tool_errors/{e.kind}": 1})
         if not calls:
             reward = 0.0
             if self.answer_reward is not None:
@@ -193,7 +200,7 @@ class ToolEnv:
             observation.append(msg)
             if kind is not None:
                 info[f"tool_errors/{kind}"] = info.get(f"tool_errors/{kind}", 0) + 1
-        return Step(observation, info=info)
+        return Step(tool_results(observation, self.fmt), info=info)
 
     def _run(self, call: ToolCall) -> tuple[dict, str | None]:
         """The tool message answering ``call``, and its error kind (None if it succeeded)."""

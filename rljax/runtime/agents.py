@@ -16,7 +16,7 @@ from rljax.envs.base import Env
 from rljax.envs.conversation import ENV_ERROR_KINDS, Conversations
 from rljax.envs.registry import env_factory
 from rljax.envs.render import ChatRenderer
-from rljax.envs.tool_calls import tool_call_text
+from rljax.envs.tool_calls import tool_call_text, tool_results
 from rljax.learner.batch import TrainSequence
 from rljax.models.tokenizer import Tokenizer
 
@@ -56,15 +56,17 @@ def transcript_sequence(
     tool_format: str = "hermes",
 ) -> TrainSequence:
     """A teacher's conversation as the engine would hold it: the env's prompt, each assistant
-    message's ids and a stop token (trained), each run of other messages rendered as one
-    observation (not trained)."""
+    message's ids and the template's end-of-turn stop token (trained), each run of other
+    messages rendered as one observation (not trained), its tool results in ``tool_format``'s
+    form."""
     if conversations is None:
         raise ConfigError(
             f"the warm start's teacher answered {example.get('id')!r} with a conversation, "
             "which needs an env to render it (env.name or rljax.run(..., env=)); set env.name "
             "or use a single-turn teacher"
         )
-    renderer, stop_id = conversations.renderer, tokenizer.eos_id
+    renderer = conversations.renderer
+    stop_id = renderer.turn_end_id
     prompt = conversations.prompt(example)
     tokens, mask = list(prompt), []
     pending: list[dict] = []
@@ -73,7 +75,7 @@ def transcript_sequence(
             pending.append(message)
             continue
         if pending:
-            ids = renderer.observation_ids(pending)
+            ids = renderer.observation_ids(tool_results(pending, tool_format))
             tokens += ids
             mask += [0] * len(ids)
             pending = []

