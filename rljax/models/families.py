@@ -29,6 +29,7 @@ Both ``config.json`` dialects are read: the legacy ``rope_theta`` + ``rope_scali
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,8 +64,39 @@ def _unsupported(source: str, what: str, fix: str) -> ValueError:
     return ValueError(f"{source}: {what}; {fix}")
 
 
+# Gemma 4 (text) needs these beyond Gemma 3, none built yet: (what it is, present in the
+# config.json). Its normalisation, value norm, attention scale and layer scalar are in every
+# Gemma 4, so every Gemma 4 checkpoint is refused, naming what it uses (docs/gemma.md).
+GEMMA4_FEATURES = (
+    ("per-layer inputs", lambda c: bool(c.get("hidden_size_per_layer_input"))),
+    ("shared KV layers", lambda c: bool(c.get("num_kv_shared_layers"))),
+    ("per-layer head_dim", lambda c: bool(c.get("per_layer_config") or c.get("global_head_dim"))),
+    (
+        "partial (proportional) RoPE",
+        lambda c: "proportional" in json.dumps(c.get("rope_parameters")),
+    ),
+    ("keys as values", lambda c: bool(c.get("attention_k_eq_v"))),
+    ("the mixture-of-experts block", lambda c: bool(c.get("enable_moe_block"))),
+    ("the double-wide MLP", lambda c: bool(c.get("use_double_wide_mlp"))),
+    ("the value norm, unit attention scale and layer scalar", lambda c: True),
+)
+
+
+def _refuse_gemma4(config_json: Mapping[str, Any], source: str) -> None:
+    arch = (config_json.get("architectures") or [""])[0]
+    if not (arch.startswith("Gemma4") or config_json.get("model_type", "").startswith("gemma4")):
+        return
+    needs = [name for name, used in GEMMA4_FEATURES if used(config_json)]
+    raise _unsupported(
+        source,
+        f"Gemma 4 is not supported yet: it uses {', '.join(needs)}, which rljax does not implement",
+        "use a Gemma 2 or Gemma 3 (text) checkpoint; docs/gemma.md lists what Gemma 4 needs",
+    )
+
+
 def architecture_of(config_json: Mapping[str, Any], *, source: str = "config.json") -> str:
     """The supported architecture name a ``config.json`` declares; raises for any other."""
+    _refuse_gemma4(config_json, source)
     archs = config_json.get("architectures") or []
     arch = archs[0] if archs else _MODEL_TYPES.get(config_json.get("model_type", ""))
     if arch not in ARCHITECTURES:

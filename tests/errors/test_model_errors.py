@@ -78,6 +78,16 @@ def _gpt2(d):
     _edit_config(d, architectures=["GPT2LMHeadModel"], model_type="gpt2")
 
 
+def _gemma4(d):
+    _edit_config(
+        d,
+        architectures=["Gemma4ForCausalLM"],
+        model_type="gemma4_text",
+        hidden_size_per_layer_input=256,
+        num_kv_shared_layers=0,
+    )
+
+
 def _no_hidden_size(d):
     config = json.loads((d / "config.json").read_text())
     del config["hidden_size"]
@@ -138,6 +148,7 @@ MODEL_CASES = [
     ("M11", _missing_tensor, "re-download the checkpoint, or fix config.json"),
     ("M12", _int_tensor, "dequantize the checkpoint, or export it unquantized"),
     ("M13", _missing_shard, "re-download the checkpoint"),
+    ("M18", _gemma4, "use a Gemma 2 or Gemma 3 (text) checkpoint; docs/gemma.md lists"),
 ]
 
 
