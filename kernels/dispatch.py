@@ -9,7 +9,8 @@ Each public op takes ``impl``:
 - ``'xla'``: always the plain jnp implementation.
 
 The ops' public wrappers resolve their options here, once: ``resolve_impl``, the default
-softmax scale (``resolve_sm_scale``) and the block sizes (``resolve_block_sizes``: the
+softmax scale (``resolve_sm_scale``), the attention ops' sliding window and score soft-cap
+(``resolve_window``, ``resolve_softcap``) and the block sizes (``resolve_block_sizes``: the
 caller's, else the tuned entry for this chip). It also maps ``jax.Device.device_kind``
 strings to the TPU generation keys ('v4', 'v5e', 'v5p', 'v6e') that every ``block_sizes.py``
 tuning table is keyed by.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -85,6 +87,43 @@ def resolve_sm_scale(sm_scale: float | None, head_dim: int) -> float:
         sm_scale = 1.0 / math.sqrt(head_dim)
     validation.check_positive_scalar("sm_scale", sm_scale)
     return float(sm_scale)
+
+
+def resolve_window(window, capacity: int) -> int | None:
+    """``window`` as a Python int, or None where it can never mask a key.
+
+    A window of at least ``capacity`` keys (a sequence's length; ``pages_per_seq * S`` for
+    paged attention, whose lengths are clamped to the table) covers every key a query may see,
+    so the op runs its global program.
+
+    Raises:
+      ValueError: ``window`` is not an int >= 1.
+    """
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or int(window) < 1:
+        raise ValueError(
+            f"window must be an int >= 1 (the keys each query attends, itself included), got "
+            f"{window!r}; pass window=None for global attention."
+        )
+    return None if int(window) >= capacity else int(window)
+
+
+def resolve_softcap(softcap) -> float | None:
+    """``softcap`` as a Python float, or None.
+
+    Raises:
+      ValueError: ``softcap`` is not a finite number > 0.
+    """
+    if softcap is None:
+        return None
+    ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
+    if not ok or not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(
+            f"softcap must be a finite float > 0 (scores become softcap * tanh(scores / "
+            f"softcap)), got {softcap!r}; pass softcap=None for no soft-capping."
+        )
+    return float(softcap)
 
 
 def resolve_block_sizes(op: str, block_sizes: T | None, cls: type[T], tuned: Callable[[], T]) -> T:

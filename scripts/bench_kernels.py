@@ -2,6 +2,7 @@
 
     python scripts/bench_kernels.py                 # CPU: XLA paths, memory ratio
     python scripts/bench_kernels.py --tokens 1024   # bigger log-prob batch
+    python scripts/bench_kernels.py --only-window   # only the sliding-window attention figures
 
 Always measured:
   - fused chunked log-probs/entropy ('xla' path) vs naive full-logits log_softmax, forward and
@@ -11,7 +12,13 @@ Always measured:
     256 tokens in two packed sequences, 9 query heads over 3 kv heads of 64): time ratio
     (reference / xla path; > 1 means the xla path is faster);
   - compiled memory (temp + output bytes) of the fused forward, and temp bytes of its
-    backward, as a fraction of the [T, V] f32 logits, at V = 152064.
+    backward, as a fraction of the [T, V] f32 logits, at V = 152064;
+  - flash attention with a sliding window W (a Gemma local layer) against the same layer
+    global, forward+backward at T = 8 W (W = 512: T = 4096; one row, 9 query heads over 3 kv
+    heads of 64, f32), the two timed in turn and each the median of its repeats: time ratio
+    (global / local; > 1 means the window's skipped keys are saved; at most about 4.3 at
+    T = 8 W, where a local layer computes 1/4.3 of a global layer's scores). The 'xla'
+    path everywhere; on a TPU the Pallas kernels too (Pallas runs only there).
 On a TPU also: Pallas vs XLA for all three ops (ratio xla / pallas).
 
 The last line printed is one JSON object holding every figure.
@@ -20,6 +27,7 @@ The last line printed is one JSON object holding every figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -47,6 +55,20 @@ def median_seconds(fn, *args, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def medians_in_turn(fns: dict, *args, repeats: int) -> dict:
+    """Median wall time of each ``fn(*args)``, the fns called in turn ``repeats`` times after
+    one warm-up (compile) call each."""
+    for fn in fns.values():
+        jax.block_until_ready(fn(*args))
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def logprob_inputs(tokens, dim, vocab, dtype, seed=0):
@@ -114,6 +136,39 @@ def bench_attention(args, figures):
     )
     figures["attention_fwdbwd_ms"] = ms
     figures["attention_fwdbwd_reference_over_xla"] = round(ms["reference"] / ms["xla"], 3)
+
+
+def bench_window(args, figures):
+    """Forward + backward of a local (sliding-window) attention layer and of it as global."""
+    b, n, k, h, w = 1, 9, 3, 64, args.window  # SmolLM2-135M's heads, one row of 8 windows
+    t = 8 * w
+    rng = np.random.default_rng(3)
+    q, dout = (jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32) for _ in range(2))
+    kv = [jnp.asarray(rng.standard_normal((b, t, k, h)), jnp.float32) for _ in range(2)]
+    impls = ["xla", "pallas"] if dispatch.on_tpu() else ["xla"]
+    ratios, ms = {}, {}
+    for impl in impls:
+        grads = {}
+        for name, window in (("global", None), ("local", w)):
+            attend = functools.partial(flash_attention, causal=True, impl=impl, window=window)
+            loss = lambda *a, attend=attend: jnp.sum(attend(*a) * dout)
+            grads[name] = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        # In turn, so that a shared machine's load drifts over both alike.
+        ms[impl] = {
+            name: seconds * 1e3
+            for name, seconds in medians_in_turn(grads, q, *kv, repeats=args.repeats).items()
+        }
+        ratios[impl] = round(ms[impl]["global"] / ms[impl]["local"], 3)
+        print(
+            f"attention fwd+bwd {impl} B={b} T={t} N={n} K={k} H={h}: global "
+            f"{ms[impl]['global']:.1f} ms, window {w} {ms[impl]['local']:.1f} ms, "
+            f"global / local {ratios[impl]:.2f}"
+        )
+    if not dispatch.on_tpu():
+        print("No TPU: the Pallas kernels' window (band grids) is not timed; it runs on TPU only.")
+    figures["window_fwdbwd_ms"] = ms
+    figures["window_fwdbwd_global_over_local"] = ratios
+    figures["window_shape"] = {"batch": b, "seq": t, "window": w, "heads": n, "kv_heads": k}
 
 
 def bench_logprob_memory(args, figures):
@@ -186,10 +241,19 @@ def main():
     parser.add_argument("--vocab", type=int, default=MEMORY_VOCAB)
     parser.add_argument("--memory-tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--window", type=int, default=512, help="sliding window W (T = 8 W)")
+    parser.add_argument(
+        "--only-window", action="store_true", help="only the sliding-window attention figures"
+    )
     args = parser.parse_args()
     figures = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+    if args.only_window:
+        bench_window(args, figures)
+        print(json.dumps(figures, sort_keys=True))
+        return
     bench_logprobs(args, figures)
     bench_attention(args, figures)
+    bench_window(args, figures)
     bench_logprob_memory(args, figures)
     if dispatch.on_tpu():
         bench_pallas_vs_xla(args, figures)

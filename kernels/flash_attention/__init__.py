@@ -1,4 +1,5 @@
-"""Flash attention: blockwise GQA attention with causal and segment masks, fwd + bwd."""
+"""Flash attention: blockwise GQA attention with causal, sliding-window and segment masks
+and a score soft-cap, fwd + bwd."""
 
 from rljax.kernels.flash_attention.block_sizes import BlockSizes
 from rljax.kernels.flash_attention.ops import flash_attention

@@ -1,13 +1,17 @@
-"""Pallas TPU kernel: flash attention forward with GQA, causal and segment masks.
+"""Pallas TPU kernel: flash attention forward with GQA, causal, window and segment masks.
 
 Layout: heads-major, q [B, N, T, H] and k, v [B, K, T, H], so every tile's last two dims are
-(sequence, head_dim) as TPU tiling wants. Grid (B, N, T/block_q, T/block_kv); the last axis
-is the reduction, carried in VMEM scratch (running max m, running sum l, accumulator acc).
+(sequence, head_dim) as TPU tiling wants. Grid (B, N, T/block_q, T/block_kv), or with a
+window (B, N, T/block_q, the widest band's key tiles); the last axis is the reduction, carried
+in VMEM scratch (running max m, running sum l, accumulator acc).
 Query head n reads kv head n // G straight from the index map: K/V are never repeated.
 
 Causal tiles wholly above the diagonal are skipped twice over: compute is guarded by
 ``pl.when``, and the K/V index map clamps to the last needed tile, so the pipeline sees an
-unchanged block index and issues no DMA for them.
+unchanged block index and issues no DMA for them. With a sliding window the last grid axis
+walks only the band of key tiles the window reaches (``band.py``): tiles wholly before it
+are not grid steps at all. Scores are soft-capped (``softcap * tanh(s / softcap)``) before
+the masks, as in Gemma 2.
 
 Segment ids arrive pre-broadcast as [B, T, 128] (queries, lane-broadcast) and [B, 8, T] (keys,
 sublane-broadcast), the layouts TPU tiling accepts for a per-row and a per-column vector.
@@ -25,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from rljax.kernels.flash_attention.band import TileBand
 from rljax.kernels.flash_attention.block_sizes import BlockSizes
 
 # Finite, so a row whose tiles so far are all masked gets exp(0) garbage that the first
@@ -49,13 +54,6 @@ def check_lane_tile(name: str, block: int, padded_len: int, interpret) -> None:
         )
 
 
-def _last_kv_block(q_block, block_q, block_kv):
-    """Index of the last kv tile a causal query tile needs."""
-    # lax.div truncates, equal to floor for these non-negative ints; `//` on a traced int adds a
-    # sign op, whose Mosaic lowering needs the chip's identity (breaks ahead-of-time export).
-    return jax.lax.div((q_block + 1) * block_q - 1, jnp.int32(block_kv))
-
-
 def _init_scratch(m_sc, l_sc, acc_sc) -> None:
     """Empty running statistics before a query tile's first kv tile."""
     m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, jnp.float32)
@@ -63,16 +61,27 @@ def _init_scratch(m_sc, l_sc, acc_sc) -> None:
     acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
 
+def soft_cap_and_tanh(s, softcap):
+    """``softcap * tanh(s / softcap)`` and the tanh (for the backward's slope), or (s, None)."""
+    if softcap is None:
+        return s, None
+    tanh = jnp.tanh(s * (1.0 / softcap))
+    return softcap * tanh, tanh
+
+
 def _masked_scores(q, k, qi, kj, qseg_ref, kvseg_ref, *, cfg):
-    """Scaled scores of one [block_q, block_kv] tile, MASK_VALUE where a query may not look:
-    above the diagonal (causal), at padded keys, across segments."""
+    """Scaled, soft-capped scores of one [block_q, block_kv] tile, MASK_VALUE where a query
+    may not look: above the diagonal (causal), outside the window, at padded keys, across
+    segments."""
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    s = s * cfg["sm_scale"]
+    s, _ = soft_cap_and_tanh(s * cfg["sm_scale"], cfg["softcap"])
     mask = None
     col = kj * cfg["block_kv"] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
     if cfg["causal"]:
         row = qi * cfg["block_q"] + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
         mask = col <= row
+        if cfg["window"] is not None:
+            mask = mask & (row - col < cfg["window"])
     if cfg["kv_len"] < cfg["padded_len"]:
         in_range = col < cfg["kv_len"]
         mask = in_range if mask is None else mask & in_range
@@ -113,22 +122,22 @@ def _kernel(*refs, cfg):
     else:
         q_ref, k_ref, v_ref, o_ref, lse_ref, m_sc, l_sc, acc_sc = refs
         qseg_ref = kvseg_ref = None
+    band = cfg["band"]
     qi = pl.program_id(2)
-    kj = pl.program_id(3)
-    num_kv_blocks = pl.num_programs(3)
+    step = pl.program_id(3)
+    kj = band.kv_tile(qi, step)
+    num_steps = pl.num_programs(3)
 
-    @pl.when(kj == 0)
+    @pl.when(step == 0)
     def _():
         _init_scratch(m_sc, l_sc, acc_sc)
 
-    run = kj <= _last_kv_block(qi, cfg["block_q"], cfg["block_kv"]) if cfg["causal"] else True
-
-    @pl.when(run)
+    @pl.when(band.kv_run(qi, kj))
     def _():
         s = _masked_scores(q_ref[...], k_ref[...], qi, kj, qseg_ref, kvseg_ref, cfg=cfg)
         _online_softmax_update(s, v_ref, m_sc, l_sc, acc_sc)
 
-    @pl.when(kj == num_kv_blocks - 1)
+    @pl.when(step == num_steps - 1)
     def _():
         _finalise(o_ref, lse_ref, m_sc, l_sc, acc_sc)
 
@@ -167,6 +176,8 @@ def flash_attention_fwd_kernel(
     kv_len: int,
     block_sizes: BlockSizes,
     interpret,
+    window: int | None = None,
+    softcap: float | None = None,
 ):
     """Runs the forward kernel on heads-major, padded inputs.
 
@@ -179,6 +190,8 @@ def flash_attention_fwd_kernel(
       kv_len: the unpadded length T; keys at or past it are masked out.
       block_sizes: tile sizes dividing Tp.
       interpret: ``pallas_call``'s interpret argument.
+      window: None, or W >= 1 (with ``causal``): a query sees only the W keys ending at it.
+      softcap: None, or c > 0: scores become c * tanh(scores / c) before the masks.
 
     Returns:
       (out [B, N, Tp, H] in q's dtype, lse [B, N, Tp, 1] f32).
@@ -187,13 +200,13 @@ def flash_attention_fwd_kernel(
     group = n // k_bkth.shape[1]
     bq, bk = block_sizes.block_q, block_sizes.block_kv
     check_lane_tile("block_kv", bk, tp, interpret)
+    band = TileBand(block_q=bq, block_kv=bk, padded_len=tp, causal=causal, window=window)
 
-    def kv_index(bi, ni, qi, kj):
-        if causal:
-            kj = jnp.minimum(kj, _last_kv_block(qi, bq, bk))
+    def kv_index(bi, ni, qi, step):
+        kj = band.kv_fetch(qi, band.kv_tile(qi, step))
         return (bi, jax.lax.div(ni, jnp.int32(group)), kj, 0)
 
-    q_spec = pl.BlockSpec((None, None, bq, h), lambda bi, ni, qi, kj: (bi, ni, qi, 0))
+    q_spec = pl.BlockSpec((None, None, bq, h), lambda bi, ni, qi, step: (bi, ni, qi, 0))
     kv_spec = pl.BlockSpec((None, None, bk, h), kv_index)
     in_specs = [q_spec, kv_spec, kv_spec]
     if segment_ids is not None:
@@ -202,15 +215,15 @@ def flash_attention_fwd_kernel(
         )
     cfg = dict(
         sm_scale=sm_scale, causal=causal, has_segments=segment_ids is not None, kv_len=kv_len,
-        padded_len=tp, block_q=bq, block_kv=bk,
+        padded_len=tp, block_q=bq, block_kv=bk, window=window, softcap=softcap, band=band,
     )  # fmt: skip
     return pl.pallas_call(
         functools.partial(_kernel, cfg=cfg),
-        grid=(b, n, tp // bq, tp // bk),
+        grid=(b, n, tp // bq, band.kv_steps()),
         in_specs=in_specs,
         out_specs=[
             q_spec,
-            pl.BlockSpec((None, None, bq, 1), lambda bi, ni, qi, kj: (bi, ni, qi, 0)),
+            pl.BlockSpec((None, None, bq, 1), lambda bi, ni, qi, step: (bi, ni, qi, 0)),
         ],
         out_shape=[
             jax.ShapeDtypeStruct(q_bnth.shape, q_bnth.dtype),

@@ -41,25 +41,21 @@ def validate(q, k, v, segment_ids):
         validation.check_integer("segment_ids", segment_ids, _SEG)
 
 
-@functools.partial(
-    jax.custom_vjp, nondiff_argnames=("causal", "sm_scale", "kv_len", "block_sizes", "interpret")
-)
-def _flash_pallas(q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret):
-    out, _ = flash_attention_fwd_kernel(
-        q,
-        k,
-        v,
-        segment_ids,
-        causal=causal,
-        sm_scale=sm_scale,
-        kv_len=kv_len,
-        block_sizes=block_sizes,
-        interpret=interpret,
-    )
-    return out
+_STATIC = ("causal", "sm_scale", "kv_len", "block_sizes", "interpret", "window", "softcap")
 
 
-def _flash_pallas_fwd(q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnames=_STATIC)
+def _flash_pallas(
+    q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret, window, softcap
+):
+    return _flash_pallas_fwd(
+        q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret, window, softcap
+    )[0]
+
+
+def _flash_pallas_fwd(
+    q, k, v, segment_ids, causal, sm_scale, kv_len, block_sizes, interpret, window, softcap
+):
     out, lse = flash_attention_fwd_kernel(
         q,
         k,
@@ -70,11 +66,15 @@ def _flash_pallas_fwd(q, k, v, segment_ids, causal, sm_scale, kv_len, block_size
         kv_len=kv_len,
         block_sizes=block_sizes,
         interpret=interpret,
+        window=window,
+        softcap=softcap,
     )
     return out, (q, k, v, segment_ids, out, lse)
 
 
-def _flash_pallas_bwd(causal, sm_scale, kv_len, block_sizes, interpret, residuals, dout):
+def _flash_pallas_bwd(
+    causal, sm_scale, kv_len, block_sizes, interpret, window, softcap, residuals, dout
+):
     q, k, v, segment_ids, out, lse = residuals
     dq, dk, dv = flash_attention_bwd_kernel(
         q,
@@ -89,6 +89,8 @@ def _flash_pallas_bwd(causal, sm_scale, kv_len, block_sizes, interpret, residual
         kv_len=kv_len,
         block_sizes=block_sizes,
         interpret=interpret,
+        window=window,
+        softcap=softcap,
     )
     return dq, dk, dv, None
 
@@ -97,16 +99,31 @@ _flash_pallas.defvjp(_flash_pallas_fwd, _flash_pallas_bwd)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("causal", "sm_scale", "use_pallas", "interpret", "block_sizes")
-)
+    jax.jit,
+    static_argnames=(
+        "causal", "sm_scale", "use_pallas", "interpret", "block_sizes", "window", "softcap"
+    ),
+)  # fmt: skip
 def flash_attention_core(
-    q, k, v, segment_ids, *, causal, sm_scale, use_pallas, interpret, block_sizes
+    q,
+    k,
+    v,
+    segment_ids,
+    *,
+    causal,
+    sm_scale,
+    use_pallas,
+    interpret,
+    block_sizes,
+    window=None,
+    softcap=None,
 ):
     """The jitted op with options already resolved by ``resolve_options``."""
     if not use_pallas:
         return blocked_attention(
-            q, k, v, segment_ids, causal=causal, sm_scale=sm_scale, block_q=block_sizes.block_q
-        )
+            q, k, v, segment_ids, causal=causal, sm_scale=sm_scale, block_q=block_sizes.block_q,
+            window=window, softcap=softcap,
+        )  # fmt: skip
     t = q.shape[1]
     sizes = block_sizes.for_seq_len(t)
     tp = sizes.padded_len(t)
@@ -127,6 +144,8 @@ def flash_attention_core(
         kv_len=t,
         block_sizes=sizes,
         interpret=interpret,
+        window=window,
+        softcap=softcap,
     )
     return out.transpose(0, 2, 1, 3)[:, :t]
 
@@ -141,8 +160,14 @@ def flash_attention(
     sm_scale: float | None = None,
     impl: str = "auto",
     block_sizes: block_sizes_lib.BlockSizes | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ):
     """Memory-efficient (grouped-query) attention over packed sequences; differentiable.
+
+    Masks and soft-cap follow Hugging Face's Gemma 2/3 eager attention: scores are
+    ``softcap * tanh(q.k * sm_scale / softcap)``, then masked (causal, window, segments), then
+    softmaxed.
 
     Args:
       q: [B, T, N, H] float queries.
@@ -155,30 +180,52 @@ def flash_attention(
       sm_scale: softmax scale; defaults to 1 / sqrt(H).
       impl: 'auto' (Pallas on TPU, XLA elsewhere), 'pallas' (interpret mode off TPU) or 'xla'.
       block_sizes: override the tuned ``BlockSizes`` for this chip.
+      window: None (global attention) or W >= 1, with ``causal``: query i also needs
+        i - j < W to see key j, the W keys ending at itself (Gemma's ``sliding_window``). Key
+        tiles wholly outside the window are skipped, not masked: a local layer's cost grows
+        with W, not T. A window of T or more keys is global attention, and runs its program.
+      softcap: None or c > 0, the attention-logit soft-cap (Gemma 2's
+        ``attn_logit_softcapping``); gradients flow through the tanh.
 
     Returns:
       [B, T, N, H] in q's dtype. Gradients flow to q, k and v: on the Pallas path through the
       Pallas backward kernels (``kernel_bwd.py``), on the XLA path by autodiff.
 
     Raises:
-      ValueError: a misshaped argument (named in the message) or an unknown ``impl``; raised
-        before anything is traced.
+      ValueError: a misshaped argument (named in the message), an unknown ``impl``, a window
+        that is not an int >= 1 or comes without ``causal``, or a soft-cap that is not finite
+        and > 0; raised before anything is traced.
     """
     validate(q, k, v, segment_ids)
-    options = resolve_options(q, causal, sm_scale, impl, block_sizes)
+    options = resolve_options(q, causal, sm_scale, impl, block_sizes, window, softcap)
     return flash_attention_core(q, k, v, segment_ids, **options)
 
 
-def resolve_options(q, causal, sm_scale, impl, block_sizes) -> dict:
-    """The op's static options, checked and resolved, as keyword arguments for the core."""
+def resolve_options(q, causal, sm_scale, impl, block_sizes, window=None, softcap=None) -> dict:
+    """The op's static options, checked and resolved, as keyword arguments for the core.
+
+    ``window`` and ``softcap`` are left out when None (a window of T or more keys is None), so
+    the core runs, and caches, the same program as a call without them.
+    """
     backend = dispatch.resolve_impl(impl)
     block_sizes = dispatch.resolve_block_sizes(
         "flash_attention", block_sizes, block_sizes_lib.BlockSizes, block_sizes_lib.for_device
     )
-    return dict(
+    options = dict(
         causal=bool(causal),
         sm_scale=dispatch.resolve_sm_scale(sm_scale, q.shape[-1]),
         use_pallas=backend.use_pallas,
         interpret=backend.interpret,
         block_sizes=block_sizes,
     )
+    resolved = dict(
+        window=dispatch.resolve_window(window, q.shape[1]),
+        softcap=dispatch.resolve_softcap(softcap),
+    )
+    if window is not None and not options["causal"]:
+        raise ValueError(
+            f"window={window!r} needs causal=True (a sliding window looks back from each "
+            "query); pass causal=True, or window=None for bidirectional attention."
+        )
+    options.update((name, value) for name, value in resolved.items() if value is not None)
+    return options

@@ -19,7 +19,7 @@ def sharded_flash_attention(mesh, batch_axes, head_axis, q, k, v, segment_ids=No
       batch_axes: mesh axis name (or tuple of names, or None) sharding B.
       head_axis: mesh axis name (or None) sharding N and K; both must divide by its size.
       q, k, v, segment_ids: as in ``flash_attention``.
-      **kwargs: ``causal``, ``sm_scale``, ``impl``, ``block_sizes``.
+      **kwargs: ``causal``, ``sm_scale``, ``impl``, ``block_sizes``, ``window``, ``softcap``.
 
     Returns:
       [B, T, N, H] outputs, sharded like q; differentiable.
@@ -39,6 +39,8 @@ def sharded_flash_attention(mesh, batch_axes, head_axis, q, k, v, segment_ids=No
         kwargs.pop("sm_scale", None),
         kwargs.pop("impl", "auto"),
         kwargs.pop("block_sizes", None),
+        kwargs.pop("window", None),
+        kwargs.pop("softcap", None),
     )
     if kwargs:
         raise ValueError(f"unexpected keyword arguments {sorted(kwargs)}; see the docstring.")

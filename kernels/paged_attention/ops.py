@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 
 import jax
 from rljax.kernels import dispatch, validation
@@ -47,42 +45,6 @@ def validate(q, k_pages, v_pages, lengths, page_table):
     if table_shape[1] == 0:
         raise ValueError(f"page_table must have shape {_TABLE} with pages_per_seq >= 1.")
     validation.check_integer("page_table", page_table, _TABLE)
-
-
-def resolve_window(window, capacity: int) -> int | None:
-    """``window`` as a Python int, or None where it can never mask a key.
-
-    A window of at least ``capacity = pages_per_seq * S`` tokens covers every slot (lengths
-    are clamped to the table), so it runs today's global program.
-
-    Raises:
-      ValueError: ``window`` is not an int >= 1.
-    """
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or int(window) < 1:
-        raise ValueError(
-            f"window must be an int >= 1 (the keys each query attends, itself included), got "
-            f"{window!r}; pass window=None for global attention."
-        )
-    return None if int(window) >= capacity else int(window)
-
-
-def resolve_softcap(softcap) -> float | None:
-    """``softcap`` as a Python float, or None.
-
-    Raises:
-      ValueError: ``softcap`` is not a finite number > 0.
-    """
-    if softcap is None:
-        return None
-    ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
-    if not ok or not math.isfinite(softcap) or softcap <= 0:
-        raise ValueError(
-            f"softcap must be a finite float > 0 (scores become softcap * tanh(scores / "
-            f"softcap)), got {softcap!r}; pass softcap=None for no soft-capping."
-        )
-    return float(softcap)
 
 
 @functools.partial(
@@ -195,8 +157,8 @@ def resolve_options(
     ``window`` and ``softcap`` are left out when None, so that the core runs (and caches) the
     same program as a call without them.
     """
-    window = resolve_window(window, page_table.shape[1] * k_pages.shape[2])
-    softcap = resolve_softcap(softcap)
+    window = dispatch.resolve_window(window, page_table.shape[1] * k_pages.shape[2])
+    softcap = dispatch.resolve_softcap(softcap)
     backend = dispatch.resolve_impl(impl)
     block_sizes = dispatch.resolve_block_sizes(
         "paged_attention", block_sizes, block_sizes_lib.BlockSizes, block_sizes_lib.for_device

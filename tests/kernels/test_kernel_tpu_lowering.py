@@ -119,6 +119,25 @@ def test_flash_attention_backward_lowers(generation, with_segments):
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)
+def test_flash_attention_window_and_softcap_lower(generation):
+    """Forward and both backward kernels with a sliding window (band grids, clamped index maps
+    with a max and a min) and a soft-cap, at Gemma 3's window of 512."""
+    sizes = flash_bs.TUNING_TABLE[generation]
+    q = _S((2, 8, 1024, 128), _BF16)
+    kv = _S((2, 2, 1024, 128), _BF16)
+    options = dict(
+        causal=True, sm_scale=0.1, kv_len=1000, block_sizes=sizes, interpret=False, window=512,
+        softcap=50.0,
+    )  # fmt: skip
+
+    def fn(q, k, v, s):
+        out, lse = flash_attention_fwd_kernel(q, k, v, s, **options)
+        return flash_attention_bwd_kernel(q, k, v, s, out, lse, out, **options)
+
+    assert_lowers_to_mosaic(fn, q, kv, kv, _S((2, 1024), _I32), calls=3)
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
 def test_fused_logprobs_lowers(generation):
     sizes = logprobs_bs.TUNING_TABLE[generation]
     assert_lowers_to_mosaic(
@@ -254,6 +273,39 @@ def test_flash_attention_sweep_lowers_forward_and_backward(
     kv = _S((1, seq_len, 2, head_dim), _BF16)  # GQA: two query heads per kv head
     seg = _S((1, seq_len), _I32) if with_segments else None
     assert_lowers_to_mosaic(fn, q, kv, kv, seg, calls=3)  # forward, dK/dV, dQ
+
+
+# (T, head dim, segment ids, generation, window, softcap): windows below, at and across tiles.
+FLASH_WINDOW_CASES = [
+    (100, 64, True, "v5e", 16, 50.0),  # one tile: the window is all the masking
+    (300, 64, True, "v6e", 100, None),  # a window cut mid-tile
+    (513, 128, False, "v5p", 1, None),  # a query sees only itself
+    (1000, 64, True, "v4", 128, 50.0),  # window = tile
+    (4095, 128, True, "v6e", 512, 50.0),  # Gemma 3's local layers
+    (200, 128, True, "default", None, 30.0),  # soft-cap alone
+]
+
+
+@pytest.mark.parametrize(
+    "seq_len, head_dim, with_segments, generation, window, softcap", FLASH_WINDOW_CASES
+)
+def test_flash_attention_window_sweep_lowers_forward_and_backward(
+    seq_len, head_dim, with_segments, generation, window, softcap
+):
+    fn = _grad_fn(
+        flash_attention_core,
+        3,
+        causal=True,
+        sm_scale=1 / math.sqrt(head_dim),
+        block_sizes=_table(flash_bs, generation),
+        window=window,
+        softcap=softcap,
+        **_TPU,
+    )
+    q = _S((1, seq_len, 4, head_dim), _BF16)
+    kv = _S((1, seq_len, 2, head_dim), _BF16)
+    seg = _S((1, seq_len), _I32) if with_segments else None
+    assert_lowers_to_mosaic(fn, q, kv, kv, seg, calls=3)
 
 
 # (rows M, K, N, groups G, dtype, precision, generation): Qwen-MoE-like expert widths (768,
