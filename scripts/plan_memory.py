@@ -304,7 +304,7 @@ def _plan_sampler(cfg, graphdef, topo, lora, kernel_impl: str, hoist: bool) -> d
     state = with_shardings(
         jax.eval_shape(engine.init_decode_state), engine.decode_state_shardings()
     )
-    pool = _per_device_bytes((state.k_pages, state.v_pages))
+    pool = _per_device_bytes([(k, v) for k, v, _ in state.pools()])  # local layers' pool too
     # An update in flight is staged beside the served weights: with LoRA, the adapters alone.
     staged = _per_device_bytes(split_adapters(placed)[0]) if lora else weights
     # Merged adapters are served from a merged copy (generate's argument), while the sampler

@@ -57,7 +57,11 @@ class SamplingConfig:
       prefill_batch: prompts prefilled in one device call (rounded up to powers of two); 1 = one
         at a time.
       page_size: tokens per page of the paged KV cache.
-      num_pages: KV pages over all shards; 0 = enough for every slot at full length.
+      num_pages: KV pages over all shards; 0 = enough for every slot at full length. With
+        local (sliding-window) layers, the global layers' pool.
+      num_local_pages: the local layers' KV pool over all shards (a model with
+        sliding_attention layers only), whose slots hold only their window's pages; 0 = every
+        slot's window and decode call plus one slot at full length (rljax.engine.pools).
       swap_mode: what a weight swap does to running sequences: 'inflight' keeps their KV and
         continues, 'recompute' prefills them again under the new weights, 'drain' admits
         nothing new until they finish (rljax.engine.sampler).
@@ -88,6 +92,7 @@ class SamplingConfig:
     prefill_batch: int = 8
     page_size: int = 16
     num_pages: int = 0
+    num_local_pages: int = 0
     swap_mode: str = "inflight"
     dtype: str = "float32"
     weights_layout: str = "auto"
@@ -107,6 +112,7 @@ class SamplingConfig:
         _positive("sampling.prefill_batch", self.prefill_batch)
         _positive("sampling.page_size", self.page_size)
         _positive("sampling.num_pages", self.num_pages, allow_zero=True)
+        _positive("sampling.num_local_pages", self.num_local_pages, allow_zero=True)
         _positive("sampling.decode_steps", self.decode_steps, allow_zero=True)
         _one_of("sampling.swap_mode", self.swap_mode, SWAP_MODES)
         _one_of("sampling.weights_layout", self.weights_layout, WEIGHTS_LAYOUTS)

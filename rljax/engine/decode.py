@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine import sampling
+from rljax.engine.pools import PoolLayout
 from rljax.engine.state import DecodeState, Prefix, ResultTokens, pack_result
 from rljax.engine.weights import ServingLayout
 from rljax.models.sharding import ShardingRules
@@ -65,8 +66,7 @@ class StepsHost(Protocol):
     pages_per_slot: int
     kv_shards: int
     slots_per_shard: int
-    pages_per_shard: int
-    num_pages: int
+    pool_layout: PoolLayout
 
     @property
     def mesh(self) -> Mesh: ...
@@ -119,9 +119,10 @@ def draw(
 
 def decode_routes(
     engine: StepsHost, model: Any, *args: Any, **kw: Any
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
-    """``model.decode``: hidden [B, D], the pages, and (recording) the routes of each row's
-    fed token [B, Lm*k]."""
+) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...], jax.Array | None]:
+    """``model.decode`` over the state's pools (tuples: :meth:`DecodeState.pools`): hidden
+    [B, D], each pool's keys and values, and (recording) the routes of each row's fed token
+    [B, Lm*k]."""
     if not engine.record_routes:
         return (*model.decode(*args, **kw), None)
     hidden, kp, vp, routes = model.decode(*args, record_routes=True, **kw)
@@ -136,14 +137,15 @@ def decode_token(
     of the token each slot fed. The one decode step generate and the multi-step decode share
     (:mod:`rljax.engine.multistep`)."""
     # A full slot decodes onto its shard's null page, so it never writes past its pages.
+    ks, vs, tables = zip(*state.pools(), strict=True)
     hidden, kp, vp, routes = decode_routes(
         engine,
         model,
         state.tokens,
         jnp.where(live, state.positions, 0),
-        state.k_pages,
-        state.v_pages,
-        jnp.where(live[:, None], state.page_table, 0),
+        ks,
+        vs,
+        tuple(jnp.where(live[:, None], table, 0) for table in tables),
         impl=engine.impl,
         sharding=(engine.mesh, engine.rules),
         kv_shards=engine.kv_shards,
@@ -161,9 +163,7 @@ def decode_token(
     )
     tokens = jnp.where(live, tokens, state.tokens)
     new = dataclasses.replace(
-        state,
-        k_pages=kp,
-        v_pages=vp,
+        state.with_pages(kp, vp),
         tokens=tokens,
         positions=state.positions + live,
         steps=state.steps + live,

@@ -27,19 +27,21 @@ The decode state is a value the caller holds and passes back (so jit can donate 
 engine makes it (``init_decode_state``), places it and consumes it. Keys and values sit in a
 page pool [L, K, P, Z, H]; each slot owns a row of the page table. A host-side
 :class:`SlotPages` hands out pages as sequences grow, so memory follows the tokens held rather
-than slots x maximum length. The slots and the pool are split into ``kv_shards`` equal shards,
-one per device group of the sampler's 'batch' mesh axes: each shard's slots use its own pages
-only (one shard when the slots do not divide).
+than slots x maximum length. A model with local (sliding-window) layers keeps those in a second
+pool whose slots hold only their window's pages (:mod:`rljax.engine.pools`, docs/engine.md).
+The slots and the pools are split into ``kv_shards`` equal shards, one per device group of the
+sampler's 'batch' mesh axes: each shard's slots use its own pages only (one shard when the
+slots do not divide).
 
 This module is the host bookkeeping of slots and pages (under one lock). The compiled device
 steps are in :mod:`rljax.engine.steps`, prefill's host side in :mod:`rljax.engine.prefill`, the
 data types in :mod:`rljax.engine.state`, the layout of the served weights in
-:mod:`rljax.engine.weights` and the host page allocator in :mod:`rljax.engine.pages`.
+:mod:`rljax.engine.weights`, the host page allocator in :mod:`rljax.engine.pages` and the
+pools in :mod:`rljax.engine.pools`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import threading
@@ -55,7 +57,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from rljax.config import LoRAConfig, ModelConfig, SamplingConfig
 from rljax.engine import decode
 from rljax.engine.decode import Sampler as LogitsSampler
-from rljax.engine.pages import PageAllocator, SlotPages
+from rljax.engine.decode import steps_per_call
+from rljax.engine.pages import PageAllocator
+from rljax.engine.pools import PagePools, pool_layout
 from rljax.engine.prefill import (
     PrefillRequest,
     extend_chunk,
@@ -135,14 +139,15 @@ class PagedEngine:
         shards = axis_size(mesh, rules.rules.get("batch"))
         self.kv_shards = shards if b % shards == 0 else 1
         self.slots_per_shard = b // self.kv_shards
-        # sampling.num_pages counts all shards; each gets an equal share (rounded up).
-        wanted = sampling_cfg.num_pages or b * self.pages_per_slot + self.kv_shards
-        self.pages_per_shard = -(-wanted // self.kv_shards)
+        # The pools' sizes: sampling.num_pages (and num_local_pages) count all shards.
+        steps = steps_per_call(sampling_cfg.decode_steps, mesh)
+        self.pool_layout = pool_layout(model_cfg, sampling_cfg, self.kv_shards, steps)
+        self.pages_per_shard = self.pool_layout.pages_per_shard[0]  # the global pool's
         self.num_pages = self.pages_per_shard * self.kv_shards
-        self.pages = SlotPages(
+        self.pages = PagePools(
+            self.pool_layout,
             num_slots=b,
             kv_shards=self.kv_shards,
-            pages_per_shard=self.pages_per_shard,
             page_size=z,
             max_seq_len=self.max_seq_len,
         )
@@ -155,7 +160,6 @@ class PagedEngine:
         # detokenize thread): the host page state changes under this lock only.
         self._lock = threading.RLock()
         self._freed = threading.Condition(self._lock)  # notified by free_resource
-        self._parked = False  # host slots freed since the device state last saw the table
         self._base_key = jax.random.key(seed)
         self._prefills = itertools.count()
         # How the served weights are held, fixed for the engine's life (rljax.engine.weights).
@@ -198,7 +202,11 @@ class PagedEngine:
         """Where each DecodeState array lives: the pool over kv heads (and pages, with several
         kv shards), the per-slot arrays with their slots."""
         return decode_state_shardings(
-            self._mesh, self.rules, self.model_cfg.num_kv_heads, self.kv_shards
+            self._mesh,
+            self.rules,
+            self.model_cfg.num_kv_heads,
+            self.kv_shards,
+            len(self.pool_layout.layers),
         )
 
     # -- params and state -------------------------------------------------------------------
@@ -236,7 +244,6 @@ class PagedEngine:
         """Fresh device state, every slot free, and fresh host page allocators."""
         with self._lock:
             self.pages.reset()
-            self._parked = False
             return self.steps.make_state()
 
     # -- prefill ----------------------------------------------------------------------------
@@ -337,12 +344,14 @@ class PagedEngine:
         with self._freed:
             if self._busy(slots):  # another thread's free_resource may be on its way
                 self._freed.wait_for(lambda: not self._busy(slots), timeout=BUSY_SLOT_GRACE_S)
-            rows = np.zeros((width, self.pages_per_slot), np.int32)
-            rows[: len(slots)] = self.pages.admit(slots, int(prefix.length))
-            decode_state = self._park_freed(decode_state)
+            rows = []
+            for admitted in self.pages.admit(slots, int(prefix.length)):  # one per pool
+                rows.append(np.zeros((width, self.pages_per_slot), np.int32))
+                rows[-1][: len(slots)] = admitted
+            decode_state = self.pages.ship(decode_state)
             # One set of input shardings whichever prefill made the prefix: nothing recompiles.
             prefix = jax.device_put(prefix, self.get_prefix_destination_sharding())
-            return self.steps.insert(decode_state, prefix, rows, slot_ids, cols, fold)
+            return self.steps.insert(decode_state, prefix, tuple(rows), slot_ids, cols, fold)
 
     def free_resource(self, slot: int) -> None:
         """Return ``slot``'s pages to the pool now; a free slot stays free.
@@ -359,17 +368,13 @@ class PagedEngine:
         with self._freed:
             if self.pages.active[slot]:
                 self.pages.release(slot)
-                self._parked = True
                 self._freed.notify_all()
 
     def pause(self, slot: int) -> None:
         """Stop decoding ``slot`` but keep its pages and cached tokens (a conversation waiting
         for its env); :meth:`extend` continues it, ``free_resource`` ends it."""
         with self._lock:
-            if not self.pages.active[slot]:
-                raise ValueError(f"slot {slot} is free: only a slot in use can be paused")
-            self.pages.paused[slot] = True
-            self._parked = True
+            self.pages.pause(slot)
 
     def extend(
         self,
@@ -394,19 +399,15 @@ class PagedEngine:
         chunk = extend_chunk(self, tokens)
         with self._lock:
             start = int(self.pages.positions[slot])
-            row = self.pages.extend(slot, n)  # raises OutOfPages / ValueError taking nothing
-            # Global page ids: the chunk's rows index the whole pool, whichever shard owns it.
-            offset = self.shard_of(slot) * self.pages_per_shard
-            row_m = np.append(row + offset, offset).astype(np.int32)  # ends with the null page
-            self._parked = True  # the slot is decoding again: ship the active mask
-            decode_state = self._park_freed(decode_state)
+            rows = self.pages.extend(slot, n)  # raises OutOfPages / ValueError taking nothing
+            decode_state = self.pages.ship(decode_state)  # the slot decodes again
             decode_state, data, log_prob, routes = self.steps.extend(sampler)(
                 params,
                 decode_state,
                 jnp.asarray(chunk),
                 jnp.int32(n),
                 jnp.int32(start),
-                jnp.asarray(row_m),
+                tuple(jnp.asarray(row) for row in rows),
                 jnp.int32(slot),
                 jnp.int32(step),
             )
@@ -416,16 +417,6 @@ class PagedEngine:
     def _busy(self, slots: list[int]) -> bool:
         b = self.max_concurrent_decodes
         return any(0 <= s < b and self.pages.active[s] for s in slots)
-
-    def _park_freed(self, decode_state: DecodeState) -> DecodeState:
-        """Ship the host page table and slot mask to the device if a slot was freed or grew
-        (one small host->device copy, no recompile). Call with the lock held."""
-        if not self._parked:
-            return decode_state
-        self._parked = False
-        table = jax.device_put(self.pages.table.copy(), decode_state.page_table.sharding)
-        active = jax.device_put(self.pages.decoding(), decode_state.active.sharding)
-        return dataclasses.replace(decode_state, page_table=table, active=active)
 
     def shard_of(self, slot: int) -> int:
         """The kv shard whose pages ``slot`` uses."""
@@ -440,6 +431,11 @@ class PagedEngine:
         """Tokens cached for ``slot`` (prompt and generated)."""
         return int(self.pages.positions[slot])
 
+    def page_usage(self) -> dict[str, int]:
+        """Pages held and free in each pool (:meth:`rljax.engine.pools.PagePools.usage`)."""
+        with self._lock:
+            return self.pages.usage()
+
     # -- generate ---------------------------------------------------------------------------
 
     def generate(
@@ -453,8 +449,8 @@ class PagedEngine:
         the result's ``routes`` [B, Lm*k] are those of the token each slot fed.
         """
         with self._lock:
-            self._parked |= self.pages.grow()
-            decode_state = self._park_freed(decode_state)
+            self.pages.grow()
+            decode_state = self.pages.ship(decode_state)
             step = self.steps.generate(sampler)
             decode_state, data, log_prob, routes = step(params, decode_state)
             self.pages.advance()
@@ -475,8 +471,8 @@ class PagedEngine:
         :meth:`generate`). Returns one host ResultTokens per step, as ``generate`` would."""
         ahead, inputs = decode.call_inputs(steps, limits, stop_ids, self.replicated())
         with self._lock:
-            self._parked |= self.pages.grow(ahead)
-            decode_state = self._park_freed(decode_state)
+            self.pages.grow(ahead)
+            decode_state = self.pages.ship(decode_state)
             call = self.steps.generate_steps(sampler, steps)
             decode_state, *out = call(params, decode_state, *inputs)
             results = decode.split_steps(*out)

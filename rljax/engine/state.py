@@ -63,9 +63,15 @@ class Prefix:
 
 @struct.dataclass
 class DecodeState:
-    """Everything ``generate`` reads and writes, one row per slot."""
+    """Everything ``generate`` reads and writes, one row per slot.
 
-    k_pages: jax.Array  # [L, K, P, Z, H]
+    The KV cache is one page pool per kind of layer (:mod:`rljax.engine.pools`): ``k_pages``,
+    ``v_pages`` and ``page_table`` hold the global layers (every layer of a model without
+    local ones); a model with local (sliding-window) layers also has the ``local_*`` pool and
+    table, None otherwise. :meth:`pools` gives them in the pools' order.
+    """
+
+    k_pages: jax.Array  # [Lg, K, P, Z, H]
     v_pages: jax.Array
     tokens: jax.Array  # [B] the token each slot feeds next
     positions: jax.Array  # [B] where that token goes = tokens cached so far
@@ -77,6 +83,27 @@ class DecodeState:
     top_k: jax.Array
     top_p: jax.Array
     min_p: jax.Array
+    local_k_pages: jax.Array | None = None  # [Ll, K, Pl, Z, H]
+    local_v_pages: jax.Array | None = None
+    local_page_table: jax.Array | None = None  # [B, M]
+
+    def pools(self) -> tuple[tuple[jax.Array, jax.Array, jax.Array], ...]:
+        """``(k_pages, v_pages, page_table)`` of each pool: the global one, then the local."""
+        out = [(self.k_pages, self.v_pages, self.page_table)]
+        if self.local_k_pages is not None:
+            assert self.local_v_pages is not None and self.local_page_table is not None
+            out.append((self.local_k_pages, self.local_v_pages, self.local_page_table))
+        return tuple(out)
+
+    def with_pages(self, ks: Sequence[jax.Array], vs: Sequence[jax.Array]) -> DecodeState:
+        """This state with each pool's keys and values replaced (in :meth:`pools` order)."""
+        local = {} if len(ks) == 1 else dict(local_k_pages=ks[1], local_v_pages=vs[1])
+        return dataclasses.replace(self, k_pages=ks[0], v_pages=vs[0], **local)
+
+    def with_tables(self, tables: Sequence[jax.Array]) -> DecodeState:
+        """This state with each pool's page table replaced (in :meth:`pools` order)."""
+        local = {} if len(tables) == 1 else dict(local_page_table=tables[1])
+        return dataclasses.replace(self, page_table=tables[0], **local)
 
 
 @struct.dataclass
@@ -184,10 +211,11 @@ def prefix_shardings(mesh: Mesh, rules: ShardingRules, num_kv_heads: int) -> Pre
 
 
 def decode_state_shardings(
-    mesh: Mesh, rules: ShardingRules, num_kv_heads: int, kv_shards: int
+    mesh: Mesh, rules: ShardingRules, num_kv_heads: int, kv_shards: int, num_pools: int = 1
 ) -> DecodeState:
-    """Where each DecodeState array lives: the pool over kv heads and (with several
-    ``kv_shards``) pages, the per-slot arrays over the 'batch' axes with their slots."""
+    """Where each DecodeState array lives: each of the ``num_pools`` pools over kv heads and
+    (with several ``kv_shards``) pages, the per-slot arrays over the 'batch' axes with their
+    slots."""
 
     def sharding(*logical: str | None) -> NamedSharding:
         return NamedSharding(mesh, rules.on(mesh, logical))
@@ -201,8 +229,11 @@ def decode_state_shardings(
         slot = table = NamedSharding(mesh, PartitionSpec())
     pages = _divisible_or_replicated(pages, num_kv_heads, 1)
     s = slot
+    local = {}
+    if num_pools > 1:
+        local = dict(local_k_pages=pages, local_v_pages=pages, local_page_table=table)
     # A pytree of shardings in the DecodeState's structure, as jit's shardings arguments take.
-    return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s)  # type: ignore[arg-type]
+    return DecodeState(pages, pages, s, s, table, s, table, s, s, s, s, s, **local)  # type: ignore[arg-type]
 
 
 def _divisible_or_replicated(sharding: NamedSharding, size: int, dim: int) -> NamedSharding:

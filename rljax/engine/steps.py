@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.typing import ArrayLike
 
@@ -215,34 +216,29 @@ def _prefill_many_step(engine: StepsHost) -> jax.stages.Wrapped:
 
 def _insert_step(engine: StepsHost, state_sh: DecodeState) -> jax.stages.Wrapped:
     """Copying a prefix into slots of the decode state, which it donates."""
+    layout = engine.pool_layout
 
     @functools.partial(jax.jit, donate_argnums=0, out_shardings=state_sh)
     def insert(
         state: DecodeState,
         prefix: Prefix,
-        rows_wm: jax.Array,
+        rows: tuple[jax.Array, ...],
         slots_w: jax.Array,
         cols_w: jax.Array,
         fold_w: jax.Array,
     ) -> DecodeState:
-        """Copy the prefix into each slot's pages; slot w feeds sample ``cols_w[w]``."""
-        z = state.k_pages.shape[3]
-        pos_t = jnp.arange(prefix.k.shape[1])
-        col_t = jnp.minimum(pos_t // z, rows_wm.shape[1] - 1)
-        # Page tables hold shard-local ids; the pool is indexed globally. Padding rows
+        """Copy the prefix into each slot's pages (``rows``: each pool's page-table rows
+        [W, M]); slot w feeds sample ``cols_w[w]``."""
+        # Page tables hold shard-local ids; the pools are indexed globally. Padding rows
         # (slot index B) land on the last shard's null page.
         shard_w = jnp.minimum(slots_w // engine.slots_per_shard, engine.kv_shards - 1)
-        null_w1 = (shard_w * engine.pages_per_shard)[:, None]  # each shard's page 0
-        page_wt = jnp.where(pos_t < prefix.length, rows_wm[:, col_t] + null_w1, null_w1)
-        off_wt = jnp.broadcast_to(pos_t % z, page_wt.shape)
-        # [L, T, K, H] -> [L, K, W, T, H], one copy of the prompt per slot.
-        k = jnp.broadcast_to(
-            prefix.k.transpose(0, 2, 1, 3)[:, :, None],
-            (*state.k_pages.shape[:2], *page_wt.shape, prefix.k.shape[-1]),
-        )
-        v = jnp.broadcast_to(prefix.v.transpose(0, 2, 1, 3)[:, :, None], k.shape)
-        kp = state.k_pages.at[:, :, page_wt, off_wt].set(k.astype(state.k_pages.dtype))
-        vp = state.v_pages.at[:, :, page_wt, off_wt].set(v.astype(state.v_pages.dtype))
+        ks, vs = [], []
+        pools = zip(state.pools(), layout.layers, layout.pages_per_shard, rows, strict=True)
+        for (kp, vp, _), layers, per_shard, rows_wm in pools:
+            null_w1 = (shard_w * per_shard)[:, None]  # each shard's page 0
+            k, v = _layers_of(prefix.k, layers), _layers_of(prefix.v, layers)
+            ks.append(_prefix_into_pool(kp, k, prefix.length, rows_wm, null_w1))
+            vs.append(_prefix_into_pool(vp, v, prefix.length, rows_wm, null_w1))
         keys = prefix.keys[cols_w]
         # One sample broadcast to several slots: each slot past the first gets its own stream.
         folded = jax.vmap(
@@ -255,13 +251,11 @@ def _insert_step(engine: StepsHost, state_sh: DecodeState) -> jax.stages.Wrapped
             val = jnp.broadcast_to(val, (w, *arr.shape[1:])).astype(arr.dtype)
             return arr.at[slots_w].set(val, mode="drop")
 
+        tables = [put(t, r) for (_, _, t), r in zip(state.pools(), rows, strict=True)]
         return dataclasses.replace(
-            state,
-            k_pages=kp,
-            v_pages=vp,
+            state.with_pages(ks, vs).with_tables(tables),
             tokens=put(state.tokens, prefix.tokens[cols_w]),
             positions=put(state.positions, prefix.length),
-            page_table=put(state.page_table, rows_wm),
             active=put(state.active, True),
             keys=put(state.keys, keys),
             steps=put(state.steps, prefix.steps + 1),
@@ -272,6 +266,32 @@ def _insert_step(engine: StepsHost, state_sh: DecodeState) -> jax.stages.Wrapped
         )
 
     return insert
+
+
+def _layers_of(x_l: jax.Array, layers: tuple[int, ...]) -> jax.Array:
+    """Rows ``layers`` of a per-layer array (all of it when they are every layer, in order)."""
+    if layers == tuple(range(x_l.shape[0])):
+        return x_l
+    return x_l[np.asarray(layers, np.int32)]
+
+
+def _prefix_into_pool(
+    pool: jax.Array, x_ltkh: jax.Array, length: ArrayLike, rows_wm: jax.Array, null_w1: jax.Array
+) -> jax.Array:
+    """A prompt's keys (or values) [L, T, K, H] written into each slot's pages of ``pool``
+    [L, K, P, Z, H] through its page-table row; positions whose column holds the null page
+    (past the prompt, or before a local pool's window) land on the slot's shard's null page."""
+    z = pool.shape[3]
+    pos_t = jnp.arange(x_ltkh.shape[1])
+    col_t = jnp.minimum(pos_t // z, rows_wm.shape[1] - 1)
+    page_wt = jnp.where(pos_t < length, rows_wm[:, col_t] + null_w1, null_w1)
+    off_wt = jnp.broadcast_to(pos_t % z, page_wt.shape)
+    # [L, T, K, H] -> [L, K, W, T, H], one copy of the prompt per slot.
+    x = jnp.broadcast_to(
+        x_ltkh.transpose(0, 2, 1, 3)[:, :, None],
+        (*pool.shape[:2], *page_wt.shape, x_ltkh.shape[-1]),
+    )
+    return pool.at[:, :, page_wt, off_wt].set(x.astype(pool.dtype))
 
 
 def _generate_step(
@@ -320,28 +340,22 @@ def _extend_step(
         tokens_c: jax.Array,
         n: jax.Array,
         start: jax.Array,
-        row_m: jax.Array,
+        rows: tuple[jax.Array, ...],
         slot: jax.Array,
         step: jax.Array,
     ) -> tuple[DecodeState, jax.Array, jax.Array, Any]:
-        """Cache ``tokens_c[:n]`` at ``start..start+n`` of ``slot`` (``row_m``: its page row
-        in global page ids, the null page past its pages) and draw its token ``step``."""
+        """Cache ``tokens_c[:n]`` at ``start..start+n`` of ``slot`` (``rows``: its page row
+        [M + 1] in each pool, in global page ids, ending with its shard's null page) and draw
+        its token ``step``."""
         model = engine.layout.model(params)
         c = tokens_c.shape[0]
         valid_c = jnp.arange(c) < n
         positions_c = jnp.where(valid_c, start + jnp.arange(c), 0)
-        null = row_m[-1]  # the caller ends every row with its shard's null page
-        table_cm = jnp.where(valid_c[:, None], row_m[None, :-1], null)
+        # Padding rows point at the null page only.
+        tables = tuple(jnp.where(valid_c[:, None], row[None, :-1], row[-1]) for row in rows)
+        ks, vs, _ = zip(*state.pools(), strict=True)
         hidden, kp, vp, routes = decode_routes(
-            engine,
-            model,
-            tokens_c,
-            positions_c,
-            state.k_pages,
-            state.v_pages,
-            table_cm,
-            impl=impl,
-            sharding=shard,
+            engine, model, tokens_c, positions_c, ks, vs, tables, impl=impl, sharding=shard
         )
         last_d = jax.lax.dynamic_index_in_dim(hidden, n - 1, keepdims=False)
         pick = lambda x: x[slot][None]  # noqa: E731
@@ -357,9 +371,7 @@ def _extend_step(
             sampler,
         )
         new = dataclasses.replace(
-            state,
-            k_pages=kp,
-            v_pages=vp,
+            state.with_pages(kp, vp),
             tokens=state.tokens.at[slot].set(tokens[0]),
             positions=state.positions.at[slot].set(start + n),
             active=state.active.at[slot].set(True),
@@ -373,16 +385,23 @@ def _extend_step(
 
 def _empty_state(engine: StepsHost) -> DecodeState:
     cfg, b = engine.model_cfg, engine.max_concurrent_decodes
-    shape = (cfg.num_layers, cfg.num_kv_heads, engine.num_pages, engine.page_size, cfg.head_dim)
+    layout = engine.pool_layout
     dtype = jnp.dtype(cfg.dtype)
     s = SlotSampling.from_config(engine.sampling_cfg)
     zeros_i = jnp.zeros(b, jnp.int32)
-    return DecodeState(
-        k_pages=jnp.zeros(shape, dtype),
-        v_pages=jnp.zeros(shape, dtype),
+    # One pool per kind of layer, [L, K, P, Z, H], and its page table [B, M].
+    shapes = [
+        (len(layers), cfg.num_kv_heads, pages * engine.kv_shards, engine.page_size, cfg.head_dim)
+        for layers, pages in zip(layout.layers, layout.pages_per_shard, strict=True)
+    ]
+    ks, vs = [jnp.zeros(x, dtype) for x in shapes], [jnp.zeros(x, dtype) for x in shapes]
+    tables = [jnp.zeros((b, engine.pages_per_slot), jnp.int32) for _ in shapes]
+    state = DecodeState(
+        k_pages=ks[0],
+        v_pages=vs[0],
         tokens=zeros_i,
         positions=zeros_i,
-        page_table=jnp.zeros((b, engine.pages_per_slot), jnp.int32),
+        page_table=tables[0],
         active=jnp.zeros(b, bool),
         keys=jnp.zeros((b, 2), jnp.uint32),
         steps=zeros_i,
@@ -391,3 +410,4 @@ def _empty_state(engine: StepsHost) -> DecodeState:
         top_p=jnp.full(b, s.top_p, jnp.float32),
         min_p=jnp.full(b, s.min_p, jnp.float32),
     )
+    return state.with_pages(ks, vs).with_tables(tables)

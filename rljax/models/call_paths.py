@@ -39,7 +39,7 @@ from rljax.models import lora as lora_lib
 from rljax.models import moe as moe_lib
 from rljax.models.layers import apply_rope, gate_activation, rms_norm, rope_frequencies
 from rljax.models.layouts import STACKED, Layout
-from rljax.models.paged_kv import PagedKV
+from rljax.models.paged_kv import PagedKV, pool_rows
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes
 
 # A role's mesh and its logical-axis rules; what the call paths need to shard_map the kernels.
@@ -265,9 +265,9 @@ class CallPaths:
         self,
         tokens_b: jax.Array,
         positions_b: jax.Array,
-        k_pages: jax.Array,
-        v_pages: jax.Array,
-        page_table_bm: jax.Array,
+        k_pages: jax.Array | tuple[jax.Array, ...],
+        v_pages: jax.Array | tuple[jax.Array, ...],
+        page_table_bm: jax.Array | tuple[jax.Array, ...],
         *,
         impl: str = "auto",
         sharding: Sharding | None = None,
@@ -278,9 +278,17 @@ class CallPaths:
         and with ``record_routes`` (a mixture-of-experts model) the experts each slot's token
         went to, [B, Lm, k] int32.
 
-        The cache is [L, K, P, Z, H]. Each slot's new key/value is written at ``positions_b``
-        through its page table before attending, so the slot sees ``positions_b + 1`` tokens.
-        Free slots point their page table at page 0, which absorbs their writes.
+        The cache is one pool [L, K, P, Z, H] with its page table [B, M], or a tuple of pools
+        and a tuple of tables (global, local): the global layers' pool [Lg, K, P, Z, H] and the
+        local (sliding-window) layers' [Ll, K, Pl, Z, H], each with its own table (the engine's
+        pools, rljax.engine.pools); the pages come back in the form given. With two pools a
+        layer's keys and values are row j of its kind's pool, j its index among the layers of
+        its kind (:func:`rljax.models.paged_kv.pool_rows`). A local layer reads only the pages
+        of its window, so its table's entries before them may point at the null page.
+
+        Each slot's new key/value is written at ``positions_b`` through its page table before
+        attending, so the slot sees ``positions_b + 1`` tokens. Free slots point their page
+        table at page 0, which absorbs their writes.
 
         ``kv_shards`` splits the slots and the pool's pages into that many equal, contiguous
         shards: slot b belongs to shard ``b // (B / kv_shards)``, owns pages of that shard only,
@@ -291,40 +299,61 @@ class CallPaths:
         each shard on its devices); the Pallas kernel runs under ``shard_map``, slots and pages
         over the 'batch' axes, heads and the pool's K over the 'heads' axes.
         """
+        pooled = isinstance(k_pages, tuple)
+        k_pools, v_pools, tables = (
+            tuple(x) if isinstance(x, tuple) else (x,) for x in (k_pages, v_pages, page_table_bm)
+        )
         b = tokens_b.shape[0]
-        if kv_shards < 1 or b % kv_shards or k_pages.shape[2] % kv_shards:
-            raise ValueError(
-                f"kv_shards={kv_shards} must divide the {b} slots and the {k_pages.shape[2]} pages"
-            )
         split = kernel_mesh_axes(sharding, impl, (("batch", b), ("heads", self.cfg.num_kv_heads)))
-        if split is not None and kv_shards > 1:
-            mesh, (batch_axes, _) = split
-            if axis_size(mesh, batch_axes) != kv_shards:
-                raise ValueError(
-                    f"kv_shards={kv_shards} differs from the {axis_size(mesh, batch_axes)} "
-                    f"shards of the 'batch' mesh axes {batch_axes!r}; they must match"
-                )
-
-        cache = PagedKV(page_table_bm, positions_b, k_pages.shape[3], kv_shards, split, impl)
+        _check_kv_shards(kv_shards, b, k_pools, split)
+        z = k_pools[0].shape[3]
+        caches = tuple(PagedKV(t, positions_b, z, kv_shards, split, impl) for t in tables)
+        rows = pool_rows(self.cfg, len(k_pools))
 
         def block(carry, layer, moe, window):
-            x_btd, kp, vp = carry
+            x_btd, kps, vps = carry
             p, i = layer
+            pool = int(window is not None and len(kps) > 1)  # the layer's kind, static
+            cache, j = caches[pool], rows(i)
             q, k, v = self._qkv(p, x_btd, positions_b[:, None], window)
-            kp, vp = cache.write(kp, i, k[:, 0]), cache.write(vp, i, v[:, 0])
-            attn = cache.attend(q[:, 0], kp[i], vp[i], **self._attention_options(window))
+            kp, vp = cache.write(kps[pool], j, k[:, 0]), cache.write(vps[pool], j, v[:, 0])
+            attn = cache.attend(q[:, 0], kp[j], vp[j], **self._attention_options(window))
             x_btd, stats = self._finish_block(p, x_btd, attn[:, None], moe)
-            return (x_btd, kp, vp), (None, stats)
+            kps, vps = _replaced(kps, pool, kp), _replaced(vps, pool, vp)
+            return (x_btd, kps, vps), (None, stats)
 
-        carry = (self._embedded(tokens_b[:, None]), k_pages, v_pages)
+        carry = (self._embedded(tokens_b[:, None]), k_pools, v_pools)
         call = moe_lib.MoECall(None, None, impl, sharding) if self.cfg.num_experts else None
-        (x_b1d, k_pages, v_pages), _, stats = self._run(block, carry, self._layers(), call=call)
+        (x_b1d, k_pools, v_pools), _, stats = self._run(block, carry, self._layers(), call=call)
         hidden = self._norm(x_b1d[:, 0], self._final_norm())
+        k_out, v_out = (k_pools, v_pools) if pooled else (k_pools[0], v_pools[0])
         if record_routes:
             if stats is None:
                 raise ValueError("record_routes=True needs a mixture-of-experts model")
-            return hidden, k_pages, v_pages, stats.routes[:, 0]
-        return hidden, k_pages, v_pages
+            return hidden, k_out, v_out, stats.routes[:, 0]
+        return hidden, k_out, v_out
+
+
+def _check_kv_shards(kv_shards: int, b: int, pools: tuple[jax.Array, ...], split) -> None:
+    """Refuse ``kv_shards`` that do not divide the ``b`` slots and every pool's pages, or that
+    differ from the kernel's 'batch' mesh axes (``split``)."""
+    for kp in pools:
+        if kv_shards < 1 or b % kv_shards or kp.shape[2] % kv_shards:
+            raise ValueError(
+                f"kv_shards={kv_shards} must divide the {b} slots and the {kp.shape[2]} pages"
+            )
+    if split is not None and kv_shards > 1:
+        mesh, (batch_axes, _) = split
+        if axis_size(mesh, batch_axes) != kv_shards:
+            raise ValueError(
+                f"kv_shards={kv_shards} differs from the {axis_size(mesh, batch_axes)} "
+                f"shards of the 'batch' mesh axes {batch_axes!r}; they must match"
+            )
+
+
+def _replaced(items: tuple, i: int, value: Any) -> tuple:
+    """``items`` with entry ``i`` replaced by ``value``."""
+    return (*items[:i], value, *items[i + 1 :])
 
 
 def _rematerialised(block, policy, *, prevent_cse: bool):

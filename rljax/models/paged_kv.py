@@ -9,8 +9,25 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from rljax.config import ModelConfig
 from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
 from rljax.kernels.sharding import run_sharded
+from rljax.models.layer_runs import layer_window
+
+
+def pool_rows(cfg: ModelConfig, num_pools: int):
+    """``rows(i)``: the row of layer ``i`` (a Python or traced int) in its page pool.
+
+    One pool holds every layer at its own index. Two pools (the engine's, for a model with
+    local layers: rljax.engine.pools) hold the global layers and the local ones, each layer at
+    its index among the layers of its kind.
+    """
+    if num_pools == 1:
+        return lambda i: i
+    kinds = [layer_window(cfg, i) is not None for i in range(cfg.num_layers)]
+    table = tuple(kinds[:i].count(kinds[i]) for i in range(cfg.num_layers))
+    rows = jnp.asarray(table, jnp.int32)
+    return lambda i: table[i] if isinstance(i, int) else rows[i]
 
 
 class PagedKV:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rljax.engine.pages import OutOfPages, PageAllocator, SlotPages
+from rljax.engine.pools import PagePools, PoolLayout
 
 
 def test_pages_module_imports_without_jax(monkeypatch):
@@ -124,3 +125,67 @@ def test_reset_frees_everything():
     p.reset()
     assert p.free_pages == 8 and not p.active.any()
     assert np.all(p.table == 0) and np.all(p.positions == 0)
+
+
+def _window_columns(p, slot):
+    """The table columns ``slot`` holds a page in."""
+    return np.flatnonzero(p.table[slot]).tolist()
+
+
+def test_a_windowed_pool_holds_only_the_pages_the_next_token_attends():
+    """Window 8, pages of 4: the token at position q attends [q - 7, q], so a slot whose next
+    token goes to p holds columns (p - 7) // 4 to p // 4, no more, no fewer."""
+    p = _pages(num_slots=2, kv_shards=1, pages_per_shard=9, max_seq_len=40, window=8)
+    p.admit([0], length=13)  # positions [6, 13]: columns 1 to 3; 6 sits in column 1
+    assert _window_columns(p, 0) == [1, 2, 3] and p.held_pages == 3
+    for pos in range(13, 39):
+        p.grow()
+        first, last = max(0, pos - 7) // 4, pos // 4
+        assert _window_columns(p, 0) == list(range(first, last + 1)), pos
+        assert p.free_pages == 8 - (last - first + 1)
+        p.advance()
+    p.release(0)
+    assert p.free_pages == 8 and not p.table.any()
+
+
+def test_a_windowed_extend_holds_the_chunk_for_its_call_then_only_the_window():
+    p = _pages(num_slots=2, kv_shards=1, pages_per_shard=9, max_seq_len=40, window=8)
+    p.admit([1], length=10)  # columns 0 to 2 (positions [3, 10])
+    p.pause(1)
+    row = p.extend(1, 14)  # the chunk at [10, 24): its rows attend [3, 23], the next [17, 24]
+    assert np.flatnonzero(row).tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert _window_columns(p, 1) == [4, 5, 6] and p.positions[1] == 24 and not p.paused[1]
+    assert p.free_pages == 5
+
+
+def test_page_pools_take_from_every_pool_or_none():
+    """A local pool short of pages refuses an admit, extend or grow the global pool could
+    serve, and neither pool takes a page."""
+    layout = PoolLayout(((1,), (0, 2)), pages_per_shard=(20, 4), window=4)
+    pools = PagePools(layout, num_slots=2, kv_shards=1, page_size=4, max_seq_len=40)
+    global_, local = pools.pools
+    pools.admit([0], 13)  # local: positions [10, 13], columns 2 and 3
+    assert (global_.held_pages, local.held_pages) == (4, 2)
+    with pytest.raises(OutOfPages):
+        pools.admit([1], 8)  # local: positions [5, 8], columns 1 and 2: one page short
+    assert (global_.held_pages, local.held_pages) == (4, 2) and not pools.active[1]
+    with pytest.raises(OutOfPages):
+        pools.extend(0, 10)  # local: columns 2 to 5 for the call, two pages more
+    assert (global_.held_pages, local.held_pages) == (4, 2) and pools.positions[0] == 13
+    pools.admit([1], 2)  # local: column 0, the last free page
+    pools.advance()
+    pools.advance()
+    pools.advance()  # slot 0 at 16 wants global column 4, local column 4 after giving back 2
+    with pytest.raises(OutOfPages) as e:
+        pools.grow()  # slot 1 at 5 wants local column 1: one page for two slots
+    # Only the local column 2 slot 0's window left went back.
+    assert e.value.slots == [0, 1] and (global_.held_pages, local.held_pages) == (5, 2)
+    pools.release(1)
+    pools.grow()
+    assert (global_.held_pages, local.held_pages) == (5, 2)
+    assert pools.usage() == {
+        "global_pages_held": 5,
+        "global_pages_free": 14,
+        "local_pages_held": 2,
+        "local_pages_free": 1,
+    }
