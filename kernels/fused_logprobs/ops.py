@@ -43,9 +43,10 @@ def check_softcap(softcap) -> float | None:
     # array (a traced one could not be a static argument).
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise ValueError(message)
-    if not (math.isfinite(softcap) and softcap > 0.0):
+    value = float(softcap)
+    if not (math.isfinite(value) and value > 0.0):
         raise ValueError(message)
-    return float(softcap)
+    return value
 
 
 def forward_stats(

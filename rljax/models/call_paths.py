@@ -37,8 +37,8 @@ from rljax.kernels.sharding import axis_size
 from rljax.models import layer_runs
 from rljax.models import lora as lora_lib
 from rljax.models import moe as moe_lib
-from rljax.models.layers import apply_rope, gate_activation, rms_norm, rope_frequencies
-from rljax.models.layouts import STACKED, Layout
+from rljax.models.layers import apply_rope, rms_norm, rope_frequencies
+from rljax.models.layouts import STACKED, Layout, gate_activation
 from rljax.models.paged_kv import PagedKV, pool_rows
 from rljax.models.sharding import ShardingRules, kernel_mesh_axes
 
@@ -102,11 +102,12 @@ class CallPaths:
     def _mlp(self, h_btd, p) -> jax.Array:
         mlp = ("w_gate", "w_up", "w_down")
         adapted = [lora_lib.a_key(w) in p for w in mlp]
-        swiglu = self.cfg.hidden_act == "silu"  # the layouts' hand-written backwards are SwiGLU's
-        if not any(adapted) and swiglu:
-            return self.layout.mlp(h_btd, p)
+        act = self.cfg.hidden_act
+        if not any(adapted):
+            return self.layout.mlp(h_btd, p, act)
         dropout = lora_lib.DROPOUT_KEY in p and self.lora_dropout > 0
-        if all(adapted) and self.layout is STACKED and not dropout and swiglu:
+        # LoRA's hand-written backward is SwiGLU's; GeGLU's adapters take autodiff below.
+        if all(adapted) and self.layout is STACKED and not dropout and act == "silu":
             # The training layout: a hand-written backward without the frozen weights' GEMMs.
             dt = h_btd.dtype
             w = [p[name].astype(dt) for name in mlp]
@@ -117,8 +118,7 @@ class CallPaths:
         # Otherwise plain autodiff, which also computes no gradient for the frozen weights.
         gate = self._project(h_btd, p, "w_gate", "BTD,DF->BTF")
         up = self._project(h_btd, p, "w_up", "BTD,DF->BTF")
-        act = gate_activation(self.cfg)
-        return self._project(act(gate) * up, p, "w_down", "BTF,FD->BTD")
+        return self._project(gate_activation(act, gate) * up, p, "w_down", "BTF,FD->BTD")
 
     def _qkv(self, p, x_btd, positions_bt, window: int | None):
         """Rotated q, k and v of one layer; a local layer (``window``) rotates at its base."""
@@ -220,10 +220,7 @@ class CallPaths:
         forces those experts where ``forced`` is set (routing replay); ``moe_stats`` appends
         the forward's :class:`~rljax.models.moe.MoEStats` (None for a dense model).
         """
-        if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 0:
-            raise ValueError(f"unroll={unroll!r}; expected an integer >= 0 (0: all layers)")
-        if remat != "none" and remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={remat!r}; expected 'none' or one of {list(REMAT_POLICIES)}")
+        _check_unroll_and_remat(unroll, remat)
         split = kernel_mesh_axes(
             sharding, impl, (("batch", tokens_bt.shape[0]), ("heads", self.cfg.num_kv_heads))
         )
@@ -356,12 +353,20 @@ def _replaced(items: tuple, i: int, value: Any) -> tuple:
     return (*items[:i], value, *items[i + 1 :])
 
 
-def _rematerialised(block, policy, *, prevent_cse: bool):
-    """``block(x, layer, moe)`` under ``jax.checkpoint``; ``moe`` (a MoECall: an impl name and
-    a mesh beside arrays) is bound outside it, as a checkpoint's arguments must be arrays."""
+def _check_unroll_and_remat(unroll: int, remat: str) -> None:
+    if not isinstance(unroll, int) or isinstance(unroll, bool) or unroll < 0:
+        raise ValueError(f"unroll={unroll!r}; expected an integer >= 0 (0: all layers)")
+    if remat != "none" and remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r}; expected 'none' or one of {list(REMAT_POLICIES)}")
 
-    def run(x_btd, layer, moe):
-        inner = lambda x, lay: block(x, lay, moe)  # noqa: E731
+
+def _rematerialised(block, policy, *, prevent_cse: bool):
+    """``block(x, layer, moe, window)`` under ``jax.checkpoint``; ``moe`` (a MoECall: an impl
+    name and a mesh beside arrays) and ``window`` (a static int or None) are bound outside it,
+    as a checkpoint's arguments must be arrays."""
+
+    def run(x_btd, layer, moe, window):
+        inner = lambda x, lay: block(x, lay, moe, window)  # noqa: E731
         return jax.checkpoint(inner, policy=policy, prevent_cse=prevent_cse)(x_btd, layer)
 
     return run

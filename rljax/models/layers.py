@@ -1,5 +1,5 @@
 """The decoder's position-wise pieces: RMSNorm, rotary embeddings (with Llama-3 and linear
-scaling), the MLP's gate activation and soft-capping."""
+scaling) and soft-capping."""
 
 from __future__ import annotations
 
@@ -18,14 +18,6 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, unit_offset: bool =
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     scale = weight.astype(jnp.float32)
     return (y * (1.0 + scale if unit_offset else scale)).astype(x.dtype)
-
-
-def gate_activation(cfg: ModelConfig):
-    """The MLP's gate activation: SiLU (SwiGLU) or tanh-approximated GELU (Gemma's GeGLU,
-    Hugging Face's ``gelu_pytorch_tanh``)."""
-    if cfg.hidden_act == "gelu_pytorch_tanh":
-        return lambda x: jax.nn.gelu(x, approximate=True)
-    return jax.nn.silu
 
 
 def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
