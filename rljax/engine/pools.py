@@ -51,9 +51,10 @@ def pool_layout(
 
     ``sampling.num_pages`` (0: every slot at full length) sizes the global pool,
     ``sampling.num_local_pages`` the local one. A window no shorter than a slot
-    (``sampling.max_seq_len``) would free nothing: the model then has the one pool. Its default, per shard: every slot's window
-    and its call's lookahead, plus one slot's full length (what one extend, a conversation's
-    next turn, holds during its call), capped at every slot at full length.
+    (``sampling.max_seq_len``) would free nothing: the model then has the one pool. The local
+    pool's default, per shard: every slot's window and its call's lookahead, plus one slot's
+    full length (what one extend, a conversation's next turn, holds during its call), capped
+    at every slot at full length.
     """
     b, z = sampling_cfg.max_concurrent_decodes, sampling_cfg.page_size
     per_slot = math.ceil(sampling_cfg.max_seq_len / z)
