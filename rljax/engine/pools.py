@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from rljax.config import ModelConfig, SamplingConfig
+from rljax.config import ConfigError, ModelConfig, SamplingConfig
 from rljax.engine.pages import OutOfPages, PageAllocator, SlotPages
 from rljax.engine.state import DecodeState
 from rljax.models.layer_runs import local_layers
@@ -66,10 +66,11 @@ def pool_layout(
     # A window as long as a slot frees nothing: the local layers share the one pool.
     if not local or window is None or window >= sampling_cfg.max_seq_len:
         if sampling_cfg.num_local_pages:
-            raise ValueError(
-                f"sampling.num_local_pages={sampling_cfg.num_local_pages} sizes a local layers' "
-                "pool this model does not have (no sliding_attention layers, or a window of "
-                f"{window} tokens covering a slot's {sampling_cfg.max_seq_len}); leave it 0"
+            raise ConfigError(
+                f"config key 'sampling.num_local_pages' = {sampling_cfg.num_local_pages} sizes "
+                "a local layers' pool this model does not have (no sliding_attention layers, or "
+                f"a window of {window} tokens covering a slot's {sampling_cfg.max_seq_len}); "
+                "leave it 0"
             )
         return PoolLayout((tuple(range(model_cfg.num_layers)),), (global_pages,))
     window_pages = min(per_slot, window_page_count(window, z, decode_steps))
@@ -78,10 +79,11 @@ def pool_layout(
     if sampling_cfg.num_local_pages:
         local_pages = -(-sampling_cfg.num_local_pages // kv_shards)
         if local_pages < window_pages + 1:
-            raise ValueError(
-                f"sampling.num_local_pages={sampling_cfg.num_local_pages} leaves each of the "
-                f"{kv_shards} kv shards {local_pages} local pages, fewer than one slot's window "
-                f"of {window} tokens takes ({window_pages} pages + the null page); raise it"
+            raise ConfigError(
+                f"config key 'sampling.num_local_pages' = {sampling_cfg.num_local_pages} leaves "
+                f"each of the {kv_shards} kv shards {local_pages} local pages, fewer than one "
+                f"slot's window of {window} tokens takes ({window_pages} pages + the null "
+                "page); raise it, or leave it 0 for the default"
             )
     global_layers = tuple(i for i in range(model_cfg.num_layers) if i not in local)
     return PoolLayout((global_layers, local), (global_pages, local_pages), window)

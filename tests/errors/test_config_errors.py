@@ -61,6 +61,12 @@ CASES = [
         "expected a finite number > 0, or None (no cap)",
     ),
     (
+        "C33",
+        ["--config=configs/arith_gemma.py:small", "--config.sampling.num_local_pages=2"],
+        "raise it, or leave it 0 for the default",
+    ),
+    ("C34", ["--config.sampling.num_local_pages=64"], "this model does not have"),
+    (
         "C32",
         ['--config.model.layer_types=("sliding_attention","full_attention")'],
         "expected an integer >= 1 for the 'sliding_attention' layers",
