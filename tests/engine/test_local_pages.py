@@ -235,7 +235,7 @@ def test_pool_sizes_and_refusals():
     assert pool_layout(GEMMA, replace(cfg, num_local_pages=41), 2, 1).pages_per_shard[1] == 21
     covering = replace(GEMMA, sliding_window=cfg.max_seq_len)
     assert pool_layout(covering, cfg, 2, 1).layers == ((0, 1, 2, 3),)
-    with pytest.raises(ValueError, match="'sampling.num_local_pages' = 9 sizes a local layers' pool this"):
+    with pytest.raises(ValueError, match="num_local_pages' = 9 sizes a local layers' pool"):
         pool_layout(covering, replace(cfg, num_local_pages=9), 2, 1)
     with pytest.raises(ValueError, match=r"leaves each of the 2 kv shards 3 local pages, fewer"):
         pool_layout(GEMMA, replace(cfg, num_local_pages=6), 2, 1)
