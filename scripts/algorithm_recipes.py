@@ -22,30 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
-import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+import recipe_seeds  # scripts/recipe_seeds.py, beside this file
+
 DEVICES = {"sync": 1, "eta2": 8, "small": 1, "opd": 1, "grpo": 1, "": 1}
 
 
 def launch(config: str, variant: str, workdir: pathlib.Path, overrides: dict) -> dict:
     """One run; returns its summary line and wall seconds."""
-    env = {**os.environ, "JAX_NUM_CPU_DEVICES": str(DEVICES[variant])}
-    flags = [f"--config.{k}={v}" for k, v in overrides.items()]
-    spec = f"{config}:{variant}" if variant else config
-    cmd = ["rljax", f"--config={spec}", f"--workdir={workdir}", *flags]
-    start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    if out.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    summary = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    return {**summary, "process_wall_s": round(wall, 1)}
+    return recipe_seeds.launch(config, variant, workdir, overrides, DEVICES[variant])
 
 
 def records(workdir: pathlib.Path, phase: str) -> list[dict]:
@@ -75,8 +63,13 @@ def ppo(args: argparse.Namespace, root: pathlib.Path) -> dict:
             gain = 100 * (s["final_accuracy"] - s["initial_accuracy"])
             stale = max((r.get("staleness_max", 0) for r in records(workdir, "train")), default=0)
             runs.append(
-                {"variant": variant, "seed": seed, "gain_points": round(gain, 1),
-                 "staleness_max": stale, **s}
+                {
+                    "variant": variant,
+                    "seed": seed,
+                    "gain_points": round(gain, 1),
+                    "staleness_max": stale,
+                    **s,
+                }
             )
             print(
                 f"{variant:5s} seed {seed}: {100 * s['initial_accuracy']:.1f}% -> "
@@ -106,8 +99,12 @@ def opd(args: argparse.Namespace, root: pathlib.Path) -> dict:
     for seed in map(int, args.seeds.split(",")):
         teacher = root / f"teacher_{seed}"
         if not (teacher / "checkpoints").is_dir():
-            launch("configs/arith_tiny.py", "", teacher,
-                   {"seed": seed, "checkpoint.enabled": True, "metrics.progress_bar": False})
+            launch(
+                "configs/arith_tiny.py",
+                "",
+                teacher,
+                {"seed": seed, "checkpoint.enabled": True, "metrics.progress_bar": False},
+            )
         teacher_acc = curve(teacher)[-1][1]
         target = args.fraction * teacher_acc
         row: dict = {"seed": seed, "teacher_accuracy": teacher_acc, "target": target}

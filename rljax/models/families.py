@@ -240,6 +240,22 @@ def config_from_hf(
     return ModelConfig(**fields)
 
 
+def _common_to_hf(cfg: ModelConfig, arch: str) -> dict[str, Any]:
+    """The keys every family's ``config.json`` has: the architecture and the sizes."""
+    return {
+        "architectures": [arch],
+        "model_type": ARCHITECTURES[arch][1],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.norm_eps,
+    }
+
+
 def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """A Hugging Face ``config.json`` dict that transformers 4.x and 5.x both load."""
     if cfg.family in GEMMA_FAMILIES:
@@ -258,17 +274,8 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     scaling = dict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
     rope_parameters = {"rope_type": "default", **(scaling or {}), "rope_theta": cfg.rope_theta}
     out: dict[str, Any] = {
-        "architectures": [arch],
-        "model_type": ARCHITECTURES[arch][1],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
+        **_common_to_hf(cfg, arch),
         "hidden_act": "silu",
-        "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_scaling": scaling,
         "rope_parameters": rope_parameters,
@@ -436,18 +443,9 @@ def gemma_config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     scaling = dict(cfg.rope_scaling) if cfg.rope_scaling is not None else None
     full = {"rope_type": "default", **(scaling or {}), "rope_theta": cfg.rope_theta}
     out: dict[str, Any] = {
-        "architectures": [arch],
-        "model_type": ARCHITECTURES[arch][1],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
+        **_common_to_hf(cfg, arch),
         "hidden_activation": _GEMMA_ACT,
         "hidden_act": _GEMMA_ACT,
-        "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_scaling": scaling,
         "layer_types": types,
