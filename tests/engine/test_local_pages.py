@@ -82,6 +82,22 @@ def sharded():
     return tiny_engine(model=GEMMA, seed=1, decode_steps=1, devices=devices, data=2, **SAMPLING)
 
 
+@pytest.fixture(scope="module")
+def gemma2():
+    """Gemma 2's shape: local and global layers alternating (every layer its own run), both
+    soft-caps small enough to bend the scores and logits, no q/k norm; the default pools."""
+    model = replace(
+        GEMMA,
+        family="gemma2",
+        layer_types=("sliding_attention", "full_attention") * 2,
+        qk_norm=False,
+        rope_local_base_freq=None,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0,
+    )
+    return tiny_engine(model=model, seed=1, decode_steps=1, **SAMPLING)
+
+
 def _forward_logprobs(tiny, seq: list[int]) -> np.ndarray:
     """log_softmax of the full forward's logits at every position of ``seq`` [T, V]."""
     width = tiny.engine.max_seq_len
@@ -136,7 +152,7 @@ def _bound_checked_run(tiny, sampler, requests, *, min_steps=NEW):
     return sorted(out, key=lambda t: t.group_id)
 
 
-@pytest.mark.parametrize("which", ["tight", "multi", "sharded"])
+@pytest.mark.parametrize("which", ["tight", "multi", "sharded", "gemma2"])
 def test_greedy_past_the_window_is_the_full_forward_and_holds_a_window_of_pages(which, request):
     tiny = request.getfixturevalue(which)
     sampler = Sampler(tiny.engine, tiny.params)
