@@ -17,13 +17,20 @@ With a sliding ``window`` W the queries go in blocks of :func:`window_block` pos
 ``lax.map`` over the blocks: block i attends only to the band of keys
 ``[i * block - W + 1, (i + 1) * block)``, the keys outside it are never read, so a local
 layer's cost grows with W, not T. The map keeps the program one block long whatever T is (an
-unrolled loop of 256 blocks of 16 took minutes to compile).
+unrolled loop of 256 blocks of 16 took minutes to compile). Its backward is written by hand,
+flash attention's: each block's probabilities are recomputed from its saved log-sum-exp and its
+key and value gradients added into the band, so nothing block-sized is saved (autodiff of the
+map saved every block's probabilities and ran the backward 2.6x slower than the forward's rate
+per score; scripts/bench_kernels.py --only-window).
 
 Values equal :func:`rljax.kernels.flash_attention.reference.flash_attention_reference` up to
 f32 rounding; the masks are applied within each block as there, after the soft-cap.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +107,6 @@ def _window_band(q_rows, k_heads, v_heads, segment_ids, *, sm_scale, softcap, wi
     blocks = -(-t // block)
     tail = blocks * block - t
     lead = window - 1  # keys before position 0 that the first block's band would start at
-    span = block + lead
     q_blocks = jnp.pad(q_rows, ((0, 0), (0, 0), (0, tail * group), (0, 0)))
     q_blocks = jnp.moveaxis(q_blocks.reshape(b, kv_heads, blocks, block * group, h), 2, 0)
     k_band, v_band = (
@@ -108,31 +114,107 @@ def _window_band(q_rows, k_heads, v_heads, segment_ids, *, sm_scale, softcap, wi
     )
     seg_band = None
     if segment_ids is not None:
-        seg_band = jnp.pad(segment_ids, ((0, 0), (lead, tail)))
-    # Query r of block i is position i * block + r, key c of its band i * block - lead + c; so
-    # "key <= query and query - key < W" is 0 <= r + lead - c < W, i.e. r <= c <= r + lead,
-    # the same in every block. Queries past T (the last block's tail) see at least their own
-    # zero key: finite, then dropped.
-    r = jnp.arange(block)[:, None]
-    c = jnp.arange(span)[None, :]
-    in_window = (c >= r) & (c <= r + lead)
-
-    def attend(i, q_blk):
-        start = i * block
-        mask = (in_window & (start - lead + c >= 0))[None]  # [1, block, span]; no key before 0
-        if seg_band is not None:
-            seg_q = jax.lax.dynamic_slice_in_dim(seg_band, start + lead, block, axis=1)
-            seg_k = jax.lax.dynamic_slice_in_dim(seg_band, start, span, axis=1)
-            mask = mask & (seg_q[:, :, None] == seg_k[:, None, :])
-        k_blk, v_blk = (
-            jax.lax.dynamic_slice_in_dim(x, start, span, axis=2) for x in (k_band, v_band)
-        )
-        scores = jnp.einsum("bkrh,bksh->bkrs", q_blk, k_blk)
-        scores = soft_cap(scores * sm_scale, softcap).reshape(b, kv_heads, block, group, span)
-        scores = jnp.where(mask[:, None, :, None, :], scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1).reshape(b, kv_heads, block * group, span)
-        return jnp.einsum("bkrs,bksh->bkrh", probs, v_blk)
-
-    out = jax.lax.map(lambda xs: attend(*xs), (jnp.arange(blocks), q_blocks))
+        seg_band = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (lead, tail)))
+    band = _Band(block, lead, group, sm_scale, softcap)
+    out = _band_attention(band, q_blocks, k_band, v_band, seg_band)
     out = jnp.moveaxis(out, 0, 2).reshape(b, kv_heads, blocks * block * group, h)
     return out[:, :, : t * group]
+
+
+class _Band(NamedTuple):
+    """The static shape of the windowed path: ``block`` queries a block, ``lead`` = W - 1 keys
+    before a block's first query, ``group`` query heads a kv head, the scale and the cap."""
+
+    block: int
+    lead: int
+    group: int
+    sm_scale: float
+    softcap: float | None
+
+    @property
+    def span(self) -> int:
+        return self.block + self.lead
+
+    def keep(self, i, seg_band):
+        """Block i's mask, [B or 1, block * G, span]: query r of block i is position
+        i * block + r, key c of its band i * block - lead + c; "key <= query and query - key
+        < W" is r <= c <= r + lead in every block. No key before position 0; with segments,
+        the query's own. A query always keeps its own key (padding past T too: finite)."""
+        start = i * self.block
+        r = jnp.arange(self.block)[:, None]
+        c = jnp.arange(self.span)[None, :]
+        mask = ((c >= r) & (c <= r + self.lead) & (start - self.lead + c >= 0))[None]
+        if seg_band is not None:
+            seg_q = jax.lax.dynamic_slice_in_dim(seg_band, start + self.lead, self.block, axis=1)
+            seg_k = jax.lax.dynamic_slice_in_dim(seg_band, start, self.span, axis=1)
+            mask = mask & (seg_q[:, :, None] == seg_k[:, None, :])
+        return jnp.repeat(mask, self.group, axis=1)[:, None]  # [B or 1, 1, rows, span]
+
+    def keys(self, i, band):
+        return jax.lax.dynamic_slice_in_dim(band, i * self.block, self.span, axis=2)
+
+    def scores(self, q_blk, k_blk):
+        """(raw scaled scores, capped scores) [B, K, rows, span]."""
+        raw = jnp.einsum("bkrh,bksh->bkrs", q_blk, k_blk) * self.sm_scale
+        return raw, soft_cap(raw, self.softcap)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _band_attention(band: _Band, q_blocks, k_band, v_band, seg_band):
+    """Each block's attention over its band: [blocks, B, K, rows, H]. A hand-written backward
+    recomputes each block's probabilities from its saved log-sum-exp, as flash attention's
+    does: autodiff of the block map saved every block's probabilities and ran its backward at
+    about half the forward's rate per score."""
+    return _band_fwd(band, q_blocks, k_band, v_band, seg_band)[0]
+
+
+def _band_fwd(band, q_blocks, k_band, v_band, seg_band):
+    def attend(xs):
+        i, q_blk = xs
+        _, capped = band.scores(q_blk, band.keys(i, k_band))
+        capped = jnp.where(band.keep(i, seg_band), capped, -jnp.inf)
+        lse = jax.nn.logsumexp(capped, axis=-1)
+        probs = jnp.exp(capped - lse[..., None])
+        return jnp.einsum("bkrs,bksh->bkrh", probs, band.keys(i, v_band)), lse
+
+    blocks = q_blocks.shape[0]
+    out, lse = jax.lax.map(attend, (jnp.arange(blocks), q_blocks))
+    return out, (q_blocks, k_band, v_band, seg_band, out, lse)
+
+
+def _band_bwd(band, residuals, d_out):
+    q_blocks, k_band, v_band, seg_band, out, lse = residuals
+
+    def step(carry, xs):
+        dk_band, dv_band = carry
+        i, q_blk, o_blk, do_blk, lse_blk = xs
+        k_blk, v_blk = band.keys(i, k_band), band.keys(i, v_band)
+        raw, capped = band.scores(q_blk, k_blk)
+        keep = band.keep(i, seg_band)
+        probs = jnp.where(keep, jnp.exp(capped - lse_blk[..., None]), 0.0)
+        d_v = jnp.einsum("bkrs,bkrh->bksh", probs, do_blk)
+        d_probs = jnp.einsum("bkrh,bksh->bkrs", do_blk, v_blk)
+        delta = jnp.sum(do_blk * o_blk, axis=-1, keepdims=True)
+        d_scores = probs * (d_probs - delta)
+        if band.softcap is not None:  # d/dx c tanh(x / c) = 1 - tanh^2
+            d_scores = d_scores * (1.0 - jnp.square(capped / band.softcap))
+        d_scores = d_scores * band.sm_scale
+        d_q = jnp.einsum("bkrs,bksh->bkrh", d_scores, k_blk)
+        d_k = jnp.einsum("bkrs,bkrh->bksh", d_scores, q_blk)
+        start = i * band.block
+        dk_band = jax.lax.dynamic_update_slice_in_dim(
+            dk_band, band.keys(i, dk_band) + d_k, start, axis=2
+        )
+        dv_band = jax.lax.dynamic_update_slice_in_dim(
+            dv_band, band.keys(i, dv_band) + d_v, start, axis=2
+        )
+        return (dk_band, dv_band), d_q
+
+    blocks = q_blocks.shape[0]
+    init = (jnp.zeros_like(k_band), jnp.zeros_like(v_band))
+    xs = (jnp.arange(blocks), q_blocks, out, d_out, lse)
+    (dk_band, dv_band), d_q = jax.lax.scan(step, init, xs)
+    return d_q, dk_band, dv_band, None
+
+
+_band_attention.defvjp(_band_fwd, _band_bwd)
