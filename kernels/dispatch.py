@@ -109,18 +109,21 @@ def resolve_window(window, capacity: int) -> int | None:
     return None if int(window) >= capacity else int(window)
 
 
-def resolve_softcap(softcap) -> float | None:
-    """``softcap`` as a Python float, or None.
+def resolve_softcap(softcap, message: str | None = None) -> float | None:
+    """``softcap`` as a Python float, or None. A static Python or NumPy number only: not a
+    bool, a string that float() would parse, or an array (a traced one could not be static).
 
     Raises:
-      ValueError: ``softcap`` is not a finite number > 0.
+      ValueError: ``softcap`` is not a finite number > 0; ``message`` (default: the attention
+        ops' wording) says so.
     """
     if softcap is None:
         return None
     ok = isinstance(softcap, numbers.Real) and not isinstance(softcap, bool)
     if not ok or not math.isfinite(softcap) or softcap <= 0:
         raise ValueError(
-            f"softcap must be a finite float > 0 (scores become softcap * tanh(scores / "
+            message
+            or f"softcap must be a finite float > 0 (scores become softcap * tanh(scores / "
             f"softcap)), got {softcap!r}; pass softcap=None for no soft-capping."
         )
     return float(softcap)

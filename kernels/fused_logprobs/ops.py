@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 
 import jax
 import jax.numpy as jnp
@@ -34,19 +32,9 @@ def validate(hidden, unembed, targets):
 
 def check_softcap(softcap) -> float | None:
     """``softcap`` as a float, or None; raises a one-line ValueError unless finite and > 0."""
-    if softcap is None:
-        return None
-    message = (
-        f"softcap={softcap!r} must be a finite number > 0 (Gemma 2 uses 30.0), or None for no cap"
-    )
-    # A static Python or NumPy number: not a bool, a string that float() would parse, or an
-    # array (a traced one could not be a static argument).
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise ValueError(message)
-    value = float(softcap)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(message)
-    return value
+    message = f"softcap={softcap!r} must be a finite number > 0 (Gemma 2 uses 30.0), or None"
+    message += " for no cap"
+    return dispatch.resolve_softcap(softcap, message)
 
 
 def forward_stats(

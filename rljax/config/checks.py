@@ -64,11 +64,16 @@ def _positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
         _fail(key, value, "an integer >= 0" if allow_zero else "an integer > 0")
 
 
-def _positive_float(key: str, value: Any, *, allow_zero: bool = False) -> None:
+def _positive_float(
+    key: str, value: Any, *, allow_zero: bool = False, unset: str | None = None
+) -> None:
+    """A finite number > 0 (>= 0 with ``allow_zero``); ``unset`` names what None means for a
+    key that may also be None, for the message."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value >= 0 if allow_zero else value > 0)
     if not ok:
-        _fail(key, value, "a finite number >= 0" if allow_zero else "a finite number > 0")
+        expected = "a finite number >= 0" if allow_zero else "a finite number > 0"
+        _fail(key, value, expected if unset is None else f"{expected}, or {unset}")
 
 
 def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -8,7 +8,6 @@ into :class:`ModelConfig` key for key (``rljax.models.families``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -174,10 +173,8 @@ def _check_attention(cfg: ModelConfig) -> None:
         "rope_local_base_freq": "None (local layers use rope_theta)",
     }
     for name, none in unset.items():
-        value = getattr(cfg, name)
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if value is not None and not (ok and math.isfinite(value) and value > 0):
-            _fail(f"model.{name}", value, f"a finite number > 0, or {none}")
+        if getattr(cfg, name) is not None:
+            _positive_float(f"model.{name}", getattr(cfg, name), unset=none)
     if cfg.layer_types and len(cfg.layer_types) != cfg.num_layers:
         _fail(
             "model.layer_types",
