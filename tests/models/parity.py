@@ -13,7 +13,9 @@ already moves them 1.2e-4).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 # float32 forward passes of two layers, 64-576 wide: the gap measured is 2e-7 to 9e-7 of the
 # logits' scale on an AMD EPYC and 2.2e-6 on an Intel Xeon with AVX-512 (SmolLM2's adapter
@@ -31,3 +33,19 @@ def assert_logits_close(got, want, rtol: float = F32_RTOL, err_msg: str = "") ->
     np.testing.assert_allclose(
         np.asarray(got, np.float64), want, rtol=0, atol=rtol * scale, err_msg=err_msg
     )
+
+
+def rljax_logits(graphdef, params, tokens: np.ndarray) -> np.ndarray:
+    """The Decoder's logits [B, T, V] over rows of ``tokens`` [B, T], one sequence a row."""
+    model = nnx.merge(graphdef, params)
+    positions = np.tile(np.arange(tokens.shape[1]), (tokens.shape[0], 1))
+    hidden = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.ones(tokens.shape, jnp.int32))
+    return np.asarray(model.logits(hidden))
+
+
+def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
+    """A transformers causal LM's logits [B, T, V] over ``tokens``, in float32."""
+    import torch  # a test dependency, imported where a parity test runs
+
+    with torch.no_grad():
+        return model(torch.tensor(tokens)).logits.float().numpy()

@@ -10,7 +10,6 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -21,7 +20,7 @@ from rljax.models.hf import load_hf, save_hf
 from rljax.models.layer_runs import segments
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import abstract_decoder
-from tests.models.parity import assert_logits_close
+from tests.models.parity import assert_logits_close, hf_logits, rljax_logits
 
 torch = pytest.importorskip("torch", reason="parity tests compare against transformers on torch")
 transformers = pytest.importorskip("transformers", reason="parity tests need transformers")
@@ -77,15 +76,11 @@ def mesh():
 
 
 def _ours(graphdef, params, tokens=TOKENS):
-    model = nnx.merge(graphdef, params)
-    positions = np.tile(np.arange(tokens.shape[1]), (tokens.shape[0], 1))
-    hidden = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.ones(tokens.shape, jnp.int32))
-    return np.asarray(model.logits(hidden))
+    return rljax_logits(graphdef, params, tokens)
 
 
 def _theirs(model, tokens=TOKENS):
-    with torch.no_grad():
-        return model(torch.tensor(tokens)).logits.float().numpy()
+    return hf_logits(model, tokens)
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3", "gemma3_linear"])

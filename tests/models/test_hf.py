@@ -15,7 +15,7 @@ from rljax.models.gguf import load_gguf
 from rljax.models.hf import SafetensorsReader, load_hf, load_params, save_hf
 from rljax.models.sharding import LEARNER_RULES, SAMPLER_RULES, make_mesh, state_shardings
 from rljax.models.tokenizer import Tokenizer
-from tests.models.parity import assert_logits_close
+from tests.models.parity import assert_logits_close, hf_logits, rljax_logits
 
 torch = pytest.importorskip("torch", reason="parity tests compare against transformers on torch")
 transformers = pytest.importorskip("transformers", reason="parity tests need transformers")
@@ -70,15 +70,11 @@ TOKENS = np.random.RandomState(0).randint(0, SMALL["vocab_size"], (2, 40))
 
 
 def _ours(graphdef, params, tokens=TOKENS):
-    model = nnx.merge(graphdef, params)
-    positions = np.tile(np.arange(tokens.shape[1]), (tokens.shape[0], 1))
-    hidden = model(jnp.asarray(tokens), jnp.asarray(positions), jnp.ones(tokens.shape, jnp.int32))
-    return np.asarray(model.logits(hidden))
+    return rljax_logits(graphdef, params, tokens)
 
 
 def _theirs(model, tokens=TOKENS):
-    with torch.no_grad():
-        return model(torch.tensor(tokens)).logits.float().numpy()
+    return hf_logits(model, tokens)
 
 
 @pytest.mark.parametrize(
