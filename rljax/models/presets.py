@@ -5,20 +5,25 @@ checkpoints), renamed to rljax's keys. No jax import: the simulator's cost model
 model builder both read these dicts, and the simulator must stay importable without jax.
 
 Keys (every preset has exactly these):
-  family: "llama" | "qwen2" | "qwen3".
+  family: "llama" | "qwen2" | "qwen3" | "gemma3".
   vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim.
   rope_theta: RoPE base frequency.
-  rope_scaling: None, or the llama3 scaling dict (rope_type, factor, low_freq_factor,
-    high_freq_factor, original_max_position_embeddings).
+  rope_scaling: None, the llama3 scaling dict (rope_type, factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings), or Gemma's linear one (rope_type,
+    factor).
   norm_eps: RMSNorm epsilon.
   tie_embeddings: whether the LM head reuses the token embedding matrix.
-  qk_norm: per-head RMSNorm on q and k (Qwen3).
+  qk_norm: per-head RMSNorm on q and k (Qwen3, Gemma 3).
   qkv_bias: bias on the q, k, v projections (Qwen2).
   max_position_embeddings: the context length the checkpoint was configured for.
 A mixture-of-experts preset (family "qwen3_moe" | "qwen2_moe") has :data:`MOE_PRESET_KEYS` too,
 Hugging Face's names as in ``ModelConfig``: num_experts (E), num_experts_per_tok (k),
 moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers,
 shared_expert_intermediate_size.
+A Gemma preset (family "gemma2" | "gemma3") has :data:`GEMMA_PRESET_KEYS` too, the
+``ModelConfig`` fields of Gemma's architecture (docs/gemma.md): layer_types, sliding_window,
+rope_local_base_freq, query_pre_attn_scalar, attn_logit_softcapping, final_logit_softcapping,
+hidden_act, post_norms, norm_unit_offset, scale_embeddings.
 
 :func:`param_count` counts every parameter (every expert): what the weights occupy and what a
 weight sync moves. :func:`active_param_count` counts those one token computes with (attention,
@@ -55,6 +60,20 @@ MOE_PRESET_KEYS = (
     "decoder_sparse_step",
     "mlp_only_layers",
     "shared_expert_intermediate_size",
+)
+
+
+GEMMA_PRESET_KEYS = (
+    "layer_types",
+    "sliding_window",
+    "rope_local_base_freq",
+    "query_pre_attn_scalar",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "hidden_act",
+    "post_norms",
+    "norm_unit_offset",
+    "scale_embeddings",
 )
 
 
@@ -144,6 +163,44 @@ def _llama(vocab, hidden, inter, layers, heads, kv, theta, scaling, eps, tie, ma
     }
 
 
+def _gemma3(hidden, inter, layers, heads, kv, head_dim, scalar) -> dict[str, Any]:
+    # Gemma 3 (text) from 4B up, as google/gemma-3-{12b,27b}-it's config.json text_config
+    # (sizes, query_pre_attn_scalar, sliding_window 1024, linear RoPE scaling 8) over
+    # transformers' Gemma3TextConfig defaults for the keys it leaves out (vocab 262208, the
+    # checkpoints' embedding rows; rope_theta 1e6 global, 1e4 local; rms_norm_eps 1e-6; tied
+    # embeddings; 131072 positions; five local layers to one global). MaxText's
+    # configs/models/gemma3-{12b,27b}.yml give the same sizes, window and RoPE.
+    return {
+        "family": "gemma3",
+        "vocab_size": 262_208,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_layers": layers,
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "head_dim": head_dim,
+        "rope_theta": 1_000_000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "norm_eps": 1e-6,
+        "tie_embeddings": True,
+        "qk_norm": True,
+        "qkv_bias": False,
+        "max_position_embeddings": 131_072,
+        "layer_types": tuple(
+            "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
+        ),
+        "sliding_window": 1024,
+        "rope_local_base_freq": 10_000.0,
+        "query_pre_attn_scalar": scalar,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "hidden_act": "gelu_pytorch_tanh",
+        "post_norms": True,
+        "norm_unit_offset": True,
+        "scale_embeddings": True,
+    }
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": _qwen2(151_936, 896, 4_864, 24, 14, 2, True, 32_768),
     "qwen2.5-1.5b": _qwen2(151_936, 1_536, 8_960, 28, 12, 2, True, 131_072),
@@ -161,6 +218,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # SmolLM2 uses the Llama architecture with no RoPE scaling.
     "smollm2-135m": _llama(49_152, 576, 1_536, 30, 9, 3, 100_000.0, None, 1e-5, True, 8_192),
+    # Text only (Gemma3ForCausalLM; the -it checkpoints' vision tower is not built).
+    "gemma3-12b": _gemma3(3_840, 15_360, 48, 16, 8, 256, 256),
+    "gemma3-27b": _gemma3(5_376, 21_504, 62, 32, 16, 128, 168),
 }
 
 
@@ -191,7 +251,7 @@ def _count(preset: Mapping[str, Any], experts: int) -> int:
         attn += q_dim + 2 * kv_dim
     if preset["qk_norm"]:
         attn += 2 * hd
-    mlp = 3 * h * preset["intermediate_size"]  # gate, up, down (SwiGLU)
+    mlp = 3 * h * preset["intermediate_size"]  # gate, up, down (SwiGLU or GeGLU)
     n_moe = moe_layer_count(preset)
     moe = 0
     if n_moe:
@@ -199,7 +259,8 @@ def _count(preset: Mapping[str, Any], experts: int) -> int:
         moe = h * preset["num_experts"] + experts * 3 * h * preset["moe_intermediate_size"]
         moe += (3 * h * fs + h) if fs else 0  # the shared expert and its sigmoid gate
     layers = preset["num_layers"]
-    blocks = layers * (attn + 2 * h) + (layers - n_moe) * mlp + n_moe * moe  # + 2 RMSNorms
+    norms = 4 if preset.get("post_norms") else 2  # Gemma's norms after attention and the MLP
+    blocks = layers * (attn + norms * h) + (layers - n_moe) * mlp + n_moe * moe
     embed = preset["vocab_size"] * h
     head = 0 if preset["tie_embeddings"] else embed
     return embed + head + blocks + h  # + final norm
@@ -219,7 +280,26 @@ def active_param_count(preset: Mapping[str, Any]) -> int:
 
 
 def kv_bytes_per_token(preset: Mapping[str, Any], dtype_bytes: int) -> int:
-    """Bytes of K and V cache one token occupies across all layers."""
+    """Bytes of K and V cache one token occupies across all layers (a Gemma token while it is
+    inside the local layers' window; :func:`kv_bytes_of_sequence` counts the window)."""
     if dtype_bytes <= 0:
         raise ValueError(f"dtype_bytes must be positive, got {dtype_bytes}; use 2 for bf16")
     return 2 * preset["num_layers"] * preset["num_kv_heads"] * preset["head_dim"] * dtype_bytes
+
+
+def local_layer_count(preset: Mapping[str, Any]) -> int:
+    """The sliding-window (local) layers of a preset: 0 without ``layer_types``."""
+    if preset.get("sliding_window") is None:
+        return 0
+    return sum(t == "sliding_attention" for t in preset.get("layer_types", ()))
+
+
+def kv_bytes_of_sequence(preset: Mapping[str, Any], dtype_bytes: int, tokens: int) -> int:
+    """Bytes of K and V cache a sequence of ``tokens`` tokens needs: every token in each global
+    layer, the last ``sliding_window`` in each local one (the engine's pages round both up)."""
+    if tokens < 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens}")
+    per_layer = kv_bytes_per_token(preset, dtype_bytes) // preset["num_layers"]
+    local = local_layer_count(preset)
+    window = min(tokens, preset["sliding_window"]) if local else 0
+    return per_layer * ((preset["num_layers"] - local) * tokens + local * window)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rljax.config.checks import GEMMA_FAMILIES
 from rljax.models import presets
 from rljax.sim.chips import ChipSpec
 from rljax.sim.costs import CostModel
@@ -83,7 +84,8 @@ class MeasuredCosts(CostModel):
 
 
 def tiny_preset(model_cfg) -> dict:
-    """A preset dict (``rljax.models.presets`` fields, a mixture of experts' too) from a run's
-    ``ModelConfig``."""
+    """A preset dict (``rljax.models.presets`` fields, a mixture of experts' and Gemma's too)
+    from a run's ``ModelConfig``."""
     keys = presets.PRESET_KEYS + (presets.MOE_PRESET_KEYS if model_cfg.num_experts else ())
+    keys += presets.GEMMA_PRESET_KEYS if model_cfg.family in GEMMA_FAMILIES else ()
     return {k: getattr(model_cfg, k) for k in keys if hasattr(model_cfg, k)}
