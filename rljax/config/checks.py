@@ -21,7 +21,7 @@ from rljax.needs import Needs
 
 DTYPES = ("float32", "bfloat16")
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe")
-GEMMA_FAMILIES = ("gemma2", "gemma3")
+GEMMA_FAMILIES = ("gemma2", "gemma3", "gemma4")
 FAMILIES = ("llama", "qwen2", "qwen3", *MOE_FAMILIES, *GEMMA_FAMILIES)
 # model.layer_types entries (Hugging Face's names): a local (sliding-window) or a global layer.
 LAYER_TYPES = ("sliding_attention", "full_attention")

@@ -29,12 +29,13 @@ from rljax.models.lora_targets import ATTENTION_TARGETS, target_weights
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer (Llama / Qwen2 / Qwen3 / SmolLM2, the Qwen3-MoE / Qwen2-MoE
-    mixtures of experts, and Gemma 2 / Gemma 3 text), read by rljax.models.
+    mixtures of experts, and Gemma 2 / Gemma 3 / Gemma 4 text), read by rljax.models.
 
     Field names follow Hugging Face ``config.json`` where one exists.
 
     Attributes:
-      family: the architecture, one of llama, qwen2, qwen3, qwen3_moe, qwen2_moe, gemma2, gemma3.
+      family: the architecture, one of llama, qwen2, qwen3, qwen3_moe, qwen2_moe, gemma2, gemma3,
+        gemma4.
       vocab_size: rows of the token embedding (and of the output projection).
       hidden_size: D, the width of the residual stream.
       intermediate_size: the hidden width of the SwiGLU MLP.
@@ -73,14 +74,24 @@ class ModelConfig:
       rope_local_base_freq: the RoPE base of the local layers (Gemma 3); None: rope_theta.
       attn_logit_softcapping: c, attention scores become c * tanh(score / c) (Gemma 2); None.
       final_logit_softcapping: the same on the output logits (Gemma 2); None.
-      query_pre_attn_scalar: the attention scale is this ** -0.5 (Gemma); None: head_dim.
+      query_pre_attn_scalar: the attention scale is this ** -0.5 (Gemma; 1.0 for Gemma 4's
+        unit scale); None: head_dim.
       hidden_act: the MLP's gate activation: 'silu' (SwiGLU) or 'gelu_pytorch_tanh' (GeGLU
         with tanh-GELU, Gemma).
       post_norms: RMSNorm also after attention and after the MLP, before each residual add
         (Gemma's sandwich norms).
-      norm_unit_offset: RMSNorms scale by (1 + w), their weights starting at 0 (Gemma).
+      norm_unit_offset: RMSNorms scale by (1 + w), their weights starting at 0 (Gemma 2 and 3;
+        Gemma 4's scale by w).
       scale_embeddings: the token embedding is multiplied by sqrt(hidden_size), rounded to the
         compute dtype (Gemma).
+      partial_rotary_factor: the share of a global layer's head_dim that RoPE rotates, in
+        Gemma 4's 'proportional' form: the first int(f * head_dim // 2) frequency pairs, at
+        head_dim's frequencies, rotate and the rest pass unrotated; 1.0: all (local layers
+        always rotate all).
+      v_norm: RMSNorm without a scale on each head's values, before they are attended and
+        cached (Gemma 4).
+      layer_scalar: each layer's output is multiplied by its own scalar weight (Gemma 4's
+        ``layer_scalar``, a buffer in transformers; a parameter here, trained as the others).
     """
 
     family: str = "llama"
@@ -119,6 +130,9 @@ class ModelConfig:
     post_norms: bool = False
     norm_unit_offset: bool = False
     scale_embeddings: bool = False
+    partial_rotary_factor: float = 1.0
+    v_norm: bool = False
+    layer_scalar: bool = False
 
     def __post_init__(self):
         _one_of("model.family", self.family, FAMILIES)
@@ -175,6 +189,13 @@ def _check_attention(cfg: ModelConfig) -> None:
     for name, none in unset.items():
         if getattr(cfg, name) is not None:
             _positive_float(f"model.{name}", getattr(cfg, name), unset=none)
+    factor = cfg.partial_rotary_factor
+    if not (isinstance(factor, int | float) and not isinstance(factor, bool) and 0 <= factor <= 1):
+        _fail(
+            "model.partial_rotary_factor",
+            factor,
+            "a share of head_dim in [0, 1] (1.0: RoPE rotates every pair)",
+        )
     if cfg.layer_types and len(cfg.layer_types) != cfg.num_layers:
         _fail(
             "model.layer_types",

@@ -133,6 +133,8 @@ class CallPaths:
             q, k, v = q + p["bq"].astype(dt), k + p["bk"].astype(dt), v + p["bv"].astype(dt)
         if cfg.qk_norm:
             q, k = self._norm(q, p["q_norm"]), self._norm(k, p["k_norm"])
+        if cfg.v_norm:  # before the values are attended, and cached by the engine
+            v = rms_norm(v, None, cfg.norm_eps)
         inv_freq = rope_frequencies(cfg, local=window is not None)
         return apply_rope(q, positions_bt, inv_freq), apply_rope(k, positions_bt, inv_freq), v
 
@@ -152,7 +154,10 @@ class CallPaths:
             out, stats = moe_lib.moe_mlp(h_btd, p, cfg, self._project, moe)
         if cfg.post_norms:
             out = self._norm(out, p["mlp_post_norm"])
-        return x_btd + out, stats
+        x_btd = x_btd + out
+        if cfg.layer_scalar:  # the layer's whole output, residual included (Gemma 4)
+            x_btd = x_btd * p["layer_scalar"].astype(x_btd.dtype)
+        return x_btd, stats
 
     def _run(self, block, carry, layers, *, unroll: int = 1, call: moe_lib.MoECall | None = None):
         """``block(carry, (p, i), moe, window)`` over the layers: the model's runs of one kind

@@ -287,8 +287,8 @@ def load_hf(
     rules: ShardingRules,
     dtype: str | None = None,
 ) -> tuple[ModelConfig, nnx.GraphDef, nnx.State]:
-    """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE/Qwen2-MoE/Gemma 2/Gemma 3 (text)
-    safetensors directory, sharded on ``mesh``.
+    """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE/Qwen2-MoE/Gemma 2/Gemma 3/Gemma 4
+    (text) safetensors directory, sharded on ``mesh``.
 
     Reads ``config.json`` and ``model.safetensors`` (or the shards listed in
     ``model.safetensors.index.json``), bf16 or f32; routed experts one tensor per expert (the

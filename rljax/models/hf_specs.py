@@ -142,6 +142,8 @@ DENSE_TENSOR_SPECS: dict[str, TensorSpec] = {
     "k_norm": TensorSpec(
         _LAYER + "self_attn.k_norm.weight", lambda c: ((c.head_dim,),), (0,), _LAYERS
     ),
+    # Gemma 4's per-layer output scalar: a [1] buffer in transformers, one entry per layer here.
+    "layer_scalar": TensorSpec(_LAYER + "layer_scalar", lambda c: ((),), (), _LAYERS),
     # A mixture-of-experts model keeps these on its dense layers only.
     "w_gate": TensorSpec(_LAYER + "mlp.gate_proj.weight", _linear(_F, _D), (1, 0), _DENSE),
     "w_up": TensorSpec(_LAYER + "mlp.up_proj.weight", _linear(_F, _D), (1, 0), _DENSE),
@@ -175,12 +177,8 @@ TENSOR_SPECS: dict[str, TensorSpec] = {**DENSE_TENSOR_SPECS, **MOE_TENSOR_SPECS}
 # and the MLP's input norm is ``pre_feedforward_layernorm``.
 POST_NORM_TENSOR_SPECS: dict[str, TensorSpec] = {
     "mlp_norm": TensorSpec(_LAYER + "pre_feedforward_layernorm.weight", _NORM, (0,), _LAYERS),
-    "attn_post_norm": TensorSpec(
-        _LAYER + "post_attention_layernorm.weight", _NORM, (0,), _LAYERS
-    ),
-    "mlp_post_norm": TensorSpec(
-        _LAYER + "post_feedforward_layernorm.weight", _NORM, (0,), _LAYERS
-    ),
+    "attn_post_norm": TensorSpec(_LAYER + "post_attention_layernorm.weight", _NORM, (0,), _LAYERS),
+    "mlp_post_norm": TensorSpec(_LAYER + "post_feedforward_layernorm.weight", _NORM, (0,), _LAYERS),
 }
 
 

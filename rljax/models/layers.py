@@ -1,5 +1,5 @@
 """The decoder's position-wise pieces: RMSNorm, rotary embeddings (with Llama-3 and linear
-scaling) and soft-capping."""
+scaling, and Gemma 4's proportional partial rotation) and soft-capping."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import jax.numpy as jnp
 from rljax.config import ModelConfig
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, unit_offset: bool = False):
+def rms_norm(x: jax.Array, weight: jax.Array | None, eps: float, *, unit_offset: bool = False):
     """RMSNorm computed in float32, cast back to the input dtype; ``unit_offset`` scales by
-    ``1 + weight`` (Gemma's form, its weights starting at 0)."""
+    ``1 + weight`` (Gemma 2/3's form, its weights starting at 0); ``weight=None``: no scale
+    (Gemma 4's value norm)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if weight is None:
+        return y.astype(x.dtype)
     scale = weight.astype(jnp.float32)
     return (y * (1.0 + scale if unit_offset else scale)).astype(x.dtype)
 
@@ -27,13 +30,20 @@ def soft_cap(x: jax.Array, cap: float | None) -> jax.Array:
 
 def rope_frequencies(cfg: ModelConfig, *, local: bool = False) -> jax.Array:
     """Inverse frequencies [H/2] of a global layer, with Llama-3 or linear scaling when
-    configured; of a local layer (``local``), at ``rope_local_base_freq`` and unscaled."""
+    configured, and only the first ``int(partial_rotary_factor * H // 2)`` nonzero (Gemma 4's
+    'proportional' RoPE: a zero frequency leaves its pair unrotated); of a local layer
+    (``local``), at ``rope_local_base_freq``, unscaled and whole."""
     h = cfg.head_dim
     theta = cfg.rope_theta
     if local and cfg.rope_local_base_freq is not None:
         theta = cfg.rope_local_base_freq
     inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
-    if cfg.rope_scaling is None or local:
+    if local:
+        return inv_freq
+    # transformers' int(f * H // 2): the pairs rotated, their frequencies still H's.
+    rotated = int(cfg.partial_rotary_factor * h // 2)
+    inv_freq = jnp.where(jnp.arange(h // 2) < rotated, inv_freq, 0.0)
+    if cfg.rope_scaling is None:
         return inv_freq
     s = dict(cfg.rope_scaling)
     if s["rope_type"] == "linear":  # positions divided by the factor (Gemma 3's global layers)

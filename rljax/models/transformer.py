@@ -1,12 +1,15 @@
-"""A decoder-only transformer in Flax NNX: Llama, Qwen2, Qwen3, SmolLM2 and Gemma 2/3 share it.
+"""A decoder-only transformer in Flax NNX: Llama, Qwen2, Qwen3, SmolLM2 and Gemma 2/3/4 share it.
 
 Pieces: RMSNorm, rotary embeddings (with Llama-3 or linear frequency scaling), grouped-query
-attention with optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3, Gemma 3), a SwiGLU
+attention with optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3, Gemma 3/4), a SwiGLU
 or GeGLU (Gemma) MLP, and optional tied input/output embeddings (SmolLM2, Gemma). Gemma adds
 config fields, none keyed on the family: local layers attending to a sliding window with their
 own RoPE base (``layer_types``, ``sliding_window``, ``rope_local_base_freq``), soft-capped
 attention and output logits, norms after attention and the MLP (``post_norms``), RMSNorm's
-``(1 + w)`` scale (``norm_unit_offset``) and the embedding scaled by sqrt(D).
+``(1 + w)`` scale (``norm_unit_offset``) and the embedding scaled by sqrt(D); Gemma 4 adds a
+value norm without a scale (``v_norm``), an output scalar per layer (``layer_scalar``) and
+partial RoPE on the global layers (``partial_rotary_factor``), and takes an attention scale of
+1 (``query_pre_attn_scalar=1``).
 
 Per-layer weights are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``: one block is compiled per run of layers of one kind however deep the model
@@ -52,6 +55,7 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "bv": ("layers", "kv_heads", "head_dim"),
     "q_norm": ("layers", "head_dim"),
     "k_norm": ("layers", "head_dim"),
+    "layer_scalar": ("layers",),  # Gemma 4's per-layer output scalar
     "w_gate": ("layers", "embed", "mlp"),
     "w_up": ("layers", "embed", "mlp"),
     "w_down": ("layers", "mlp", "embed"),
@@ -129,6 +133,8 @@ class Decoder(CallPaths, nnx.Module):
         if cfg.qk_norm:
             self.q_norm = param("q_norm", (l_, h), ones)
             self.k_norm = param("k_norm", (l_, h), ones)
+        if cfg.layer_scalar:
+            self.layer_scalar = param("layer_scalar", (l_,), lambda key, s, dt: jnp.ones(s, dt))
         dense = len(moe_lib.dense_layers(cfg))
         if dense:
             self.w_gate = param("w_gate", (dense, d, f), fan_in([1]))

@@ -4,8 +4,10 @@ greedy decoding 4x the window past the prompt gives the full forward's tokens an
 at most a window and a page per slot while the global one holds full lengths; a pool far
 smaller than every slot at full length serves every slot without preempting; a conversation
 continued on its kept pages (an extend) and a resumed request (a re-prefill) give the full
-forward's tokens; a released slot gives every page back."""
+forward's tokens; a released slot gives every page back. Gemma 2's and Gemma 4's shapes decode
+greedily to the full forward's tokens too."""
 
+import dataclasses
 import functools
 
 import jax
@@ -98,6 +100,42 @@ def gemma2():
     return tiny_engine(model=model, seed=1, decode_steps=1, **SAMPLING)
 
 
+@pytest.fixture(scope="module")
+def gemma4():
+    """Gemma 4's shape in the per-layer weights layout (the CPU's)."""
+    return _gemma4_engine("per_layer")
+
+
+@pytest.fixture(scope="module")
+def gemma4_stacked():
+    """Gemma 4's shape in the stacked weights layout (a TPU's)."""
+    return _gemma4_engine("stacked")
+
+
+def _gemma4_engine(layout: str):
+    """Gemma 4's shape: a value norm written to the cache, partial RoPE on the global layer, an
+    attention scale of 1 and norms scaled by w; its layer scalars and norms random (the
+    initialiser's are 1), so dropping any of them moves the tokens."""
+    model = replace(
+        GEMMA,
+        family="gemma4",
+        norm_unit_offset=False,
+        v_norm=True,
+        layer_scalar=True,
+        partial_rotary_factor=0.25,
+        query_pre_attn_scalar=1.0,
+    )
+    tiny = tiny_engine(model=model, seed=1, decode_steps=1, weights_layout=layout, **SAMPLING)
+    rng = np.random.default_rng(0)
+    state = nnx.to_pure_dict(tiny.state)
+    for name, x in state.items():
+        if name.endswith("norm") or name == "layer_scalar":
+            noise = 1 + 0.3 * rng.standard_normal(x.shape).astype(np.float32)
+            state[name] = jax.device_put(x * noise, x.sharding)
+    nnx.replace_by_pure_dict(tiny.state, state)
+    return dataclasses.replace(tiny, params=tiny.engine.load_params(tiny.state))
+
+
 def _forward_logprobs(tiny, seq: list[int]) -> np.ndarray:
     """log_softmax of the full forward's logits at every position of ``seq`` [T, V]."""
     width = tiny.engine.max_seq_len
@@ -152,7 +190,9 @@ def _bound_checked_run(tiny, sampler, requests, *, min_steps=NEW):
     return sorted(out, key=lambda t: t.group_id)
 
 
-@pytest.mark.parametrize("which", ["tight", "multi", "sharded", "gemma2"])
+@pytest.mark.parametrize(
+    "which", ["tight", "multi", "sharded", "gemma2", "gemma4", "gemma4_stacked"]
+)
 def test_greedy_past_the_window_is_the_full_forward_and_holds_a_window_of_pages(which, request):
     tiny = request.getfixturevalue(which)
     sampler = Sampler(tiny.engine, tiny.params)

@@ -67,6 +67,11 @@ CASES = [
     ),
     ("C34", ["--config.sampling.num_local_pages=64"], "this model does not have"),
     (
+        "C35",
+        ["--config=configs/arith_gemma.py:small", "--config.model.partial_rotary_factor=1.5"],
+        "expected a share of head_dim in [0, 1]",
+    ),
+    (
         "C32",
         ['--config.model.layer_types=("sliding_attention","full_attention")'],
         "expected an integer >= 1 for the 'sliding_attention' layers",

@@ -79,12 +79,14 @@ def _gpt2(d):
 
 
 def _gemma4(d):
+    head_dim = json.loads((d / "config.json").read_text())["head_dim"]
     _edit_config(
         d,
         architectures=["Gemma4ForCausalLM"],
         model_type="gemma4_text",
         hidden_size_per_layer_input=256,
-        num_kv_shared_layers=0,
+        num_kv_shared_layers=2,
+        global_head_dim=head_dim,  # built: the global layers' heads as wide as the others
     )
 
 
@@ -148,7 +150,7 @@ MODEL_CASES = [
     ("M11", _missing_tensor, "re-download the checkpoint, or fix config.json"),
     ("M12", _int_tensor, "dequantize the checkpoint, or export it unquantized"),
     ("M13", _missing_shard, "re-download the checkpoint"),
-    ("M18", _gemma4, "use a Gemma 2 or Gemma 3 (text) checkpoint; docs/gemma.md lists"),
+    ("M18", _gemma4, "use a Gemma 4 text checkpoint without them, or a Gemma 2 or Gemma 3 one"),
 ]
 
 

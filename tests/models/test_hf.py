@@ -227,7 +227,7 @@ def test_error_unsupported_architecture(saved, mesh, tmp_path):
     message = (
         r"m/config\.json: unsupported architecture GPT2LMHeadModel; supported architectures "
         r"are LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-        r"Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM$"
+        r"Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma4ForCausalLM$"
     )
     with pytest.raises(ValueError, match=message):
         load_hf(path, mesh=mesh, rules=LEARNER_RULES)
