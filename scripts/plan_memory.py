@@ -8,6 +8,10 @@
       --config.lora.enabled=False   # the same run with full fine-tuning
     python scripts/plan_memory.py --config=configs/qwen3_30b_a3b_gsm8k.py:v5p16 \
       --kernel_impl=pallas --no_sampler_hoist   # a mixture of experts, colocated
+    python scripts/plan_memory.py --config=configs/gemma3_27b_gsm8k.py:v5p16 \
+      --kernel_impl=pallas --no_sampler_hoist   # sliding windows: two KV pools
+    python scripts/plan_memory.py --config=configs/gemma3_12b_gsm8k.py:v5e8_lora \
+      --kernel_impl=pallas --no_sampler_hoist --no_learner_hoist   # a bf16 learner
 
 ``--config.KEY=VALUE`` overrides one field of the config (the value is a Python literal, else
 a string), as the launcher's flags do.
@@ -22,6 +26,17 @@ reads XLA's ``memory_analysis()`` per device:
   temp (gradients, their accumulator and the activations of one micro-batch), peak;
 - sampler: weights, KV page pool (exact), temp, peak, plus a second copy of the weights that
   lives while an in-flight weight update is staged (async mode), which the fit must include.
+
+A model with sliding-window layers (Gemma 2/3) keeps their KV in a second, smaller pool
+(rljax.engine.pools; ``sampling.num_local_pages``, 0: every slot's window plus one slot at full
+length): the KV figure is both pools, each read from the engine's own decode state and its
+shardings, and the table and JSON give each pool (``kv_pool_global``, ``kv_pool_local``, their
+pages a kv shard) beside ``kv_pool_windowless``, the pool of the same engine for the model with
+every layer global (every layer's KV at full length), and their difference,
+``kv_window_saving``: what the window saves. A slot's local pages cover its window and the
+tokens of its decode call, so the engine is planned with the target's ``decode_steps`` (0: the
+accelerator's default, 8, not the fake CPU devices' 1); the compiled program is still the
+one-token generate.
 
 With ``lora.enabled`` both roles hold the frozen base plus the adapters (rljax.models.lora):
 the learner's optimiser state, gradients and accumulator cover the adapters alone and it keeps
@@ -47,7 +62,9 @@ while-loop-invariant code motion hoists the upcast of every weight out of the de
 whole f32 copy of the model in the generate's temp, which a TPU (bf16 natively) never makes.
 ``--no_sampler_hoist`` compiles the sampler's generate without that pass (the learner's step
 keeps it), so each layer's weights are upcast inside the loop: a 30B-parameter sampler's temp
-is then GiBs, not twice its weights.
+is then GiBs, not twice its weights. ``--no_learner_hoist`` does the same for the learner's
+step, for a learner in bf16 (a LoRA run's bf16 base: configs/gemma3_12b_gsm8k.py), whose
+layer loops would otherwise hold an f32 copy of their weights.
 
 A colocated run (``mesh.mode='colocated'``) holds both roles on the same chips: its verdict is
 the larger of the learner's step beside the sampler's weights and KV pool, and the sampler's
@@ -143,6 +160,19 @@ def _served_lora(lora):
     return lora
 
 
+def _served_sampling(sampling, chip_name: str):
+    """The run's SamplingConfig as the target chip decodes it: ``decode_steps`` 0 becomes the
+    accelerator's default (rljax.engine.decode.DEFAULT_DECODE_STEPS), not the CPU's 1 the fake
+    devices would pick. The engine sizes a local layers' pool by it: a slot holds the pages
+    of its window and of every token its call writes."""
+    from rljax.engine.decode import DEFAULT_DECODE_STEPS
+
+    if sampling.decode_steps:
+        return sampling
+    kind = "tpu" if chip_name.startswith("tpu") else "gpu"
+    return dataclasses.replace(sampling, decode_steps=DEFAULT_DECODE_STEPS[kind])
+
+
 def _analysis(compiled) -> dict[str, int]:
     a = compiled.memory_analysis()
     out = {
@@ -164,6 +194,7 @@ def plan(
     hbm_bytes: float | None = None,
     kernel_impl: str = "xla",
     hoist_sampler_upcasts: bool = True,
+    hoist_learner_upcasts: bool = True,
 ) -> dict:
     """Compiles both roles of ``cfg`` abstractly; per-device bytes and the fit verdict.
 
@@ -176,6 +207,7 @@ def plan(
         kernels), or 'pallas' in interpret mode (a mixture of experts: see the module doc).
       hoist_sampler_upcasts: False compiles the sampler's generate without XLA's
         while-loop-invariant code motion (see the module doc).
+      hoist_learner_upcasts: the same for the learner's step.
     """
     from rljax.learner.learner import Learner
     from rljax.mesh.topology import build_topology
@@ -183,6 +215,7 @@ def plan(
     from rljax.sim.chips import get_chip
 
     hbm = int(get_chip(chip_name).hbm_bytes if hbm_bytes is None else hbm_bytes)
+    cfg = dataclasses.replace(cfg, sampling=_served_sampling(cfg.sampling, chip_name))
     topo = build_topology(cfg.mesh, devices)
     lora = _served_lora(cfg.lora)
     graphdef, abstract = abstract_params(cfg.model, topo.learner, lora=lora)
@@ -210,7 +243,7 @@ def plan(
         "params": _param_figures(cfg),
     }
     for role, r in (
-        ("learner", _plan_learner(cfg, learner, topo.learner_devices)),
+        ("learner", _plan_learner(cfg, learner, topo.learner_devices, hoist_learner_upcasts)),
         ("sampler", _plan_sampler(cfg, graphdef, topo, lora, kernel_impl, hoist_sampler_upcasts)),
     ):
         r["fits"] = r["total"] <= hbm
@@ -256,7 +289,13 @@ def _together(learner: dict, sampler: dict) -> int:
     return max(learner["total"] + sampler_held, sampler["total"] + learner_held)
 
 
-def _plan_learner(cfg, learner, devices: int) -> dict:
+def _no_hoist(hoist: bool) -> dict:
+    """Compile options: none, or (``hoist`` False) XLA without while-loop-invariant code motion,
+    which on the CPU hoists an f32 copy of every bf16 weight out of the layer loops."""
+    return {} if hoist else {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+
+
+def _plan_learner(cfg, learner, devices: int, hoist: bool = True) -> dict:
     """The learner step's per-device bytes, for the largest batch ``cfg`` can pack."""
     from rljax.models.lora import split_adapters
 
@@ -264,7 +303,7 @@ def _plan_learner(cfg, learner, devices: int) -> dict:
         cfg.sampling.max_prefill_length + cfg.sampling.max_new_tokens
     )
     batch_shape = learner.batch_shape(cfg.learner.batch_size, row_len)
-    learn = _analysis(learner.lower_step(batch_shape).compile())
+    learn = _analysis(learner.lower_step(batch_shape).compile(_no_hoist(hoist)))
     params = _per_device_bytes(learner.params)
     refs = _per_device_bytes(learner.ref_params)
     optimizer = _per_device_bytes(learner.opt_state)
@@ -282,7 +321,6 @@ def _plan_learner(cfg, learner, devices: int) -> dict:
 
 def _plan_sampler(cfg, graphdef, topo, lora, kernel_impl: str, hoist: bool) -> dict:
     """The engine's generate per device, plus what a weight update holds beside it."""
-    import jax
     from flax import nnx
 
     from rljax.engine.paged import PagedEngine
@@ -297,14 +335,24 @@ def _plan_sampler(cfg, graphdef, topo, lora, kernel_impl: str, hoist: bool) -> d
     engine = PagedEngine(
         sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl=kernel_impl, lora=lora
     )
-    options = {} if hoist else {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
-    gen = _analysis(engine.lower_generate(sampler_params).compile(options))
+    gen = _analysis(engine.lower_generate(sampler_params).compile(_no_hoist(hoist)))
     placed = with_shardings(sampler_params, engine.param_shardings(sampler_params))
     weights = _per_device_bytes(placed)
-    state = with_shardings(
-        jax.eval_shape(engine.init_decode_state), engine.decode_state_shardings()
+    pools = _pool_bytes(engine)
+    # The same engine for the model with every layer global: what the window saves.
+    windowless_cfg = dataclasses.replace(
+        sampler_cfg, layer_types=("full_attention",) * sampler_cfg.num_layers
     )
-    pool = _per_device_bytes([(k, v) for k, v, _ in state.pools()])  # local layers' pool too
+    windowless_sampling = dataclasses.replace(cfg.sampling, num_local_pages=0)
+    windowless = PagedEngine(
+        windowless_cfg,
+        windowless_sampling,
+        topo.sampler,
+        sampler_graphdef,
+        impl=kernel_impl,
+        lora=lora,
+    )
+    pool, (windowless_pool,) = sum(pools), _pool_bytes(windowless)
     # An update in flight is staged beside the served weights: with LoRA, the adapters alone.
     staged = _per_device_bytes(split_adapters(placed)[0]) if lora else weights
     # Merged adapters are served from a merged copy (generate's argument), while the sampler
@@ -313,13 +361,32 @@ def _plan_sampler(cfg, graphdef, topo, lora, kernel_impl: str, hoist: bool) -> d
     gen.update(
         weights=weights,
         kv_pool=pool,
+        kv_pool_global=pools[0],
+        kv_pool_local=sum(pools[1:]),
+        kv_pages_per_shard=list(engine.pool_layout.pages_per_shard),
+        kv_pool_windowless=windowless_pool,
+        kv_window_saving=windowless_pool - pool,
         kv_shards=engine.kv_shards,
+        decode_steps=cfg.sampling.decode_steps,
         weights_in_flight=staged,
         weights_kept=kept,
         devices=topo.sampler_devices,
     )
     gen["total"] = gen["peak"] + staged + kept
     return gen
+
+
+def _pool_bytes(engine) -> list[int]:
+    """Per-device bytes of each of ``engine``'s KV page pools (keys and values): the global
+    layers', then the local layers' if the model has a window (rljax.engine.pools)."""
+    import jax
+
+    from rljax.models.sharding import with_shardings
+
+    state = with_shardings(
+        jax.eval_shape(engine.init_decode_state), engine.decode_state_shardings()
+    )
+    return [_per_device_bytes((k, v)) for k, v, _ in state.pools()]
 
 
 def report(result: dict, title: str) -> str:
@@ -347,7 +414,8 @@ def report(result: dict, title: str) -> str:
         f"  optimizer {g(lrn['optimizer'])}  batch {g(lrn['batch'])}"
         f"  temp {g(lrn['temp'])}  total {g(lrn['total'])} of {hbm / GIB:.1f}"
         f"  {'fits' if lrn['fits'] else 'DOES NOT FIT'} (headroom {g(lrn['headroom'])})",
-        f"sampler ({smp['devices']} chips, {smp['kv_shards']} kv shard(s)):",
+        f"sampler ({smp['devices']} chips, {smp['kv_shards']} kv shard(s),"
+        f" {smp['decode_steps']} tokens a decode call):",
         f"  weights {g(smp['weights'])}  kv pool {g(smp['kv_pool'])}  temp {g(smp['temp'])}"
         f"  peak {g(smp['peak'])}  + staged {'adapters' if lora['enabled'] else 'weights'}"
         f" {g(smp['weights_in_flight'])}"
@@ -355,6 +423,14 @@ def report(result: dict, title: str) -> str:
         + f"  = total {g(smp['total'])} of {hbm / GIB:.1f}"
         f"  {'fits' if smp['fits'] else 'DOES NOT FIT'} (headroom {g(smp['headroom'])})",
     ]
+    if smp["kv_pool_local"]:
+        pages = smp["kv_pages_per_shard"]
+        lines.append(
+            f"  kv pool {g(smp['kv_pool'])} = global layers {g(smp['kv_pool_global'])}"
+            f" ({pages[0]} pages a shard) + local layers {g(smp['kv_pool_local'])}"
+            f" ({pages[1]} pages a shard); every layer at full length (no window):"
+            f" {g(smp['kv_pool_windowless'])}, so the window saves {g(smp['kv_window_saving'])}"
+        )
     if result["colocated"]:
         both = result["together"]
         lines.append(
@@ -418,6 +494,12 @@ def main(argv=None) -> int:
         help="compile generate without hoisting the CPU's bf16->f32 weight upcasts out of the "
         "decode loop (a bf16 sampler: see the module doc)",
     )
+    parser.add_argument(
+        "--no_learner_hoist",
+        action="store_true",
+        help="compile the learner's step without that pass (a bf16 learner, such as a LoRA "
+        "run's bf16 base: see the module doc)",
+    )
     args, rest = parser.parse_known_args(argv)
     overrides = parse_overrides(rest, parser)
     module, arg = load_config_module(args.config)
@@ -449,6 +531,7 @@ def main(argv=None) -> int:
         hbm_bytes=hbm,
         kernel_impl=args.kernel_impl,
         hoist_sampler_upcasts=not args.no_sampler_hoist,
+        hoist_learner_upcasts=not args.no_learner_hoist,
     )
     print(report(result, f"{args.config} on {chips} chips"), flush=True)
     for reason in _misfits(result, args.config):

@@ -260,6 +260,90 @@ def test_colocated_misfit_names_both_roles(planner, tmp_path):
     assert "mesh.mode='split'" in err and len(err.strip().splitlines()) == 1
 
 
+# ---- sliding windows (Gemma) -------------------------------------------------------------------
+
+# A tiny Gemma 3 (two local layers of window 8, then a global one) on the split meshes above:
+# slots of 8 + 56 = 64 tokens, eight times the window, so the local layers' own pool is smaller
+# than every layer's KV at full length.
+GEMMA_CONFIG = (
+    CONFIG.replace("num_layers=2,\n", "num_layers=3,\n")
+    .replace(
+        "num_heads=4, num_kv_heads=2, head_dim=16),",
+        """num_heads=4, num_kv_heads=2, head_dim=16, family="gemma3",
+                          layer_types=("sliding_attention",) * 2 + ("full_attention",),
+                          sliding_window=8, qk_norm=True, hidden_act="gelu_pytorch_tanh",
+                          post_norms=True, norm_unit_offset=True, scale_embeddings=True,
+                          tie_embeddings=True),""",
+    )
+    .replace("max_new_tokens=16, max_prefill_length=16", "max_new_tokens=56, max_prefill_length=8")
+)
+
+
+@pytest.fixture(scope="module")
+def gemma_plan(planner, tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "tiny_gemma.py"
+    path.write_text(GEMMA_CONFIG)
+    return _run(planner, [f"--config={path}:cpu8"])
+
+
+def test_the_local_pool_is_counted_beside_the_global_one(gemma_plan):
+    code, lines, err = gemma_plan
+    assert code == 0 and err == ""
+    smp = json.loads(lines[-1])["sampler"]
+    # Planned as a v5e decodes: 8 tokens a call (decode_steps 0), not the CPU's 1.
+    assert smp["decode_steps"] == 8
+    # Per kv shard (data=2: 4 slots each), pages of 8 tokens: the global pool every slot's
+    # 8 pages + the null page; the local pool every slot's window and call (8 + 8 - 1
+    # positions touch at most 3 pages) + one slot at full length (8) + the null page
+    # (rljax.engine.pools).
+    assert smp["kv_pages_per_shard"] == [4 * 8 + 1, 4 * 3 + 8 + 1]
+    # A pool [L, K, P, Z, H] f32, K and V, split over tensor=2 (kv heads) and data=2 (pages).
+    page = 2 * 2 * 8 * 16 * 4 // 2  # K and V of one page of one layer on one device
+    assert smp["kv_pool_global"] == 1 * 33 * page
+    assert smp["kv_pool_local"] == 2 * 21 * page
+    assert smp["kv_pool"] == smp["kv_pool_global"] + smp["kv_pool_local"]
+    # Without the window all three layers would sit in the global pool at full length.
+    assert smp["kv_pool_windowless"] == 3 * 33 * page
+    assert smp["kv_window_saving"] == smp["kv_pool_windowless"] - smp["kv_pool"] == 2 * 12 * page
+    assert smp["peak"] >= smp["weights"] + smp["kv_pool"]
+    assert "local layers" in lines[6] and "the window saves" in lines[6]
+
+
+def test_a_model_without_windows_saves_nothing(fitting):
+    code, lines, _ = fitting
+    smp = json.loads(lines[-1])["sampler"]
+    assert smp["kv_pool_local"] == smp["kv_window_saving"] == 0
+    assert smp["kv_pool_windowless"] == smp["kv_pool"] == smp["kv_pool_global"]
+    assert len(smp["kv_pages_per_shard"]) == 1 and "the window saves" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "name, variant, preset, chip, lora",
+    [
+        ("gemma3_12b_gsm8k", "v5e8_lora", "gemma3-12b", "tpu-v5e", True),
+        ("gemma3_27b_gsm8k", "v5p16", "gemma3-27b", "tpu-v5p", False),
+    ],
+)
+def test_gemma_recipes_decode_past_the_window(name, variant, preset, chip, lora):
+    """The Gemma recipes' shape, without compiling them (a plan of the 12B takes ~1.5 min;
+    their figures are in their docstrings and docs/benchmarks.md): the published model, slots
+    twice the local window long, so the plan's local pool is smaller than full length."""
+    from rljax.models.families import model_config
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.recipe(variant)
+    assert module.TARGETS[variant] == (chip, 8)
+    dtype = cfg.model.param_dtype
+    assert cfg.model == model_config(preset, dtype=cfg.model.dtype, param_dtype=dtype)
+    assert cfg.lora.enabled == lora and cfg.mesh.mode == "colocated"
+    assert cfg.tokenizer == "init" and cfg.data.prompt_format == "chat"
+    assert cfg.sampling.dtype == "bfloat16"
+    window, slot = cfg.model.sliding_window, cfg.sampling.max_seq_len
+    assert slot == 2 * window == 2048 and cfg.sampling.num_local_pages == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["v5p16"])
 def test_qwen3_30b_a3b_recipes_fit(planner, variant):
