@@ -230,8 +230,9 @@ class CriticConfig:
 @dataclasses.dataclass(frozen=True)
 class TeacherConfig:
     """The frozen teacher of ``learner.advantage='opd'`` (on-policy distillation;
-    rljax.learner.teacher): it scores the student's sampled tokens with its log-probs on the
-    learner mesh, one forward per batch through the fused log-prob kernel.
+    rljax.runtime.teacher): it scores the student's sampled tokens with its log-probs, one
+    forward per batch through the fused log-prob kernel (no [T, V] logits), on the learner
+    mesh or, with ``devices``, on a mesh of its own.
 
     Attributes:
       init: the teacher's weights: a run's workdir (its newest checkpoint, with the model and
@@ -241,16 +242,31 @@ class TeacherConfig:
       tokenizer: the teacher's tokenizer when init does not record one: 'init' (the checkpoint's
         own), 'char' or a directory with tokenizer.json. Compared with the policy's before
         anything loads.
+      devices: indices into jax.local_devices() of the teacher's own mesh: a copy of its
+        weights on each, the batch's rows split over them; each step copies the batch's tokens
+        there and the log-probs back to the learner. () (the default): the learner mesh, its
+        weights sharded like the policy's. In split mode they must be devices neither the
+        sampler nor the learner takes (resizes included); in colocated mode any (the teacher
+        shares them with both roles). One process only (not on pods).
     """
 
     init: str = ""
     tokenizer: str = "init"
+    devices: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.init, str):
             _fail("teacher.init", self.init, "a workdir, a Hugging Face directory, or ''")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             _fail("teacher.tokenizer", self.tokenizer, "'init', 'char' or a tokenizer directory")
+        d = self.devices
+        ok = isinstance(d, tuple) and len(set(d)) == len(d)
+        if not ok or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in d):
+            _fail(
+                "teacher.devices",
+                d,
+                "a tuple of distinct indices into jax.local_devices(), or () for the learner mesh",
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -205,6 +205,8 @@ class RunConfig:
                 self.teacher.init,
                 f"'' with learner.advantage={advantage!r} (only opd reads a teacher)",
             )
+        if self.teacher.devices and not self.teacher.init:
+            _fail("teacher.devices", self.teacher.devices, "() without teacher.init (no teacher)")
 
     def _check_needs(self) -> None:
         """What the chosen task, teacher and loss need of the other sections (``rljax.needs``),

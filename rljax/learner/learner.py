@@ -92,7 +92,7 @@ class Learner:
     ``critic`` (gae) the learner trains it beside the policy, every update, and
     ``opt_state`` is ``{"policy": the policy's optimiser state, "critic": the critic's
     params and optimiser state}`` (:mod:`rljax.learner.critic`); a ``teacher`` (opd: its graph
-    and params) is frozen and placed like the reference.
+    and params) is frozen and placed like the reference, or stays on a mesh of its own.
     """
 
     def __init__(
@@ -358,7 +358,7 @@ class Learner:
         if self.roles.scoring is not None:
             critic = None if self.critic is None else self.opt_state["critic"]
             arrays, extra = self._score_fn(
-                self.params, critic, self.ref_params, self.roles.teacher_params, arrays
+                self.params, critic, self.ref_params, *self.roles.scoring_args(arrays)
             )
         if self._needs_proximal:
             arrays = dict(arrays, prox_logprobs=self._logprob_fn(self.params, arrays))

@@ -20,11 +20,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 from rljax.config import LearnerConfig
 from rljax.learner import token_advantages as ta
 from rljax.learner.critic import Critic, explained_variance
 from rljax.learner.gradients import Gradients
+from rljax.models.sharding import SAMPLER_RULES, state_shardings
+
+# The batch key of the teacher's log-probs when its own mesh computed them (TeacherMesh).
+TEACHER_LOGPROBS = "teacher_logprobs"
+_FORWARD_KEYS = ("tokens", "positions", "segment_ids", "targets")  # what the forward reads
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -64,7 +70,9 @@ class BatchScoring:
         batch: dict[str, jax.Array],
     ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
         """``batch`` with its per-token ``advantages`` (and a critic's ``values`` and
-        ``returns``), and the scoring's metrics."""
+        ``returns``), and the scoring's metrics. opd's ``teacher_params`` are the teacher's on
+        this mesh, or None when the batch carries its log-probs (``TEACHER_LOGPROBS``, from
+        :class:`TeacherMesh`), which the returned batch drops."""
         cfg, mask, seg = self.cfg, batch["mask"], batch["segment_ids"]
         out, metrics = dict(batch), {}
         if cfg.advantage == "reinforce_plus_plus":
@@ -90,8 +98,10 @@ class BatchScoring:
             metrics["critic/returns"] = _mean(returns, mask)
         elif cfg.advantage == "opd":
             assert self.teacher is not None, "opd scores with a teacher"
-            teacher = self.teacher
-            logp = self._map(lambda mb: teacher.token_stats(teacher_params, mb)[0], batch)
+            if teacher_params is None:  # scored on the teacher's own mesh (TeacherMesh)
+                logp = out.pop(TEACHER_LOGPROBS)
+            else:
+                logp = self.teacher.batch_logprobs(teacher_params, batch)
             adv = ta.opd_advantages(logp, batch["old_logprobs"], mask)
             metrics["opd/reverse_kl"] = -_mean(adv, mask)
         else:
@@ -99,6 +109,45 @@ class BatchScoring:
         out["advantages"] = adv
         metrics["advantages/abs"] = _mean(jnp.abs(adv), mask)
         return out, metrics
+
+
+class TeacherMesh:
+    """opd's teacher on a mesh of its own (``teacher.devices``): its weights replicated over
+    the mesh's 'data' axis (:data:`~rljax.models.sharding.SAMPLER_RULES`, as the reward model's),
+    the batch's rows split over it.
+
+    Calling it copies the forward's token arrays of a learner's batch to this mesh, runs the
+    same forward :class:`BatchScoring` runs on the learner's mesh
+    (:meth:`~rljax.learner.gradients.Gradients.batch_logprobs`: the fused log-prob kernel, no
+    [T, V] logits) and copies the [micro_batches, rows, T] log-probs back onto the batch's
+    sharding. Rows that the mesh's devices do not divide are padded here (and dropped after).
+    """
+
+    def __init__(self, teacher: Gradients, mesh: Mesh):
+        self.gradients = dataclasses.replace(teacher.on(mesh), rules=SAMPLER_RULES)
+        self.mesh = mesh
+        self._fn = jax.jit(self._logprobs)
+
+    def param_shardings(self, params: Any) -> Any:
+        """Where the teacher's params (or their shapes) live on this mesh."""
+        return state_shardings(params, self.mesh, self.gradients.rules)
+
+    def _logprobs(self, params: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
+        rows = batch["tokens"].shape[1]
+        pad = ((0, 0), (0, -rows % self.mesh.size), (0, 0))
+        batch = {k: jnp.pad(v, pad) for k, v in batch.items()}
+        batch = jax.lax.with_sharding_constraint(batch, self.gradients.batch_sharding)
+        return self.gradients.batch_logprobs(params, batch)[:, :rows]
+
+    def __call__(self, params: nnx.State, arrays: dict[str, jax.Array]) -> jax.Array:
+        """The teacher's log-prob of every target of the learner's batch ``arrays``, on their
+        sharding."""
+        mine = {k: arrays[k] for k in _FORWARD_KEYS}
+        rows = mine["tokens"].shape[1]
+        g = self.gradients
+        to = g.batch_sharding if rows % self.mesh.size == 0 else g.replicated
+        logp = self._fn(params, jax.device_put(mine, to))
+        return jax.device_put(logp, arrays["mask"].sharding)
 
 
 def _mean(x: jax.Array, mask: jax.Array) -> jax.Array:

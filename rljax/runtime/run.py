@@ -116,7 +116,7 @@ class Run:
         check_prompts(self.tokenizer, cfg.data, prompts, cfg.sampling.max_prefill_length)
         self.model_cfg = initial_model_config(cfg)
         check_tokenizer_fits(cfg, self.tokenizer, self.model_cfg)
-        check_teacher(cfg, self.tokenizer)  # opd's: loadable, and reads the policy's ids
+        check_teacher(cfg, self.tokenizer, devices)  # opd's: loads, reads the policy's ids
         # reward.name's ('model' and 'judge' load their checkpoints here) or reward_fn
         ctx = RewardContext(self.tokenizer, cfg.data, cfg.sampling.max_seq_len, cfg.kernel_impl)
         self.reward, self.reward_batched = reward_for(cfg.reward, ctx, reward_fn)
