@@ -28,9 +28,11 @@ projections: 65.5M trainable parameters. Batch: 16 prompts x 8 = 128 sequences a
 micro-batches of one row of 2048 tokens, ``remat='full'``; 24 decode slots, bf16.
 Why these choices, from the plans (``scripts/plan_memory.py``):
   * bf16 base: an f32 base is 44 GiB, 5.5 a chip, and its learner alone planned 16.90 GiB
-    (tensor=8, one row) of the 16; the bf16 base holds 2.79. rljax builds the adapters in the
-    base's dtype, so they and their Adam moments are bf16 too (8 bits of mantissa: an update
-    under 1/256 of a weight rounds away; f32 adapters on a bf16 base are not built);
+    (tensor=8, one row) of the 16; the bf16 base holds 2.79. The cost: rljax builds the
+    adapters in the base's dtype, so they and their Adam moments are bf16 too, which
+    docs/lora.md calls too coarse for updates of 1e-5: A's entries above about 0.004 (of a
+    bound of 0.016) move by less than half a bf16 step per update, so mostly B learns. f32
+    adapters on a bf16 base (a dtype of their own) are not built yet;
   * colocated: split 4 + 4 (async, tensor=4 each side), each role holds twice its share of
     the base, and the same batch planned 16.30 GiB for the learner and 24.40 for the sampler;
   * tensor=8, not fsdp=8: with fsdp XLA gathers every row of a micro-batch onto every chip
