@@ -9,6 +9,10 @@ into the batch, with the step's metrics. The forwards are micro-batch by micro-b
 (``lax.map``), so scoring costs no more memory than a train step's forward; the advantages'
 whitening is over the whole batch.
 
+opd's teacher runs on the learner's mesh, or on a mesh of its own (``teacher.devices``):
+:class:`TeacherMesh` runs the same forward there, before the scoring, and the scoring reads its
+log-probs from the batch.
+
 It holds no arrays: the learner passes its params, critic state, reference and teacher.
 """
 

@@ -34,8 +34,7 @@ def _mesh(first=0, n=2):
 def _batch(seed=0):
     rng = np.random.default_rng(seed)
     seqs = [
-        TrainSequence(rng.integers(1, 32, 12).tolist(), 4, [-3.0] * 8, reward=0.0)
-        for _ in range(8)
+        TrainSequence(rng.integers(1, 32, 12).tolist(), 4, [-3.0] * 8, reward=0.0) for _ in range(8)
     ]
     return pack_batch(seqs, row_len=16, row_multiple=2)
 
@@ -59,7 +58,11 @@ def _device_ids(tree):
     return {d.id for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
 
 
-@pytest.mark.parametrize("devices", [(2, 3), (4, 5, 6)], ids=["2-way", "3-way-padded"])
+@pytest.mark.parametrize(
+    "devices",
+    [(2, 3), (4, 5, 6), (1,)],
+    ids=["2-way", "3-way-padded", "on-a-learner-device"],  # the last: colocated mode's sharing
+)
 def test_a_step_with_the_teacher_on_its_own_mesh_equals_one_on_the_learners(devices):
     here, there = _learners(devices)
     assert _device_ids(there.roles.teacher_params) == {jax.local_devices()[i].id for i in devices}
