@@ -26,7 +26,9 @@ Rules (each admits only while the buffer's seats and the slots allow, as the run
 - paced: sorted, and the longest-predicted group that still finishes before its deadline (the
   start of step v + eta: the publish of version v plus eta recent step gaps), the
   others waiting for the next version; when none fits and the learner's buffer could not fill
-  without one, the shortest-predicted goes.
+  without one, the shortest-predicted goes;
+- oracle: paced, predicting each group's longest response exactly (its lengths are drawn when
+  it enters the lookahead): what these rules reach with a perfect predictor.
 
 Each figure is a fraction of the workload's ideal (``Workload.limits``) and of its clairvoyant
 staleness bound (``Workload.staleness_bound``'s relaxation, on groups drawn as this model
@@ -48,7 +50,7 @@ import numpy as np
 
 from rljax.testing.pipeline_workload import Workload, makespan_floor
 
-RULES = ("greedy", "sorted", "paced")
+RULES = ("greedy", "sorted", "paced", "oracle")
 
 
 @dataclasses.dataclass
@@ -105,15 +107,17 @@ class _Model:
         self.queue: collections.deque = collections.deque()
         self.remaining: list[int] = []
         self.owner: list[_Group] = []
-        self.lookahead: list[int] = []
+        self.lookahead: list[tuple[int, list[int]]] = []  # (prompt, its group's lengths)
         self.last_longest: dict[int, int] = {}
         self.recent: collections.deque = collections.deque(maxlen=200)
         self.step_starts: list[float] = []
         self.learning: tuple[float, int] | None = None
         self.busy = self.decode_steps = 0
 
-    def _predict(self, prompt: int, fallback: float) -> float:
-        return self.last_longest.get(prompt, fallback)
+    def _predict(self, item: tuple[int, list[int]], fallback: float) -> float:
+        if self.rule == "oracle":
+            return max(item[1])
+        return self.last_longest.get(item[0], fallback)
 
     def _learn(self) -> None:
         eta, V, B = self.eta, self.V, self.w.batch_groups
@@ -130,17 +134,19 @@ class _Model:
         self.step_starts.append(self.t)
         self.learning, self.V = (self.t + cost, V + 1), V + 1
 
-    def _choose(self, sv: int) -> int | None:
-        """The next prompt to admit at sampler version ``sv``, or None to wait."""
+    def _choose(self, sv: int) -> tuple[int, list[int]] | None:
+        """The next prompt (and its group's lengths) to admit at sampler version ``sv``, or
+        None to wait."""
         while len(self.lookahead) < (self.look if self.rule != "greedy" else 1):
-            self.lookahead.append(self.prompts.next())
+            prompt = self.prompts.next()
+            self.lookahead.append((prompt, self.prompts.lengths(prompt, self.w.group_size)))
         if self.rule == "greedy":
             return self.lookahead.pop(0)
         fallback = float(np.median(self.recent)) if len(self.recent) >= 20 else self.w.median_len
         ranked = sorted(self.lookahead, key=lambda p: -self._predict(p, fallback))
         pick = ranked[0]
         gaps = np.diff(self.step_starts[-7:])
-        if self.rule == "paced" and len(gaps) >= 2:
+        if self.rule in ("paced", "oracle") and len(gaps) >= 2:
             deadline = self.published[sv] + self.eta * float(np.median(gaps))
             step_s = self.w.decode_s + self.w.decode_per_slot_s * self.w.slots
             fits = [p for p in ranked if self.t + self._predict(p, fallback) * step_s <= deadline]
@@ -158,10 +164,10 @@ class _Model:
         while _seat_free(self.groups, self.V, sv, self.eta, w.batch_groups):
             if len(self.remaining) + len(self.queue) + w.group_size > w.slots:
                 return
-            prompt = self._choose(sv)
-            if prompt is None:
+            item = self._choose(sv)
+            if item is None:
                 return
-            g = _Group(sv, self.prompts.lengths(prompt, w.group_size), prompt, w.group_size)
+            g = _Group(sv, item[1], item[0], w.group_size)
             self.groups.append(g)
             self.queue.extend((g, n) for n in g.lengths)
 
