@@ -1,7 +1,9 @@
 """GSM8K- and MATH-style tasks read from local (or ``gs://``) JSONL or parquet files.
 
-Records are normalised to the task example format ``{"id", "prompt", "answer"}`` where
-``answer`` is the bare final answer that ``rljax.rewards.math_answer`` compares against:
+Records are normalised to the task example format ``{"id", "prompt", "question", "answer",
+"solution"}`` where ``answer`` is the bare final answer that ``rljax.rewards.math_answer``
+compares against and ``solution`` the row's worked text it was read from (what the warm start's
+``sft.teacher='worked'`` imitates):
 
 * GSM8K rows ``{"question", "answer": "...reasoning... #### 72"}`` give ``"72"``;
 * MATH rows ``{"problem", "solution": "... \\boxed{\\frac{1}{2}}"}`` give ``"\\frac{1}{2}"``;
@@ -175,22 +177,28 @@ def final_answer(text: str, answer_format: str) -> str | None:
     return text.strip() or None
 
 
-def _row(record: dict, fields: Fields) -> tuple[str, str] | str:
-    """``(question, final answer)`` of one row, or why it cannot be used: ``missing '<key>'``
-    or ``unparsable answer``."""
+def _row(record: dict, fields: Fields) -> tuple[str, str, str] | str:
+    """``(question, final answer, solution)`` of one row, or why it cannot be used:
+    ``missing '<key>'`` or ``unparsable answer``. The solution is the text the final answer
+    was read from (a GSM8K row's worked answer, a MATH row's ``solution``; a short answer
+    stands for itself)."""
     if fields.prompt not in record or record[fields.prompt] in (None, ""):
         return f"missing {fields.prompt!r}"
     if fields.answer:
         if fields.answer not in record or record[fields.answer] in (None, ""):
             return f"missing {fields.answer!r}"
-        answer = final_answer(str(record[fields.answer]), fields.answer_format)
+        solution = str(record[fields.answer])
+        answer = final_answer(solution, fields.answer_format)
     elif record.get("answer") not in (None, ""):  # MATH-500 style: a short answer already
-        answer = str(record["answer"]).strip()
+        answer = solution = str(record["answer"]).strip()
     elif record.get("solution") in (None, ""):
         return "missing 'solution' or 'answer'"
     else:
-        answer = final_answer(str(record["solution"]), fields.answer_format)
-    return "unparsable answer" if answer is None else (str(record[fields.prompt]), answer)
+        solution = str(record["solution"])
+        answer = final_answer(solution, fields.answer_format)
+    if answer is None:
+        return "unparsable answer"
+    return str(record[fields.prompt]), answer, solution.strip()
 
 
 def plain_prompt(question: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
@@ -227,7 +235,8 @@ def load_math_examples(
     fields: Fields | None = None,
     skipped: Counter | None = None,
 ) -> list[dict]:
-    """Loads a GSM8K/MATH-style file as ``[{"id", "prompt", "answer"}, ...]``.
+    """Loads a GSM8K/MATH-style file as ``[{"id", "prompt", "question", "answer", "solution"},
+    ...]`` (see the module docstring).
 
     A row without its question or answer, or whose answer does not parse, is skipped and
     counted in ``skipped`` (by reason) and in one warning; a file with no usable row at all is
@@ -261,10 +270,16 @@ def load_math_examples(
         if isinstance(got, str):
             bad[got] += 1
             continue
-        question, answer = got
+        question, answer, solution = got
         question = question.strip()
         examples.append(
-            {"id": row, "prompt": prompt_fn(question), "question": question, "answer": answer}
+            {
+                "id": row,
+                "prompt": prompt_fn(question),
+                "question": question,
+                "answer": answer,
+                "solution": solution,
+            }
         )
     reasons = ", ".join(f"{n} {why}" for why, n in bad.most_common())
     if not examples:

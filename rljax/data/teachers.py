@@ -97,6 +97,12 @@ TEACHERS: dict[str, Teacher] = {
     # takes slip of the mass, where a bare number's spreads over nine digits, so greedy
     # decoding guesses (for slip > 1/2) while sampling still calls about 1 - slip of the time.
     "calls_calculator_sometimes": Teacher(calculator_transcript, CALLS_CALCULATOR),
+    # A GSM8K file's worked answer, steps and '#### N' as the row holds them
+    # (rljax.data.math_tasks keeps it as the example's 'solution'), where 'reference' is N alone.
+    "worked": Teacher(
+        lambda example, slip, rng: example["solution"],
+        Needs({"data.task": "gsm8k"}, "it imitates a GSM8K row's worked answer"),
+    ),
 }
 
 

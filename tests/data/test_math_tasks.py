@@ -44,6 +44,32 @@ def test_math_jsonl_and_limit(tmp_path):
     assert len(math_tasks.load_math_examples(path, limit=1)) == 1
 
 
+def test_examples_keep_the_worked_solution_the_worked_teacher_imitates(tmp_path):
+    """A row's worked text rides along as the example's 'solution': sft.teacher='worked' trains
+    on the steps and '#### N' (and earns the reward), 'reference' on N alone; it needs a GSM8K
+    file."""
+    import numpy as np
+
+    from rljax.config import ConfigError, DataConfig, RunConfig, replace
+    from rljax.data.teachers import teacher_answer
+
+    path = _write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K_ROWS)
+    examples = math_tasks.load_math_examples(path)
+    assert [e["solution"] for e in examples] == [r["answer"] for r in GSM8K_ROWS]
+    rng = np.random.default_rng(0)
+    for example in examples:
+        worked = teacher_answer("worked", example, 0.0, rng)
+        assert worked == example["solution"] and "####" in worked
+        assert teacher_answer("reference", example, 0.0, rng) == example["answer"]
+        assert math_answer(worked, example) == 1.0
+    math = math_tasks.load_math_examples(_write_jsonl(tmp_path / "m.jsonl", MATH_ROWS), kind="math")
+    assert [e["solution"] for e in math] == [MATH_ROWS[0]["solution"], "8"]
+    gsm8k = replace(RunConfig(), data=DataConfig(task="gsm8k", path=path, heldout_size=1))
+    replace(gsm8k, **{"sft.teacher": "worked"})  # accepted
+    with pytest.raises(ConfigError, match="needs data.task='gsm8k'"):
+        replace(RunConfig(), **{"sft.teacher": "worked"})
+
+
 def test_chat_prompt_builder(tmp_path):
     tok = Tokenizer.char_level(
         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ?.,$+=\n\\{}#"
