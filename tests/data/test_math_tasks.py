@@ -89,7 +89,12 @@ def test_task_files_on_gcs(tmp_path):
         assert [e["answer"] for e in examples] == ["7", "1500"]
         pq = pytest.importorskip("pyarrow.parquet")
         pa = pytest.importorskip("pyarrow")
-        pq.write_table(pa.Table.from_pylist(MATH_ROWS), str(tmp_path / "math.parquet"))
+        # Every row's keys as columns (from_pylist infers the columns from the first row alone
+        # in pyarrow 26): the first row's missing answer is a null there.
+        schema = pa.schema([(k, pa.string()) for k in ("problem", "answer", "solution")])
+        pq.write_table(
+            pa.Table.from_pylist(MATH_ROWS, schema=schema), str(tmp_path / "math.parquet")
+        )
         io.write_bytes(f"{workdir}/math.parquet", (tmp_path / "math.parquet").read_bytes())
         examples = math_tasks.load_math_examples(f"{workdir}/math.parquet")
         assert [e["answer"] for e in examples] == ["\\frac{1}{2}", "8"]
