@@ -22,11 +22,12 @@ at 3e-5. Then sync GRPO, 15 steps of 2 prompts x 16 samples at temperature 1.0, 
 tokens, Adam at 1e-5, greedy held-out accuracy on the 96 problems every 5 steps; the final
 weights are saved for ``rljax eval --compare`` against the base. Figures (docs/benchmarks.md,
 "SmolLM2 on a GSM8K-format file", a machine shared with other work): the base scores 8.3 %
-greedy on the 96 held-out problems with this prompt (97 % of replies cut). Seed 0 (the tuned
-seed): 66.7 % after the warm start, 83.3 % after GRPO (+75 points over the base, McNemar
-p = 8e-20; GRPO's own part 64 -> 80 of 96, p = 0.0004), 21.7 minutes wall under load 2-8.
-Seed 2 (unchanged): 80.2 % after the warm start, 78.1 % after GRPO (``rljax eval --compare``:
-+69.8 points, p = 2e-18; GRPO's part 77 -> 75, p = 0.82), 37.7 minutes under load 6-13.
+greedy on the 96 held-out problems with this prompt (97 % of replies cut). Seeds 0 (tuned),
+1 and 2 (unchanged): 66.7 / 88.5 / 80.2 % after the warm start, 83.3 / 76.0 / 78.1 % after
+GRPO (median 78.1 %; +75.0 / +67.7 / +69.8 points over the base, McNemar p < 1e-16 each;
+seed 2's from ``rljax eval --compare``), 21.7 / 15.4 / 37.7 minutes wall under load. The gain
+is the warm start's: GRPO's own part was +16, -12 and -2 of 96 problems (p = 0.0004, 0.029,
+0.82), not a reliable gain.
 """
 
 import pathlib
