@@ -292,7 +292,9 @@ class SFTConfig:
         answers the visible operand without calling the tool, else it looks the hidden one up
         and adds; the reference always looks it up) or 'calls_calculator_sometimes'
         (env.name='tools' on products: with probability teacher_slip it guesses a wrong
-        product ('The answer is ...'), else it asks the calculator and repeats the result).
+        product ('The answer is ...'), else it asks the calculator and repeats the result) or
+        'worked' (data.task='gsm8k': each training row's worked answer, its steps and
+        '#### N' as the file writes them, where 'reference' is N alone).
       teacher_slip: the probability that drops_carries forgets a carry, or that
         looks_up_sometimes or calls_calculator_sometimes does not call the tool.
       schedule: 'constant', or 'cosine': decay the rate to 0 over the warm start.
