@@ -106,7 +106,8 @@ def _seat_free(groups: list[_Group], V: int, sv: int, eta: int, B: int) -> bool:
 
 
 class _Model:
-    """One run of the event model; :meth:`run` returns (steps/s, slot occupancy)."""
+    """One run of the event model; :meth:`run` returns (mean batches consumed a second, slot
+    occupancy)."""
 
     def __init__(self, w: Workload, eta: int, rule: str, rho: float, prompts: int, seed: int):
         self.w, self.eta, self.rule = w, eta, rule
