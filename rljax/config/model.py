@@ -92,6 +92,11 @@ class ModelConfig:
         cached (Gemma 4).
       layer_scalar: each layer's output is multiplied by its own scalar weight (Gemma 4's
         ``layer_scalar``, a buffer in transformers; a parameter here, trained as the others).
+      enable_moe_block: Gemma 4's mixture-of-experts block on every layer: the routed experts
+        (GeGLU, hidden_act) run beside the dense MLP, not instead of it, each output with its
+        own norm before the two are added; the router reads the block's input through an
+        unscaled RMSNorm, a learned scale and 1/sqrt(hidden_size), and each chosen expert's
+        weight is renormalised, then multiplied by that expert's learned scale.
     """
 
     family: str = "llama"
@@ -133,6 +138,7 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0
     v_norm: bool = False
     layer_scalar: bool = False
+    enable_moe_block: bool = False
 
     def __post_init__(self):
         _one_of("model.family", self.family, FAMILIES)
@@ -219,23 +225,35 @@ def _check_attention(cfg: ModelConfig) -> None:
                 f"at most model.max_position_embeddings={cfg.max_position_embeddings} (a "
                 "larger window is global attention: set the layers to 'full_attention')",
             )
-    if cfg.num_experts and local:
-        _fail("model.layer_types", "sliding_attention", "global layers only in an MoE model")
 
 
 def _check_experts(cfg: ModelConfig) -> None:
     """The mixture-of-experts fields: one line per bad value, naming the fix."""
-    moe = cfg.family in MOE_FAMILIES
+    moe = cfg.family in MOE_FAMILIES or cfg.enable_moe_block
     _positive("model.num_experts", cfg.num_experts, allow_zero=True)
+    if cfg.enable_moe_block and cfg.family != "gemma4":
+        _fail(
+            "model.enable_moe_block",
+            True,
+            f"False for family {cfg.family!r} (the block beside a dense MLP is Gemma 4's)",
+        )
     if not moe:
         if cfg.num_experts:
-            _fail(
-                "model.num_experts",
-                cfg.num_experts,
-                f"0 for family {cfg.family!r} (a dense "
-                f"architecture); use family 'qwen3_moe' or 'qwen2_moe' for experts",
+            fix = (
+                "set model.enable_moe_block=True for Gemma 4's experts"
+                if cfg.family == "gemma4"
+                else "use family 'qwen3_moe' or 'qwen2_moe' for experts"
             )
+            _fail("model.num_experts", cfg.num_experts, f"0 for family {cfg.family!r}; or {fix}")
         return
+    if cfg.enable_moe_block and cfg.decoder_sparse_step != 1:
+        _fail(
+            "model.decoder_sparse_step",
+            cfg.decoder_sparse_step,
+            "1: Gemma 4's block is on every layer",
+        )
+    if cfg.enable_moe_block and cfg.mlp_only_layers:
+        _fail("model.mlp_only_layers", cfg.mlp_only_layers, "(): Gemma 4's block is on every layer")
     if cfg.num_experts < 1:
         _fail("model.num_experts", cfg.num_experts, f"at least 1 for family {cfg.family!r}")
     if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
@@ -262,7 +280,7 @@ def _check_experts(cfg: ModelConfig) -> None:
         _fail(
             "model.shared_expert_intermediate_size",
             cfg.shared_expert_intermediate_size,
-            "0 for family 'qwen3_moe' (a shared expert is Qwen2-MoE's)",
+            f"0 for family {cfg.family!r} (a shared expert is Qwen2-MoE's)",
         )
     _positive_float("model.router_aux_loss_coef", cfg.router_aux_loss_coef, allow_zero=True)
     _positive_float("model.router_z_loss_coef", cfg.router_z_loss_coef, allow_zero=True)
@@ -311,9 +329,15 @@ def check_moe(model: ModelConfig, moe: MoEConfig, expert_parallel: int) -> None:
 
 def has_dense_mlp(cfg: ModelConfig) -> bool:
     """Whether some layer has a dense MLP: every layer of a dense model; on a mixture of
-    experts, the layers in ``mlp_only_layers``, and layer 0 when ``decoder_sparse_step`` > 1.
-    (``rljax.models.moe.dense_layers`` lists them but needs JAX; a test checks they agree.)"""
-    return not cfg.num_experts or bool(cfg.mlp_only_layers) or cfg.decoder_sparse_step > 1
+    experts, the layers in ``mlp_only_layers``, and layer 0 when ``decoder_sparse_step`` > 1;
+    every layer under Gemma 4's ``enable_moe_block``. (``rljax.models.moe.dense_layers`` lists
+    them but needs JAX; a test checks they agree.)"""
+    return (
+        not cfg.num_experts
+        or cfg.enable_moe_block
+        or bool(cfg.mlp_only_layers)
+        or cfg.decoder_sparse_step > 1
+    )
 
 
 def check_lora_targets(model: ModelConfig, targets: Sequence[str]) -> None:

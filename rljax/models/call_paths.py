@@ -150,6 +150,8 @@ class CallPaths:
         stats = None
         if moe is None:
             out = self._mlp(h_btd, p)
+        elif cfg.enable_moe_block:  # Gemma 4: the experts beside the dense MLP
+            out, stats = moe_lib.moe_block(x_btd, self._mlp(h_btd, p), p, cfg, moe, self._norm)
         else:
             out, stats = moe_lib.moe_mlp(h_btd, p, cfg, self._project, moe)
         if cfg.post_norms:

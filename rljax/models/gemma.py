@@ -7,7 +7,9 @@ written back (:mod:`rljax.models.families` dispatches here by family).
   their own RoPE base, q/k RMSNorm;
 * ``Gemma4ForCausalLM`` (family ``gemma4``, ``model_type`` ``gemma4_text``): Gemma 3's layers with
   RMSNorm scaled by w (not 1 + w), a value norm without a scale, an attention scale of 1, an
-  output scalar per layer and 'proportional' partial RoPE on the global layers.
+  output scalar per layer and 'proportional' partial RoPE on the global layers; its
+  mixture-of-experts variant (``enable_moe_block``) adds routed experts beside every layer's
+  MLP (:func:`rljax.models.moe.moe_block`).
 
 All have GeGLU MLPs, norms after attention and the MLP and the embedding scaled by sqrt(D). Each
 difference is a :class:`ModelConfig` field (:data:`SHAPES`), read under its Hugging Face name
@@ -97,8 +99,6 @@ def unbuilt_gemma4(c: Mapping[str, Any]) -> list[str]:
     out += _per_layer_overrides(c)
     if c.get("attention_k_eq_v"):
         out.append("keys as values (attention_k_eq_v=true)")
-    if c.get("enable_moe_block"):
-        out.append("the mixture-of-experts block (enable_moe_block=true)")
     if c.get("use_double_wide_mlp") and c.get("num_kv_shared_layers"):  # only the shared layers'
         out.append("the double-wide MLP (use_double_wide_mlp=true)")
     if c.get("use_bidirectional_attention") == "all":
@@ -196,6 +196,31 @@ def _rope_fields(config_json: Mapping[str, Any], family: str, source: str) -> di
     return out
 
 
+def _moe_block(config_json: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Gemma 4's mixture-of-experts fields: E, k and the expert width under transformers'
+    names, the chosen experts' weights always renormalised (its router's rule); none without
+    ``enable_moe_block``."""
+    if not config_json.get("enable_moe_block"):
+        return {}
+    keys = ("num_experts", "top_k_experts", "moe_intermediate_size")
+    missing = [k for k in keys if not isinstance(config_json.get(k), int)]
+    if missing:
+        raise _refused(
+            source,
+            f"enable_moe_block=true without an integer {missing[0]}",
+            "the file is incomplete: re-download it or add the key",
+        )
+    return dict(
+        enable_moe_block=True,
+        num_experts=config_json["num_experts"],
+        num_experts_per_tok=config_json["top_k_experts"],
+        moe_intermediate_size=config_json["moe_intermediate_size"],
+        norm_topk_prob=True,
+        # transformers' Gemma 4 trains with no load-balancing loss and its file has no weight.
+        router_aux_loss_coef=0.0,
+    )
+
+
 def _optional_float(config_json: Mapping[str, Any], key: str) -> float | None:
     value = config_json.get(key)
     return None if value is None else float(value)
@@ -220,7 +245,7 @@ def fields(config_json: Mapping[str, Any], family: str, source: str) -> dict[str
         query_pre_attn_scalar=_optional_float(config_json, "query_pre_attn_scalar"),
     )
     out.update(SHAPES[family])  # Gemma 4's fixed scale and absent cap override what was read
-    return out
+    return out | (_moe_block(config_json, source) if four else {})
 
 
 def _whole(x: float) -> float | int:
@@ -266,7 +291,10 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
             "hidden_size_per_layer_input": 0,
             "num_kv_shared_layers": 0,
             "attention_k_eq_v": False,
-            "enable_moe_block": False,
+            "enable_moe_block": cfg.enable_moe_block,
+            "num_experts": cfg.num_experts or None,
+            "top_k_experts": cfg.num_experts_per_tok if cfg.enable_moe_block else None,
+            "moe_intermediate_size": cfg.moe_intermediate_size or None,
             "use_double_wide_mlp": False,
             "use_bidirectional_attention": None,
         }

@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 from rljax import io
 from rljax.config import ModelConfig
 from rljax.models.families import config_from_hf, config_to_hf
-from rljax.models.hf_fused import FusedExperts, has_fused_experts
+from rljax.models.hf_fused import FusedExperts, fused_tensors, has_fused_experts
 from rljax.models.hf_specs import TensorSpec, describe, tensor_specs
 from rljax.models.sharding import ShardingRules, state_shardings
 from rljax.models.transformer import abstract_decoder
@@ -354,7 +354,10 @@ def save_hf(
     io.makedirs(path)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
-    for name, array in hf_tensors(cfg, params):
+    tensors = hf_tensors(cfg, params)
+    if cfg.enable_moe_block:  # Gemma 4's experts exist only fused in transformers
+        tensors = fused_tensors(tensors, cfg.num_experts)
+    for name, array in tensors:
         if shards[-1] and size + array.nbytes > max_shard_bytes:
             shards.append({})
             size = 0

@@ -8,12 +8,18 @@ expert and matrix, as the Hub holds them, unless it is called with
 such a checkpoint's experts under the per-expert names that
 :data:`rljax.models.hf_specs.MOE_TENSOR_SPECS` reads; each read takes only its expert's slice of
 the fused tensor. ``load_hf`` picks it once, when the checkpoint holds a fused tensor.
+
+Gemma 4's mixture-of-experts block holds its experts fused the same way, under
+``model.layers.{i}.experts.gate_up_proj`` and ``.experts.down_proj`` (no ``mlp.``), and
+transformers has no per-expert form of them: ``save_hf`` writes them fused
+(:func:`fused_tensors`), and reads them through :class:`FusedExperts` under the per-expert names
+of :data:`rljax.models.hf_specs.GEMMA4_MOE_TENSOR_SPECS`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -32,10 +38,10 @@ class _Files(Protocol):
 
 
 _PER_EXPERT = re.compile(
-    r"(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
+    r"(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.weight"
 )
-FUSED_GATE_UP = ".mlp.experts.gate_up_proj"
-FUSED_DOWN = ".mlp.experts.down_proj"
+FUSED_GATE_UP = ".experts.gate_up_proj"
+FUSED_DOWN = ".experts.down_proj"
 
 
 def has_fused_experts(names: Iterable[str]) -> bool:
@@ -57,9 +63,7 @@ class FusedExperts:
         if match is None:
             return None
         down = match["proj"] == "down"
-        fused = match["prefix"].removesuffix(".mlp.experts") + (
-            FUSED_DOWN if down else FUSED_GATE_UP
-        )
+        fused = match["prefix"].removesuffix(".experts") + (FUSED_DOWN if down else FUSED_GATE_UP)
         shape = self._reader.shape(fused)
         expert = int(match["expert"])
         if shape is None or len(shape) != 3 or expert >= shape[0]:
@@ -98,3 +102,32 @@ class FusedExperts:
             cols,
         )
         return self._reader.read(fused, fused_index)[0]
+
+
+def fused_tensors(
+    tensors: Iterable[tuple[str, np.ndarray]], num_experts: int
+) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, array)`` pairs with each layer's per-expert matrices fused, as transformers
+    holds them: a layer's E gate_proj [Fe, D] and E up_proj become one ``gate_up_proj``
+    [E, 2*Fe, D], its E down_proj [D, Fe] one ``down_proj`` [E, D, Fe]; other tensors pass as
+    they come. A layer's matrices are held until its last one arrives."""
+    held: dict[tuple[str, str], dict[int, np.ndarray]] = {}
+    for name, array in tensors:
+        match = _PER_EXPERT.fullmatch(name)
+        if match is None:
+            yield name, array
+            continue
+        prefix = match["prefix"].removesuffix(".experts")
+        key = (prefix, "down" if match["proj"] == "down" else "gate_up")
+        part = held.setdefault(key, {})
+        part[int(match["expert"]) + (num_experts if match["proj"] == "up" else 0)] = array
+        if len(part) < (num_experts if key[1] == "down" else 2 * num_experts):
+            continue
+        del held[key]
+        if key[1] == "down":
+            yield prefix + FUSED_DOWN, np.stack([part[e] for e in range(num_experts)])
+        else:
+            pairs = [np.concatenate([part[e], part[num_experts + e]]) for e in range(num_experts)]
+            yield prefix + FUSED_GATE_UP, np.stack(pairs)
+    if held:
+        raise ValueError(f"experts without all their matrices: {sorted(held)}")

@@ -182,10 +182,39 @@ POST_NORM_TENSOR_SPECS: dict[str, TensorSpec] = {
 }
 
 
+_GEMMA4_EXPERT = _LAYER + "experts.{e}."
+
+# Gemma 4's mixture-of-experts block (``enable_moe_block``), on every layer beside the dense MLP:
+# its router (``router.proj``, ``router.scale``, ``router.per_expert_scale``), the three norms it
+# adds, and the experts, which transformers holds fused (``experts.gate_up_proj`` [E, 2*Fe, D],
+# ``experts.down_proj`` [E, D, Fe]); read through rljax.models.hf_fused.FusedExperts under these
+# per-expert names and written fused (hf_fused.fused_tensors).
+GEMMA4_MOE_TENSOR_SPECS: dict[str, TensorSpec] = {
+    "router": TensorSpec(_LAYER + "router.proj.weight", _linear(_E, _D), (1, 0), _MOE),
+    "router_scale": TensorSpec(_LAYER + "router.scale", _NORM, (0,), _MOE),
+    "expert_scale": TensorSpec(
+        _LAYER + "router.per_expert_scale", lambda c: ((c.num_experts,),), (0,), _MOE
+    ),
+    "we_gate": TensorSpec(
+        _GEMMA4_EXPERT + "gate_proj.weight", _linear(_FE, _D), (1, 0), _MOE_EXPERTS
+    ),
+    "we_up": TensorSpec(_GEMMA4_EXPERT + "up_proj.weight", _linear(_FE, _D), (1, 0), _MOE_EXPERTS),
+    "we_down": TensorSpec(
+        _GEMMA4_EXPERT + "down_proj.weight", _linear(_D, _FE), (1, 0), _MOE_EXPERTS
+    ),
+    "dense_post_norm": TensorSpec(
+        _LAYER + "post_feedforward_layernorm_1.weight", _NORM, (0,), _MOE
+    ),
+    "moe_norm": TensorSpec(_LAYER + "pre_feedforward_layernorm_2.weight", _NORM, (0,), _MOE),
+    "moe_post_norm": TensorSpec(_LAYER + "post_feedforward_layernorm_2.weight", _NORM, (0,), _MOE),
+}
+
+
 def tensor_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
     """The layout map of ``cfg``'s architecture: :data:`TENSOR_SPECS`, with Gemma's norm names
-    under ``post_norms``."""
-    return {**TENSOR_SPECS, **POST_NORM_TENSOR_SPECS} if cfg.post_norms else TENSOR_SPECS
+    under ``post_norms`` and Gemma 4's block's tensors under ``enable_moe_block``."""
+    specs = {**TENSOR_SPECS, **POST_NORM_TENSOR_SPECS} if cfg.post_norms else TENSOR_SPECS
+    return {**specs, **GEMMA4_MOE_TENSOR_SPECS} if cfg.enable_moe_block else specs
 
 
 def describe(spec: TensorSpec, index: tuple[int, ...], cfg: ModelConfig) -> str:

@@ -22,15 +22,18 @@ from rljax.models import moe as moe_lib
 
 
 class Segment(NamedTuple):
-    """A run of consecutive layers of one kind: layers [start, stop), whose MLP weights are rows
-    [kind_start, kind_start + stop - start) of their MLP kind's stack; ``window``: the local
-    layers' sliding window, None for global attention."""
+    """A run of consecutive layers of one kind: layers [start, stop), whose expert weights
+    (``moe``) are rows [expert_start, expert_start + stop - start) of the experts' stacks and
+    whose dense MLP weights (``dense``) rows from ``dense_start`` of the dense MLP's (Gemma 4's
+    block has both); ``window``: the local layers' sliding window, None for global attention."""
 
     start: int
     stop: int
     moe: bool
-    kind_start: int
+    expert_start: int
     window: int | None = None
+    dense: bool = True
+    dense_start: int = 0
 
 
 def layer_window(cfg: ModelConfig, layer: int) -> int | None:
@@ -47,22 +50,23 @@ def local_layers(cfg: ModelConfig) -> tuple[int, ...]:
 
 def segments(cfg: ModelConfig) -> tuple[Segment, ...]:
     """The model's layers as runs of one kind; one segment when every layer shares its kind."""
-    moe = set(moe_lib.moe_layers(cfg))
+    moe, dense = set(moe_lib.moe_layers(cfg)), set(moe_lib.dense_layers(cfg))
     out: list[Segment] = []
-    counts = {True: 0, False: 0}
+    experts_seen = dense_seen = 0
     for i in range(cfg.num_layers):
         is_moe, window = i in moe, layer_window(cfg, i)
         if out and (out[-1].moe, out[-1].window) == (is_moe, window):
             out[-1] = out[-1]._replace(stop=i + 1)
         else:
-            out.append(Segment(i, i + 1, is_moe, counts[is_moe], window))
-        counts[is_moe] += 1
+            out.append(Segment(i, i + 1, is_moe, experts_seen, window, i in dense, dense_seen))
+        experts_seen += is_moe
+        dense_seen += i in dense
     return tuple(out)
 
 
 def segment_weights(layers: Any, seg: Segment) -> Any:
-    """The weights one segment runs over: every layer's rows [start, stop) and its MLP kind's
-    rows of a stacked dict; a per-layer tuple's layers [start, stop)."""
+    """The weights one segment runs over: every layer's rows [start, stop) and its MLP stacks'
+    rows (experts, dense MLP) of a stacked dict; a per-layer tuple's layers [start, stop)."""
     if not isinstance(layers, dict):
         return layers[seg.start : seg.stop]
     n = seg.stop - seg.start
@@ -71,8 +75,10 @@ def segment_weights(layers: Any, seg: Segment) -> Any:
         kind = moe_lib.weight_kind(key)
         if kind is None:
             out[key] = value[seg.start : seg.stop]
-        elif kind == seg.moe:
-            out[key] = value[seg.kind_start : seg.kind_start + n]
+        elif kind and seg.moe:
+            out[key] = value[seg.expert_start : seg.expert_start + n]
+        elif not kind and seg.dense:
+            out[key] = value[seg.dense_start : seg.dense_start + n]
     return out
 
 

@@ -6,6 +6,13 @@ the experts' SwiGLU outputs weighed by their probabilities (renormalised over th
 ``norm_topk_prob``). Qwen2-MoE adds a shared expert every token passes through, scaled by
 ``sigmoid(x @ ws_router)``.
 
+**Gemma 4's block** (``enable_moe_block``, :func:`moe_block`) keeps every layer's dense MLP and
+adds the experts beside it: the router reads the block's input through an unscaled RMSNorm times
+a learned scale (``router_scale``) and 1/sqrt(D); the chosen experts' renormalised weights are
+multiplied by their own learned scales (``expert_scale``); the experts (GeGLU) read the input
+through their own norm (``moe_norm``), and the dense MLP's and the experts' outputs each pass a
+norm (``dense_post_norm``, ``moe_post_norm``) before they are added.
+
 **Dropless.** The (token, expert) pairs are sorted by expert and each expert's rows multiply its
 own weights (:func:`rljax.kernels.grouped_matmul.grouped_matmul`: a Pallas kernel on TPU,
 ``jax.lax.ragged_dot`` on GPU, group-aligned row tiles on the CPU, whose ragged_dot is a masked
@@ -38,12 +45,18 @@ from rljax.kernels.grouped_matmul import grouped_matmul
 from rljax.kernels.grouped_matmul import ops as grouped_matmul_ops
 from rljax.kernels.grouped_matmul import xla as grouped_xla
 from rljax.kernels.sharding import axis_names, axis_size, run_sharded
+from rljax.models.layers import rms_norm
+from rljax.models.layouts import gate_activation
 
 # Weights of a mixture-of-experts layer, stacked over the MoE layers (their logical axes are in
 # rljax.models.transformer.PARAM_AXES).
 EXPERT_PARAMS = ("router", "we_gate", "we_up", "we_down")
 SHARED_PARAMS = ("ws_gate", "ws_up", "ws_down", "ws_router")
 DENSE_PARAMS = ("w_gate", "w_up", "w_down")
+# Gemma 4's block: the router's input scale [D] and the experts' output scales [E], each
+# initialised to 1, and the three norms it adds (the dense MLP's output norm, the experts' input
+# and output norms); stacked over the mixture-of-experts layers (every layer).
+BLOCK_PARAMS = ("router_scale", "expert_scale", "dense_post_norm", "moe_norm", "moe_post_norm")
 # A step with at most this many (token, expert) pairs gathers each pair's expert weights
 # instead of sorting (scripts/bench_moe.py measures the crossover: on the AMD EPYC CPU gathering
 # was 1.5x faster at 16 pairs, 5x slower at 32, docs/benchmarks.md).
@@ -53,15 +66,19 @@ FORCED_KEY = "_forced_ids"
 
 
 def moe_layers(cfg: ModelConfig) -> tuple[int, ...]:
-    """The layers whose MLP is a mixture of experts (Hugging Face's Qwen-MoE rule)."""
+    """The layers with routed experts (Hugging Face's Qwen-MoE rule; Gemma 4's block: all)."""
     if not cfg.num_experts:
         return ()
+    if cfg.enable_moe_block:
+        return tuple(range(cfg.num_layers))
     step, dense = cfg.decoder_sparse_step, set(cfg.mlp_only_layers)
     return tuple(i for i in range(cfg.num_layers) if i not in dense and (i + 1) % step == 0)
 
 
 def dense_layers(cfg: ModelConfig) -> tuple[int, ...]:
-    """The layers with a dense MLP."""
+    """The layers with a dense MLP: those without experts, or all with Gemma 4's block."""
+    if cfg.enable_moe_block:
+        return tuple(range(cfg.num_layers))
     moe = set(moe_layers(cfg))
     return tuple(i for i in range(cfg.num_layers) if i not in moe)
 
@@ -88,11 +105,21 @@ def expert_shapes(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[in
     return shapes
 
 
+def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shapes of Gemma 4's block's scales and norms (:data:`BLOCK_PARAMS`), each
+    initialised to ones; empty without the block."""
+    if not cfg.enable_moe_block:
+        return {}
+    lm, d = len(moe_layers(cfg)), cfg.hidden_size
+    shapes = {name: (lm, d) for name in BLOCK_PARAMS}
+    return shapes | {"expert_scale": (lm, cfg.num_experts)}
+
+
 def weight_kind(key: str) -> bool | None:
     """True for a mixture-of-experts layer's weight (or its adapter), False for a dense MLP's,
     None for what every layer has (attention, norms, dropout keys)."""
     base = key.split("_lora_")[0]
-    if base in EXPERT_PARAMS or base in SHARED_PARAMS or key == FORCED_KEY:
+    if base in (*EXPERT_PARAMS, *SHARED_PARAMS, *BLOCK_PARAMS) or key == FORCED_KEY:
         return True
     if base in DENSE_PARAMS:
         return False
@@ -173,13 +200,18 @@ def gather_stats(per_layer: Sequence[LayerStats]) -> MoEStats:
 
 def route(
     x_nd: jax.Array,
-    router_de: jax.Array,
+    p: dict[str, jax.Array],
     cfg: ModelConfig,
     forced_ids: jax.Array | None = None,
     forced: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(expert ids [N, k] int32, their weights [N, k] f32, router logits [N, E] f32)."""
-    logits = jnp.einsum("ND,DE->NE", x_nd, router_de.astype(x_nd.dtype)).astype(jnp.float32)
+    """(expert ids [N, k] int32, their weights [N, k] f32, router logits [N, E] f32) from the
+    layer's router weights in ``p``; Gemma 4's block scales the input and the weights."""
+    dt = x_nd.dtype
+    if cfg.enable_moe_block:
+        x_nd = rms_norm(x_nd, None, cfg.norm_eps) * p["router_scale"].astype(dt)
+        x_nd = x_nd * jnp.asarray(cfg.hidden_size**-0.5, dt)
+    logits = jnp.einsum("ND,DE->NE", x_nd, p["router"].astype(dt)).astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     _, ids = jax.lax.top_k(probs, cfg.num_experts_per_tok)
     ids = ids.astype(jnp.int32)
@@ -188,6 +220,8 @@ def route(
     weights = jnp.take_along_axis(probs, ids, axis=-1)
     if cfg.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    if cfg.enable_moe_block:
+        weights = weights * p["expert_scale"].astype(jnp.float32)[ids]
     return ids, weights, logits
 
 
@@ -207,8 +241,8 @@ def layer_stats(
     return LayerStats(ids_nk.reshape(*shape, -1), tokens_per_expert, prob_per_expert, z, load)
 
 
-def _swiglu_rows(x, wg, wu, wd, gmm):
-    return gmm(jax.nn.silu(gmm(x, wg)) * gmm(x, wu), wd)
+def _gated_rows(x, wg, wu, wd, gmm, act: str):
+    return gmm(gate_activation(act, gmm(x, wg)) * gmm(x, wu), wd)
 
 
 def _sort_pairs(ids_nk, e_local: int, first: Any):
@@ -223,25 +257,38 @@ def _sort_pairs(ids_nk, e_local: int, first: Any):
 
 
 def experts_sorted(
-    x_nd, ids_nk, weights_nk, wg, wu, wd, *, impl: str = "auto", first: Any = 0, xla_form=None
+    x_nd,
+    ids_nk,
+    weights_nk,
+    wg,
+    wu,
+    wd,
+    *,
+    impl: str = "auto",
+    first: Any = 0,
+    xla_form=None,
+    act: str = "silu",
 ):
     """The routed experts over sorted (token, expert) pairs; pairs whose expert is not among
     these weights' E_local experts (numbered from ``first``) contribute nothing. ``impl`` and
-    ``xla_form``: the grouped matmul's; its tiled XLA form runs as ``experts_tiled``."""
+    ``xla_form``: the grouped matmul's; its tiled XLA form runs as ``experts_tiled``. ``act``:
+    the experts' gate activation (SwiGLU's 'silu', GeGLU's 'gelu_pytorch_tanh')."""
     if grouped_matmul_ops.path_for(impl, xla_form) == "tiled":
-        return experts_tiled(x_nd, ids_nk, weights_nk, wg, wu, wd, first=first)
+        return experts_tiled(x_nd, ids_nk, weights_nk, wg, wu, wd, first=first, act=act)
     n, k = ids_nk.shape
     mine, order, sizes = _sort_pairs(ids_nk, wg.shape[0], first)
     rows = x_nd[order // k]
     gmm = lambda a, w: grouped_matmul(  # noqa: E731
         a, w.astype(a.dtype), sizes, impl=impl, xla_form=xla_form
     )
-    y = _swiglu_rows(rows, wg, wu, wd, gmm)  # rows past the groups come out 0
+    y = _gated_rows(rows, wg, wu, wd, gmm, act)  # rows past the groups come out 0
     w = jnp.where(mine, weights_nk, 0.0).reshape(-1)[order].astype(y.dtype)
     return jnp.zeros((n, x_nd.shape[-1]), y.dtype).at[order // k].add(y * w[:, None])
 
 
-def experts_tiled(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0, tile=None):
+def experts_tiled(
+    x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0, tile=None, act: str = "silu"
+):
     """``experts_sorted`` in the grouped matmul's tiled XLA form, the three projections fused:
     the pairs are laid out in group-aligned row tiles once (``grouped_matmul.xla.tile_layout``),
     gate, up, SwiGLU and down run on the tiles, and each slot adds into its token. Against three
@@ -257,12 +304,12 @@ def experts_tiled(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0, tile=
     x = jnp.where(lay.valid[:, None], x_nd[token], 0).reshape(lay.tile_group.shape[0], -1, d)
     groups = lay.clipped_groups(e_local)
     mm = lambda a, w: grouped_xla.tile_matmul(a, w.astype(dt), groups).astype(dt)  # noqa: E731
-    y = mm(jax.nn.silu(mm(x, wg)) * mm(x, wu), wd).reshape(-1, d)
+    y = mm(gate_activation(act, mm(x, wg)) * mm(x, wu), wd).reshape(-1, d)
     w = jnp.where(lay.valid, weights_nk.reshape(-1)[pair], 0.0)
     return jnp.zeros((n, d), dt).at[token].add(y * w.astype(dt)[:, None])
 
 
-def experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0):
+def experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0, act: str = "silu"):
     """The routed experts by gathering each pair's weights: for a few pairs (decode)."""
     e_local = wg.shape[0]
     local = ids_nk - first
@@ -271,28 +318,28 @@ def experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd, *, first: Any = 0):
     dt = x_nd.dtype
     g = jnp.einsum("ND,NKDF->NKF", x_nd, wg[idx].astype(dt))
     u = jnp.einsum("ND,NKDF->NKF", x_nd, wu[idx].astype(dt))
-    y = jnp.einsum("NKF,NKFD->NKD", jax.nn.silu(g) * u, wd[idx].astype(dt))
+    y = jnp.einsum("NKF,NKFD->NKD", gate_activation(act, g) * u, wd[idx].astype(dt))
     w = jnp.where(mine, weights_nk, 0.0).astype(dt)
     return jnp.einsum("NKD,NK->ND", y, w)
 
 
-def experts(x_nd, ids_nk, weights_nk, p, *, impl: str = "auto", sharding=None):
+def experts(x_nd, ids_nk, weights_nk, p, *, impl: str = "auto", sharding=None, act="silu"):
     """The routed experts' output [N, D], sharded over the expert axis when the mesh has one."""
     wg, wu, wd = p["we_gate"], p["we_up"], p["we_down"]
     gather = ids_nk.size <= GATHER_MAX_PAIRS
     axes = _expert_axes(sharding, wg.shape[0], x_nd.shape[0])
     if axes is None:
         if gather:
-            return experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd)
-        return experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, impl=impl)
+            return experts_gathered(x_nd, ids_nk, weights_nk, wg, wu, wd, act=act)
+        return experts_sorted(x_nd, ids_nk, weights_nk, wg, wu, wd, impl=impl, act=act)
     mesh, expert, rows, mlp = axes
 
     def shard(x, ids, w, g, u, d):
         first = jax.lax.axis_index(expert) * g.shape[0]
         if gather:
-            y = experts_gathered(x, ids, w, g, u, d, first=first)
+            y = experts_gathered(x, ids, w, g, u, d, first=first, act=act)
         else:
-            y = experts_sorted(x, ids, w, g, u, d, impl=impl, first=first)
+            y = experts_sorted(x, ids, w, g, u, d, impl=impl, first=first, act=act)
         return jax.lax.psum(y, (expert, *axis_names(mlp)))
 
     pairs = P(rows, None)
@@ -345,16 +392,38 @@ def moe_mlp(
     the forced ids where ``forced`` [B, T] is set."""
     b, t, d = h_btd.shape
     x_nd = h_btd.reshape(b * t, d)
-    forced_ids = p.get(FORCED_KEY)
-    ids, weights, logits = route(
-        x_nd,
-        p["router"],
-        cfg,
-        None if forced_ids is None else forced_ids.reshape(b * t, -1),
-        None if call.forced is None else call.forced.reshape(-1),
-    )
-    out = experts(x_nd, ids, weights, p, impl=call.impl, sharding=call.sharding)
+    out, stats = _routed(x_nd, x_nd, p, cfg, call, (b, t))
     if cfg.shared_expert_intermediate_size:
         out = out + shared_expert(x_nd, p, project)
-    valid = jnp.ones((b * t,), bool) if call.valid is None else call.valid.reshape(-1)
-    return out.reshape(b, t, d).astype(h_btd.dtype), layer_stats(ids, logits, valid, (b, t))
+    return out.reshape(b, t, d).astype(h_btd.dtype), stats
+
+
+def moe_block(x_btd, dense_btd, p, cfg: ModelConfig, call: MoECall, norm):
+    """Gemma 4's block (``enable_moe_block``) beside a layer's dense MLP: ``x_btd`` is the MLP
+    block's input (the residual stream after attention), which the router reads, and
+    ``dense_btd`` the dense MLP's output; returns (the dense output and the experts' output,
+    each normed, summed; the layer's stats). ``norm(x, w)`` is the model's RMSNorm."""
+    b, t, d = x_btd.shape
+    x_nd = x_btd.reshape(b * t, d)
+    out, stats = _routed(x_nd, norm(x_nd, p["moe_norm"]), p, cfg, call, (b, t))
+    out = norm(out.reshape(b, t, d).astype(x_btd.dtype), p["moe_post_norm"])
+    return norm(dense_btd, p["dense_post_norm"]) + out, stats
+
+
+def _routed(route_nd, x_nd, p, cfg: ModelConfig, call: MoECall, bt: tuple[int, int]):
+    """The routed experts over ``x_nd`` [N, D], routed by the router's reading of
+    ``route_nd`` (the same rows, N = B * T for ``bt`` = (B, T)); returns (output [N, D], the
+    layer's stats)."""
+    n = route_nd.shape[0]
+    forced_ids = p.get(FORCED_KEY)
+    ids, weights, logits = route(
+        route_nd,
+        p,
+        cfg,
+        None if forced_ids is None else forced_ids.reshape(n, -1),
+        None if call.forced is None else call.forced.reshape(-1),
+    )
+    act = cfg.hidden_act
+    out = experts(x_nd, ids, weights, p, impl=call.impl, sharding=call.sharding, act=act)
+    valid = jnp.ones((n,), bool) if call.valid is None else call.valid.reshape(-1)
+    return out, layer_stats(ids, logits, valid, bt)

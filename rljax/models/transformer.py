@@ -8,8 +8,9 @@ own RoPE base (``layer_types``, ``sliding_window``, ``rope_local_base_freq``), s
 attention and output logits, norms after attention and the MLP (``post_norms``), RMSNorm's
 ``(1 + w)`` scale (``norm_unit_offset``) and the embedding scaled by sqrt(D); Gemma 4 adds a
 value norm without a scale (``v_norm``), an output scalar per layer (``layer_scalar``) and
-partial RoPE on the global layers (``partial_rotary_factor``), and takes an attention scale of
-1 (``query_pre_attn_scalar=1``).
+partial RoPE on the global layers (``partial_rotary_factor``), takes an attention scale of
+1 (``query_pre_attn_scalar=1``), and its mixture-of-experts variant adds routed experts beside
+every layer's MLP (``enable_moe_block``, :func:`rljax.models.moe.moe_block`).
 
 Per-layer weights are stacked along a leading ``layers`` axis and the blocks run under
 ``jax.lax.scan``: one block is compiled per run of layers of one kind however deep the model
@@ -69,6 +70,12 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "ws_up": ("layers", "embed", "mlp"),
     "ws_down": ("layers", "mlp", "embed"),
     "ws_router": ("layers", "embed"),
+    # Gemma 4's block (enable_moe_block): the router's scales and the norms around the experts.
+    "router_scale": ("layers", "embed"),
+    "expert_scale": ("layers", None),
+    "dense_post_norm": ("layers", "embed"),
+    "moe_norm": ("layers", "embed"),
+    "moe_post_norm": ("layers", "embed"),
 }
 
 LAYER_PARAMS = tuple(k for k, axes in PARAM_AXES.items() if axes[0] == "layers")
@@ -142,6 +149,8 @@ class Decoder(CallPaths, nnx.Module):
             self.w_down = param("w_down", (dense, f, d), fan_in([1]))
         for name, (shape, fan_dims) in moe_lib.expert_shapes(cfg).items():
             setattr(self, name, param(name, shape, fan_in(fan_dims)))
+        for name, shape in moe_lib.block_shapes(cfg).items():
+            setattr(self, name, param(name, shape, lambda key, s, dt: jnp.ones(s, dt)))
         if lora is not None and lora.enabled:
             self.lora_scale = lora.scale
             self.lora_dropout = lora.dropout

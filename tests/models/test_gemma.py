@@ -253,7 +253,6 @@ UNBUILT = [
     (dict(per_layer_config=DROP, global_head_dim=32), "per-layer head_dim (32 on every global"),
     (dict(per_layer_config=DROP), "per-layer head_dim (512 on every global layer"),  # its default
     (dict(attention_k_eq_v=True), "keys as values (attention_k_eq_v=true)"),
-    (dict(enable_moe_block=True), "the mixture-of-experts block (enable_moe_block=true)"),
     (dict(use_double_wide_mlp=True, num_kv_shared_layers=2), "the double-wide MLP"),
     (dict(use_bidirectional_attention="all"), "bidirectional attention"),
 ]

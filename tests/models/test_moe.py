@@ -101,9 +101,9 @@ def test_fused_tiles_equal_three_grouped_matmuls_with_other_shards_experts(tile)
 def test_segments_follow_the_sparse_step_and_the_dense_layers():
     assert moe.moe_layers(CFG) == (0, 2)
     assert [tuple(s) for s in layer_runs.segments(CFG)] == [
-        (0, 1, True, 0, None),
-        (1, 2, False, 0, None),
-        (2, 3, True, 1, None),
+        (0, 1, True, 0, None, False, 0),
+        (1, 2, False, 1, None, True, 0),
+        (2, 3, True, 1, None, False, 1),
     ]
     step2 = ModelConfig(
         **{**CFG.__dict__, "mlp_only_layers": (), "decoder_sparse_step": 2, "num_layers": 4}
