@@ -5,7 +5,7 @@ at most a window and a page per slot while the global one holds full lengths; a 
 smaller than every slot at full length serves every slot without preempting; a conversation
 continued on its kept pages (an extend) and a resumed request (a re-prefill) give the full
 forward's tokens; a released slot gives every page back. Gemma 2's and Gemma 4's shapes decode
-greedily to the full forward's tokens too."""
+greedily to the full forward's tokens too, Gemma 4's with its mixture-of-experts block as well."""
 
 import dataclasses
 import functools
@@ -112,10 +112,24 @@ def gemma4_stacked():
     return _gemma4_engine("stacked")
 
 
-def _gemma4_engine(layout: str):
+@pytest.fixture(scope="module")
+def gemma4_moe():
+    """Gemma 4's shape with its mixture-of-experts block (experts beside every layer's MLP, on
+    local and global layers), in the stacked weights layout (the per-layer one serves dense
+    models only)."""
+    return _gemma4_engine("stacked", GEMMA4_MOE, seed=SEED_MOE)
+
+
+GEMMA4_MOE = dict(enable_moe_block=True, num_experts=4, num_experts_per_tok=2)
+SEED_MOE = 3
+
+
+def _gemma4_engine(layout: str, block: dict | None = None, seed: int = 1):
     """Gemma 4's shape: a value norm written to the cache, partial RoPE on the global layer, an
-    attention scale of 1 and norms scaled by w; its layer scalars and norms random (the
-    initialiser's are 1), so dropping any of them moves the tokens."""
+    attention scale of 1 and norms scaled by w; its layer scalars, norms and (with ``block``,
+    the mixture-of-experts block's fields) router and expert scales random (the initialiser's
+    are 1), so dropping any of them moves the tokens."""
+    moe = dict(block, moe_intermediate_size=32, norm_topk_prob=True) if block else {}
     model = replace(
         GEMMA,
         family="gemma4",
@@ -124,12 +138,13 @@ def _gemma4_engine(layout: str):
         layer_scalar=True,
         partial_rotary_factor=0.25,
         query_pre_attn_scalar=1.0,
+        **moe,
     )
-    tiny = tiny_engine(model=model, seed=1, decode_steps=1, weights_layout=layout, **SAMPLING)
+    tiny = tiny_engine(model=model, seed=seed, decode_steps=1, weights_layout=layout, **SAMPLING)
     rng = np.random.default_rng(0)
     state = nnx.to_pure_dict(tiny.state)
     for name, x in state.items():
-        if name.endswith("norm") or name == "layer_scalar":
+        if name.endswith(("norm", "_scale")) or name == "layer_scalar":
             noise = 1 + 0.3 * rng.standard_normal(x.shape).astype(np.float32)
             state[name] = jax.device_put(x * noise, x.sharding)
     nnx.replace_by_pure_dict(tiny.state, state)
@@ -191,7 +206,7 @@ def _bound_checked_run(tiny, sampler, requests, *, min_steps=NEW):
 
 
 @pytest.mark.parametrize(
-    "which", ["tight", "multi", "sharded", "gemma2", "gemma4", "gemma4_stacked"]
+    "which", ["tight", "multi", "sharded", "gemma2", "gemma4", "gemma4_stacked", "gemma4_moe"]
 )
 def test_greedy_past_the_window_is_the_full_forward_and_holds_a_window_of_pages(which, request):
     tiny = request.getfixturevalue(which)

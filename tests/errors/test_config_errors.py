@@ -72,6 +72,11 @@ CASES = [
         "expected a share of head_dim in [0, 1]",
     ),
     (
+        "C36",
+        ["--config.model.enable_moe_block=True"],
+        "expected False for family 'llama' (the block beside a dense MLP is Gemma 4's)",
+    ),
+    (
         "C32",
         ['--config.model.layer_types=("sliding_attention","full_attention")'],
         "expected an integer >= 1 for the 'sliding_attention' layers",

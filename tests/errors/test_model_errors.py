@@ -90,6 +90,20 @@ def _gemma4(d):
     )
 
 
+def _gemma4_moe_without_top_k(d):
+    head_dim = json.loads((d / "config.json").read_text())["head_dim"]
+    _edit_config(
+        d,
+        architectures=["Gemma4ForCausalLM"],
+        model_type="gemma4_text",
+        hidden_size_per_layer_input=0,
+        global_head_dim=head_dim,
+        enable_moe_block=True,
+        num_experts=4,
+        moe_intermediate_size=16,
+    )
+
+
 def _no_hidden_size(d):
     config = json.loads((d / "config.json").read_text())
     del config["hidden_size"]
@@ -151,6 +165,7 @@ MODEL_CASES = [
     ("M12", _int_tensor, "dequantize the checkpoint, or export it unquantized"),
     ("M13", _missing_shard, "re-download the checkpoint"),
     ("M18", _gemma4, "use a Gemma 4 text checkpoint without them, or a Gemma 2 or Gemma 3 one"),
+    ("M19", _gemma4_moe_without_top_k, "without an integer top_k_experts; the file is incomplete"),
 ]
 
 
