@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from rljax.config.checks import (
+    DTYPES,
     LORA_SERVING,
     LORA_TARGETS,
     LOSSES,
@@ -368,6 +369,10 @@ class LoRAConfig:
       serving: how the sampler applies the adapters: 'merged' (folded into the weights at each
         swap), 'unmerged' (the base plus the low-rank product at every step) or 'auto'
         (merged on CPU devices, unmerged on accelerators).
+      dtype: the learner's adapters' dtype, and so their gradients' and Adam moments':
+        'float32' or 'bfloat16'; None: the base's (model.param_dtype). 'float32' on a bf16 base
+        keeps updates of 1e-5 that bf16 would round away. The sampler holds them in its own
+        dtype (sampling.dtype), as it holds the base.
     """
 
     enabled: bool = False
@@ -376,6 +381,7 @@ class LoRAConfig:
     targets: tuple[str, ...] = LORA_TARGETS
     dropout: float = 0.0
     serving: str = "auto"
+    dtype: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
@@ -392,6 +398,8 @@ class LoRAConfig:
         if self.dropout >= 1:
             _fail("lora.dropout", self.dropout, "a probability in [0, 1)")
         _one_of("lora.serving", self.serving, LORA_SERVING)
+        if self.dtype is not None:
+            _one_of("lora.dtype", self.dtype, DTYPES)
 
     @property
     def scale(self) -> float:

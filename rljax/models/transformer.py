@@ -154,8 +154,9 @@ class Decoder(CallPaths, nnx.Module):
         if lora is not None and lora.enabled:
             self.lora_scale = lora.scale
             self.lora_dropout = lora.dropout
+            adapter_dtype = jnp.dtype(lora.dtype or cfg.param_dtype)
             for name, shape in lora_lib.adapter_shapes(cfg, lora).items():
-                value = lora_lib.init_adapter(name, rngs.params(), shape, dtype)
+                value = lora_lib.init_adapter(name, rngs.params(), shape, adapter_dtype)
                 axes = lora_lib.adapter_axes(name)
                 param_ = lora_lib.LoRAParam(value, out_sharding=axes, eager_sharding=False)
                 setattr(self, name, param_)

@@ -8,6 +8,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 from rljax.configs import arith_tiny
 
 from rljax.config import replace
@@ -135,3 +136,34 @@ def test_lora_trains_an_agent(tmp_path):
         and max(r["turns_per_conversation"] for r in rows) > 1
     )
     assert any(r["grad_norm"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("serving", ["merged", "unmerged"])
+def test_f32_adapters_on_a_bf16_base(tmp_path, serving):
+    """``lora.dtype='float32'`` on a bf16 base: the learner trains f32 adapters (their Adam
+    moments f32 too) beside the bf16 base, and the bf16 sampler serves them in bf16, merged
+    into its weights or beside them."""
+    bf16, f32 = jax.numpy.dtype("bfloat16"), jax.numpy.dtype("float32")
+    cfg = _cfg(
+        **{
+            "model.dtype": "bfloat16",
+            "model.param_dtype": "bfloat16",
+            "sampling.dtype": "bfloat16",
+            "lora.dtype": "float32",
+            "lora.serving": serving,
+            "num_steps": 2,
+            "checkpoint.enabled": False,
+        }
+    )
+    run, summary = _train(cfg, tmp_path)
+    assert summary["steps"] == 2 and all(r["grad_norm"] > 0 for r in _train_rows(tmp_path))
+    adapters, base = lora.split_adapters(run.learner.params)
+    assert {x.dtype for x in jax.tree.leaves(adapters)} == {f32}
+    assert {x.dtype for x in jax.tree.leaves(base)} == {bf16}
+    floating = [x for x in jax.tree.leaves(run.learner.opt_state) if x.ndim >= 2]
+    assert floating and {x.dtype for x in floating} == {f32}  # the adapters' moments
+    served = [x for x in jax.tree.leaves(run.sampler.params) if x.dtype in (bf16, f32)]
+    assert {x.dtype for x in served} == {bf16}
+    layers = run.sampler.params.layers  # the CPU's per-layer serving layout
+    adapter_keys = {k for layer in layers for k in layer if lora.is_adapter(k)}
+    assert bool(adapter_keys) == (serving == "unmerged")  # unmerged: beside the base
