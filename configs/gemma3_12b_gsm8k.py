@@ -28,11 +28,11 @@ projections: 65.5M trainable parameters. Batch: 16 prompts x 8 = 128 sequences a
 micro-batches of one row of 2048 tokens, ``remat='full'``; 24 decode slots, bf16.
 Why these choices, from the plans (``scripts/plan_memory.py``):
   * bf16 base: an f32 base is 44 GiB, 5.5 a chip, and its learner alone planned 16.90 GiB
-    (tensor=8, one row) of the 16; the bf16 base holds 2.79. The cost: rljax builds the
-    adapters in the base's dtype, so they and their Adam moments are bf16 too, which
-    docs/lora.md calls too coarse for updates of 1e-5: A's entries above about 0.004 (of a
-    bound of 0.016) move by less than half a bf16 step per update, so mostly B learns. f32
-    adapters on a bf16 base (a dtype of their own) are not built yet;
+    (tensor=8, one row) of the 16; the bf16 base holds 2.79. The adapters stay f32
+    (``lora.dtype='float32'``): in the base's bf16 they and their Adam moments would be too
+    coarse for updates of 1e-5 (docs/lora.md: A's entries above about 0.004, of a bound of
+    0.016, would move by less than half a bf16 step per update, so mostly B would learn); f32
+    costs 0.24 GiB a chip against bf16 adapters (15.17 planned with them);
   * colocated: split 4 + 4 (async, tensor=4 each side), each role holds twice its share of
     the base, and the same batch planned 16.30 GiB for the learner and 24.40 for the sampler;
   * tensor=8, not fsdp=8: with fsdp XLA gathers every row of a micro-batch onto every chip
@@ -43,8 +43,8 @@ Why these choices, from the plans (``scripts/plan_memory.py``):
     artefacts a TPU (bf16 natively) does not make; measure before raising it.
 
 Planned GiB per chip of 16 (Intel Xeon, 2 cores; docs/benchmarks.md, "Gemma 3 memory plans"):
-learner params 2.79 (0.05 of adapters) + Adam 0.10 + temp 6.52 = 9.41; sampler weights 2.79 +
-KV pools 1.42 + temp 8.02 + staged adapters 0.05 = 12.28; both roles 15.17 (0.83 free). The
+learner params 2.84 (0.10 of f32 adapters) + Adam 0.20 + temp 6.65 = 9.69; sampler weights
+2.84 + KV pools 1.42 + temp 8.02 + staged adapters 0.10 = 12.38; both roles 15.41 (0.59 free). The
 KV pools are the global layers' 0.38 (3073 pages) and the local layers' 1.05 (1713 pages: 24
 slots x 66 + one slot's 128 + the null page); every layer at full length would take 2.25, so
 the window saves 0.83 GiB a chip.
@@ -80,12 +80,12 @@ def recipe(variant: str = "") -> RunConfig:
             f"use one of {VARIANTS} or none"
         )
     return RunConfig(
-        # bf16 base and adapters: an f32 base (44 GiB) beside the sampler's bf16 copy leaves
-        # 16 GiB chips no room for a step (see the docstring).
+        # bf16 base (f32 adapters, below): an f32 base (44 GiB) beside the sampler's bf16 copy
+        # leaves 16 GiB chips no room for a step (see the docstring).
         model=model_config(PRESET, dtype="bfloat16", param_dtype="bfloat16"),
         init="gs://YOUR_BUCKET/models/gemma-3-12b-it-text",  # override with --config.init
         tokenizer="init",  # Gemma's tokenizer and chat template, from the checkpoint
-        lora=LoRAConfig(enabled=True, rank=16, alpha=32.0),
+        lora=LoRAConfig(enabled=True, rank=16, alpha=32.0, dtype="float32"),
         sampling=SamplingConfig(
             temperature=1.0,
             max_new_tokens=1792,  # with the prompt, 2048 tokens: twice the local window

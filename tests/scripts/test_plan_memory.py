@@ -338,6 +338,7 @@ def test_gemma_recipes_decode_past_the_window(name, variant, preset, chip, lora)
     dtype = cfg.model.param_dtype
     assert cfg.model == model_config(preset, dtype=cfg.model.dtype, param_dtype=dtype)
     assert cfg.lora.enabled == lora and cfg.mesh.mode == "colocated"
+    assert not lora or cfg.lora.dtype == "float32"  # f32 adapters on the bf16 base
     assert cfg.tokenizer == "init" and cfg.data.prompt_format == "chat"
     assert cfg.sampling.dtype == "bfloat16"
     window, slot = cfg.model.sliding_window, cfg.sampling.max_seq_len
