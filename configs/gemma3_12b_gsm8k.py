@@ -32,7 +32,7 @@ Why these choices, from the plans (``scripts/plan_memory.py``):
     (``lora.dtype='float32'``): in the base's bf16 they and their Adam moments would be too
     coarse for updates of 1e-5 (docs/lora.md: A's entries above about 0.004, of a bound of
     0.016, would move by less than half a bf16 step per update, so mostly B would learn); f32
-    costs 0.24 GiB a chip against bf16 adapters (15.17 planned with them);
+    costs 0.14 GiB a chip against bf16 adapters (15.17 planned with them);
   * colocated: split 4 + 4 (async, tensor=4 each side), each role holds twice its share of
     the base, and the same batch planned 16.30 GiB for the learner and 24.40 for the sampler;
   * tensor=8, not fsdp=8: with fsdp XLA gathers every row of a micro-batch onto every chip
@@ -44,7 +44,8 @@ Why these choices, from the plans (``scripts/plan_memory.py``):
 
 Planned GiB per chip of 16 (Intel Xeon, 2 cores; docs/benchmarks.md, "Gemma 3 memory plans"):
 learner params 2.84 (0.10 of f32 adapters) + Adam 0.20 + temp 6.65 = 9.69; sampler weights
-2.84 + KV pools 1.42 + temp 8.02 + staged adapters 0.10 = 12.38; both roles 15.41 (0.59 free). The
+2.79 (adapters cast to bf16) + KV pools 1.42 + temp 8.02 + staged adapters 0.05 = 12.28; both
+roles 15.31 (0.69 free). The
 KV pools are the global layers' 0.38 (3073 pages) and the local layers' 1.05 (1713 pages: 24
 slots x 66 + one slot's 128 + the null page); every layer at full length would take 2.25, so
 the window saves 0.83 GiB a chip.

@@ -331,7 +331,9 @@ def _plan_sampler(cfg, graphdef, topo, lora, kernel_impl: str, hoist: bool) -> d
 
     # The sampler holds its own copy in sampling.dtype (cast at every publish), as the runtime.
     sampler_cfg, sampler_graphdef = sampler_model(cfg.model, graphdef, cfg.sampling.dtype, lora)
-    sampler_params = nnx.split(abstract_decoder(sampler_cfg, lora))[1]
+    # ... its adapters too (lora.dtype is the learner's: the weight sync casts them as well).
+    sampler_lora = lora if lora is None else dataclasses.replace(lora, dtype=None)
+    sampler_params = nnx.split(abstract_decoder(sampler_cfg, sampler_lora))[1]
     engine = PagedEngine(
         sampler_cfg, cfg.sampling, topo.sampler, sampler_graphdef, impl=kernel_impl, lora=lora
     )
