@@ -71,6 +71,7 @@ CASES = [
         ["--config=configs/arith_gemma.py:small", "--config.model.partial_rotary_factor=1.5"],
         "expected a share of head_dim in [0, 1]",
     ),
+    ("C37", ["--config.lora.dtype=float16"], "expected one of float32, bfloat16"),
     (
         "C36",
         ["--config.model.enable_moe_block=True"],
