@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rljax.config import MeshConfig
+from rljax.mesh.topology import build_topology
 from rljax.models import hf
 from rljax.models.families import config_from_hf, config_to_hf
 from rljax.models.hf import load_hf, save_hf
@@ -98,6 +100,17 @@ def test_logits_match_transformers_and_each_part_of_the_block_moves_them(loaded)
     assert_moves(pure | {"we_down": np.zeros_like(pure["we_down"])}, "the experts")
     unrenormalised = dataclasses.replace(cfg, norm_topk_prob=False)
     assert_moves(params, "norm_topk_prob", nnx.split(abstract_decoder(unrenormalised))[0])
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_expert_parallel_logits_match(loaded, ep):
+    """The experts split over an 'expert' mesh axis of 2 or 4 (each device holding E / ep
+    whole experts, GeGLU run per shard) give transformers' logits too."""
+    model, path, *_ = loaded
+    mesh = build_topology(MeshConfig(learner_tensor=2, expert_parallel=ep)).learner
+    _, graphdef, params = load_hf(path, mesh=mesh, rules=LEARNER_RULES)
+    assert nnx.to_pure_dict(params)["we_up"].addressable_shards[0].data.shape[1] == EXPERTS // ep
+    assert_logits_close(rljax_logits(graphdef, params, TOKENS), hf_logits(model, TOKENS))
 
 
 def test_save_hf_writes_transformers_tensors_and_reloads(loaded, tmp_path):
