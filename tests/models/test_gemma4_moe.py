@@ -110,7 +110,12 @@ def test_expert_parallel_logits_match(loaded, ep):
     mesh = build_topology(MeshConfig(learner_tensor=2, expert_parallel=ep)).learner
     _, graphdef, params = load_hf(path, mesh=mesh, rules=LEARNER_RULES)
     assert nnx.to_pure_dict(params)["we_up"].addressable_shards[0].data.shape[1] == EXPERTS // ep
-    assert_logits_close(rljax_logits(graphdef, params, TOKENS), hf_logits(model, TOKENS))
+    m = nnx.merge(graphdef, params)
+    positions = jnp.broadcast_to(jnp.arange(TOKENS.shape[1]), TOKENS.shape)
+    segments = jnp.ones(TOKENS.shape, jnp.int32)
+    # sharding=: the experts run under shard_map over the expert axis, as the learner's do.
+    hidden = m(jnp.asarray(TOKENS), positions, segments, sharding=(mesh, LEARNER_RULES))
+    assert_logits_close(np.asarray(m.logits(hidden)), hf_logits(model, TOKENS))
 
 
 def test_save_hf_writes_transformers_tensors_and_reloads(loaded, tmp_path):
