@@ -1,17 +1,27 @@
 """The default recipe, rewarded by a reward model instead of exact match: train it, then GRPO.
 
-    python scripts/train_rm.py --out=/tmp/rljax/arith_rm/reward_model          # step 1
-    rljax --config=configs/arith_rm.py --workdir=/tmp/rljax/arith_rm           # step 2
+    rljax --workdir=/tmp/rljax/arith_tiny --config.checkpoint.enabled=True       # step 1
+    rljax --workdir=/tmp/rljax/warm_start --config.checkpoint.enabled=True --config.num_steps=0
+    python scripts/train_rm.py --out=/tmp/rljax/arith_rm/reward_model          # step 2
+    rljax --config=configs/arith_rm.py --workdir=/tmp/rljax/arith_rm           # step 3
     rljax --config=configs/arith_rm.py:small --workdir=/tmp/rljax/arith_rm_small  # < 1 minute
 
-Step 1 trains a tiny ``LlamaForSequenceClassification`` (the default recipe's trained model
-with a score head; run the default recipe with ``--config.checkpoint.enabled=True`` first) to
-tell correct sums from wrong ones; step 2 is configs/arith_tiny.py with ``reward.name='model'``:
-the reward of a completion is that model's score of the prompt and the completion (a logit,
-unbounded; GRPO normalises it within each group), and nothing else. The held-out accuracy is
-still exact match (``reward.heldout``), and each evaluation records the reward model's mean
-score and its agreement with exact match on the same answers (rljax.runtime.evaluation).
-Point ``--config.reward.model.path`` elsewhere to use another reward model.
+Step 1 saves the default recipe's trained model (the reward model's trunk) and its warm start
+alone; both write the wrong answers the reward model learns from, beside made-up ones. Step 2
+trains a tiny ``LlamaForSequenceClassification`` (that trunk with a score head) to tell correct
+sums from wrong ones (scripts/train_rm.py). Step 3 is configs/arith_tiny.py with
+``reward.name='model'``: the reward of a completion is that model's score of the prompt and the
+completion (a logit, unbounded; GRPO normalises it within each group), and nothing else. The
+held-out accuracy is still exact match (``reward.heldout``), and each evaluation records the
+reward model's mean score and its agreement with exact match on the same answers
+(rljax.runtime.evaluation). Point ``--config.reward.model.path`` elsewhere to use another reward
+model.
+
+Seeds 0-4 (docs/benchmarks.md, "Reward model"): held-out exact match from a median 32.0 % to
+74.6 % [69.1, 88.3] at step 150, +41.4 points [+38.7, +56.2], the reward model agreeing with
+exact match on 0.87 [0.75, 0.91] of the final answers; 143-155 s a run. A reward model trained
+on one fixed wrong answer per problem was over-optimised within 25 steps (it read the ones digit
+and the length, not the carry).
 """
 
 import ml_collections
