@@ -96,7 +96,7 @@ def layer_inputs(tokens: int, d: int, e: int, k: int, f: int, seed: int = 0):
     cfg = ModelConfig(
         family="qwen3_moe", num_experts=e, num_experts_per_tok=k, moe_intermediate_size=f
     )
-    ids, weights, _ = moe.route(x, router, cfg)
+    ids, weights, _ = moe.route(x, {"router": router}, cfg)
     scale = 1.0 / np.sqrt(d)
     wg, wu = (jnp.asarray(rng.standard_normal((e, d, f)) * scale, jnp.float32) for _ in range(2))
     wd = jnp.asarray(rng.standard_normal((e, f, d)) / np.sqrt(f), jnp.float32)

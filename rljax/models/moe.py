@@ -111,7 +111,7 @@ def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.enable_moe_block:
         return {}
     lm, d = len(moe_layers(cfg)), cfg.hidden_size
-    shapes = {name: (lm, d) for name in BLOCK_PARAMS}
+    shapes: dict[str, tuple[int, ...]] = {name: (lm, d) for name in BLOCK_PARAMS}
     return shapes | {"expert_scale": (lm, cfg.num_experts)}
 
 
