@@ -49,3 +49,18 @@ def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.tensor(tokens)).logits.float().numpy()
+
+
+def randomise_norms(model, centre: float) -> None:
+    """Draws a transformers model's 1-D weights (norms, scales) about ``centre`` (1 for norms
+    scaled by w, 0 for Gemma 2/3's 1 + w) and its ``layer_scalar`` buffers in [0.5, 1.5), so
+    a mis-mapped or un-offset one shows in the logits (initialisers make them all equal)."""
+    import torch
+
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(centre + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))

@@ -23,7 +23,7 @@ from rljax.models.layer_runs import segments
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import abstract_decoder
 from rljax.testing import TINY_MODEL
-from tests.models.parity import assert_logits_close, hf_logits, rljax_logits
+from tests.models.parity import assert_logits_close, hf_logits, randomise_norms, rljax_logits
 
 torch = pytest.importorskip("torch", reason="parity tests compare against transformers on torch")
 transformers = pytest.importorskip("transformers", reason="parity tests need transformers")
@@ -81,14 +81,7 @@ def _hf_model(kind, seed=0):
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     # Random norms, so a mis-mapped or un-offset norm shows in the logits (Gemma 4's scale by
     # w, so about 1), and layer scalars away from 1 (transformers starts them at 1).
-    offset = 1.0 if kind == "gemma4" else 0.0
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(offset + 0.3 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
+    randomise_norms(model, 1.0 if kind == "gemma4" else 0.0)
     return model
 
 

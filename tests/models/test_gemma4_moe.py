@@ -26,7 +26,7 @@ from rljax.models.hf import load_hf, save_hf
 from rljax.models.hf_fused import fused_tensors
 from rljax.models.sharding import LEARNER_RULES, make_mesh
 from rljax.models.transformer import abstract_decoder
-from tests.models.parity import assert_logits_close, hf_logits, rljax_logits
+from tests.models.parity import assert_logits_close, hf_logits, randomise_norms, rljax_logits
 
 torch = pytest.importorskip("torch", reason="parity tests compare against transformers on torch")
 transformers = pytest.importorskip("transformers", reason="parity tests need transformers")
@@ -59,13 +59,7 @@ def _hf_model(seed=0):
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # norms and scales about 1 but not 1; layer scalars in [0.5, 1.5)
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
+    randomise_norms(model, 1.0)  # norms, router and expert scales about 1 but not 1
     return model
 
 
