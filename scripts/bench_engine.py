@@ -29,7 +29,8 @@ is reported with its [min, max]:
       --no-smollm2) decoding --per-call tokens a slot per device call, every slot busy: tokens/s,
       the fraction of the copy bound per token step, and the host's share of a call (1 - the
       compiled program's time alone / the engine's whole call), median [min, max] over
-      --repeats, each repeat measuring the copy bandwidth again (scripts/decode_bound.py).
+      --repeats, each repeat measuring the copy bandwidth again (scripts/decode_bound.py), in
+      the sampler's --per-call-dtype (float32, or bfloat16: half the bytes a step reads).
       ``--only-per-call`` runs (e) alone.
 Compile time is excluded from every rljax timing by a warm-up run on the same shapes.
 The last line printed is one JSON object holding every figure.
@@ -52,6 +53,7 @@ import numpy as np
 from rljax.config import ModelConfig, SamplingConfig
 from rljax.engine.paged import PagedEngine
 from rljax.engine.sampler import Request, Sampler
+from rljax.mesh.weight_sync import sampler_model
 from rljax.models.hf import load_hf
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.models.transformer import init_sharded
@@ -453,6 +455,12 @@ def parse_args(argv):
     p.add_argument("--per-call-tokens", type=int, default=48, help="(e): timed tokens a slot")
     p.add_argument("--per-call-slots", type=int, default=4, help="(e): decode slots")
     p.add_argument("--only-per-call", action="store_true", help="run (e) alone")
+    p.add_argument(
+        "--per-call-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="(e): the sampler's dtype (sampling.dtype): its weights, activations and KV pages",
+    )
     p.add_argument("--copy-mib", type=int, default=512, help="array size for the copy bandwidth")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of (b), repeats of (c)")
     p.add_argument("--sync-repeats", type=int, default=5, help="timed publishes per mode in (d)")
@@ -495,6 +503,9 @@ def parse_args(argv):
 def bench_per_call(args, figures, model) -> None:
     """(e): decode calls of --per-call tokens a slot against the copy bound, --repeats times."""
     cfg, graphdef, state = model
+    if args.per_call_dtype != cfg.dtype:  # as the weight sync publishes to such a sampler
+        cfg, graphdef = sampler_model(cfg, graphdef, args.per_call_dtype)
+        state = jax.tree.map(lambda x: x.astype(args.per_call_dtype), state)
     longest = max(args.per_call)
     new_tokens = longest * (max(1, args.per_call_tokens // longest) + 3)
     engine = greedy_engine(cfg, graphdef, args.per_call_slots, args.max_prompt, new_tokens)
@@ -517,6 +528,8 @@ def bench_per_call(args, figures, model) -> None:
     figures["per_call"] = {
         "copy_bandwidth_gbs": spread(bandwidths),
         "slots": args.per_call_slots,
+        "dtype": args.per_call_dtype,
+        "param_bytes": int(sum(x.nbytes for x in jax.tree.leaves(params))),
         "weights_layout": engine.weights_layout,
         **{
             str(n): {

@@ -37,6 +37,7 @@ from rljax.engine.decode import (
     generate_steps_step,
 )
 from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
+from rljax.models.paged_kv import set_bits
 
 
 def forward_kv(
@@ -291,7 +292,7 @@ def _prefix_into_pool(
         x_ltkh.transpose(0, 2, 1, 3)[:, :, None],
         (*pool.shape[:2], *page_wt.shape, x_ltkh.shape[-1]),
     )
-    return pool.at[:, :, page_wt, off_wt].set(x.astype(pool.dtype))
+    return set_bits(pool, (slice(None), slice(None), page_wt, off_wt), x)
 
 
 def _generate_step(

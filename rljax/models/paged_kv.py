@@ -30,6 +30,20 @@ def pool_rows(cfg: ModelConfig, num_pools: int):
     return lambda i: table[i] if isinstance(i, int) else rows[i]
 
 
+def set_bits(pool: jax.Array, index, values: jax.Array) -> jax.Array:
+    """``pool.at[index].set(values)`` (values cast to the pool's dtype), as a scatter of bits.
+
+    XLA's CPU backend scatters into a 16-bit float array by converting the whole array to
+    float32 and back: every page of a bfloat16 pool, in every layer of every decode step. The
+    same bits scattered as uint16 move only the new rows, on every backend.
+    """
+    values = values.astype(pool.dtype)
+    if pool.dtype.itemsize != 2:
+        return pool.at[index].set(values)
+    bits = jax.lax.bitcast_convert_type
+    return bits(bits(pool, jnp.uint16).at[index].set(bits(values, jnp.uint16)), pool.dtype)
+
+
 class PagedKV:
     """One decode step's paged KV cache, split into ``kv_shards`` (see :meth:`CallPaths.decode`):
     where each slot's new key and value go, and attention over each slot's pages."""
@@ -60,9 +74,8 @@ class PagedKV:
 
         def one(pool_lkpzh, page, offset, new_bkh):
             # Scalar layer + two index arrays around a slice: indexed dims lead, [B, K, H].
-            return pool_lkpzh.at[layer, :, page, offset].set(new_bkh)
+            return set_bits(pool_lkpzh, (layer, slice(None), page, offset), new_bkh)
 
-        new_bkh = new_bkh.astype(pool.dtype)
         if self.kv_shards == 1:
             return one(pool, self.page_b, self.offset_b, new_bkh)
         shard = self.per_shard

@@ -33,7 +33,7 @@ from rljax.config import LoRAConfig, ModelConfig
 from rljax.models import lora
 from rljax.models.call_paths import CallPaths
 from rljax.models.layers import soft_cap
-from rljax.models.layouts import PER_LAYER, Layout, PerLayer
+from rljax.models.layouts import PER_LAYER, Layout, PerLayer, contract_last
 from rljax.models.sharding import ShardingRules, fitted_sharding
 from rljax.models.transformer import LAYER_PARAMS, PARAM_AXES, Decoder
 
@@ -96,9 +96,36 @@ class ServingDecoder(CallPaths):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Vocabulary logits in float32 for hidden states [..., D], soft-capped as the Decoder's."""
-        head = {PerLayer.key("head"): self.embed if self.head_t is None else self.head_t}
-        logits = self.layout.project(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
+        w_vd = self.embed if self.head_t is None else self.head_t
+        if w_vd.dtype == jnp.bfloat16:
+            logits = float32_times_bfloat16(hidden, w_vd)
+        else:
+            head = {PerLayer.key("head"): w_vd}
+            logits = self.layout.project(hidden.astype(jnp.float32), head, "head", "...D,DV->...V")
         return soft_cap(logits, self.cfg.final_logit_softcapping)
+
+
+def float32_times_bfloat16(hidden: jax.Array, w_vd: jax.Array) -> jax.Array:
+    """float32 ``hidden`` [..., D] times bfloat16 ``w_vd`` [V, D] -> [..., V], as the float32
+    product the Decoder's head computes, reading the weight once as it is stored.
+
+    Casting the weight to float32 instead would write and read a float32 copy of the whole
+    head in every decode step. ``hidden`` is split into three bfloat16 terms whose sum is it to
+    2^-27 of its value (8 bits of mantissa each, float32 has 24); every product of two bfloat16
+    numbers is exact in float32, so one dot of the three terms' rows, accumulating in float32,
+    gives the three partial products, whose sum is the float32 product up to summation order.
+    """
+    *lead, d = hidden.shape
+    rest = hidden.astype(jnp.float32).reshape(-1, d)
+    terms = []
+    for _ in range(3):
+        term = rest.astype(jnp.bfloat16)
+        terms.append(term)
+        rest = rest - term.astype(jnp.float32)
+    rows = len(rest)
+    parts = jax.lax.optimization_barrier(contract_last(w_vd, jnp.concatenate(terms)))
+    logits = parts[:, :rows] + parts[:, rows : 2 * rows] + parts[:, 2 * rows :]
+    return logits.T.reshape(*lead, w_vd.shape[0])
 
 
 def to_serving(model, *, merge_adapters: bool = False) -> ServingDecoder:

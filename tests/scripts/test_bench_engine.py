@@ -158,6 +158,22 @@ def test_bandwidth_bound_figures(quick_run, decode_bound):
     assert_spread(bound["fraction_of_read_bound"])
 
 
+def test_per_call_decode_in_bfloat16_reads_half_the_bytes(bench, quick_run):
+    """(e) in the sampler's bfloat16: the served weights are half the float32 run's bytes, and
+    every setting is timed."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        figures = bench.main(["--quick", "--only-per-call", "--per-call-dtype", "bfloat16"])
+    half, full = figures["per_call"], quick_run[1]["per_call"]
+    assert (half["dtype"], full["dtype"]) == ("bfloat16", "float32")
+    assert 2 * half["param_bytes"] == full["param_bytes"] > 0
+    for n in ("1", "4"):
+        assert_spread(half[n]["fraction_of_bound"])
+        assert half[n]["tokens_per_s"]["min"] > 0
+
+
 def test_the_read_bandwidth_reads_every_byte_once(decode_bound, monkeypatch):
     # Bandwidth = bytes summed / best time: with a clock that advances 1 s per reading, each
     # timed sum takes 1 s, so the figure is the array's bytes in GB.
