@@ -30,7 +30,8 @@ is reported with its [min, max]:
       the fraction of the copy bound per token step, and the host's share of a call (1 - the
       compiled program's time alone / the engine's whole call), median [min, max] over
       --repeats, each repeat measuring the copy bandwidth again (scripts/decode_bound.py), in
-      the sampler's --per-call-dtype (float32, or bfloat16: half the bytes a step reads).
+      the sampler's --per-call-dtype (float32, or bfloat16: half the bytes a step reads), with
+      pools of --per-call-slot-tokens a slot (a step's time should not depend on them).
       ``--only-per-call`` runs (e) alone.
 Compile time is excluded from every rljax timing by a warm-up run on the same shapes.
 The last line printed is one JSON object holding every figure.
@@ -76,6 +77,7 @@ from decode_bound import (  # noqa: E402
     decode_calls_vs_bound,
     decode_step_vs_bound,
     layouts_ab,
+    matmul_floor_s,
 )
 
 SMOLLM2_PROMPTS = (
@@ -456,6 +458,13 @@ def parse_args(argv):
     p.add_argument("--per-call-slots", type=int, default=4, help="(e): decode slots")
     p.add_argument("--only-per-call", action="store_true", help="run (e) alone")
     p.add_argument(
+        "--per-call-slot-tokens",
+        type=int,
+        default=0,
+        help="(e): tokens a slot's pages can hold, which sizes the KV pools (0: what the timed "
+        "tokens need)",
+    )
+    p.add_argument(
         "--per-call-dtype",
         choices=("float32", "bfloat16"),
         default="float32",
@@ -508,12 +517,18 @@ def bench_per_call(args, figures, model) -> None:
         state = jax.tree.map(lambda x: x.astype(args.per_call_dtype), state)
     longest = max(args.per_call)
     new_tokens = longest * (max(1, args.per_call_tokens // longest) + 3)
+    new_tokens = max(new_tokens, args.per_call_slot_tokens - args.max_prompt)
     engine = greedy_engine(cfg, graphdef, args.per_call_slots, args.max_prompt, new_tokens)
     params = engine.load_params(state)
     rows = {n: [] for n in args.per_call}
-    bandwidths = []
+    bandwidths, floors = [], []
+    param_bytes = int(sum(x.nbytes for x in jax.tree.leaves(params)))
     for _ in range(args.repeats):
         bandwidths.append(copy_bandwidth_gbs(args.copy_mib * 2**20, repeats=5))
+        # The weight matmuls alone at this batch: the fraction of the bound the dots reach.
+        floor = matmul_floor_s(engine, params, args.per_call_slots, repeats=5)
+        floors.append(round(param_bytes / (bandwidths[-1] * 1e9) / floor, 4))
+        log(f"(e) the weight matmuls alone: {floor * 1e3:.2f} ms, {floors[-1]:.3f} of the bound")
         for n in args.per_call:
             rows[n].append(
                 decode_calls_vs_bound(
@@ -529,7 +544,9 @@ def bench_per_call(args, figures, model) -> None:
         "copy_bandwidth_gbs": spread(bandwidths),
         "slots": args.per_call_slots,
         "dtype": args.per_call_dtype,
-        "param_bytes": int(sum(x.nbytes for x in jax.tree.leaves(params))),
+        "slot_tokens": engine.sampling_cfg.max_seq_len,
+        "param_bytes": param_bytes,
+        "matmul_floor_fraction_of_bound": spread(floors),
         "weights_layout": engine.weights_layout,
         **{
             str(n): {

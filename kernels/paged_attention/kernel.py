@@ -34,7 +34,8 @@ class _PageCopies:
     """The DMAs of one (slot, kv head)'s K/V pages from HBM into the VMEM double buffer."""
 
     page_table_ref: Any  # [B * pages_per_seq] int32 in SMEM
-    k_hbm: Any  # [K, P, S, H] in HBM
+    layer: Any  # the layer read (traced)
+    k_hbm: Any  # [L, K, P, S, H] in HBM
     v_hbm: Any
     k_buf: Any  # [2, pages_per_block, S, H] in VMEM
     v_buf: Any
@@ -56,7 +57,8 @@ class _PageCopies:
         if self.first_page is not None:
             row = row + self.first_page
         page = self.page_table_ref[row + block * self.pages_per_block + j]
-        k_src, v_src = self.k_hbm.at[self.kv_head, page], self.v_hbm.at[self.kv_head, page]
+        at = (self.layer, self.kv_head, page)
+        k_src, v_src = self.k_hbm.at[at], self.v_hbm.at[at]
         return (
             pltpu.make_async_copy(k_src, self.k_buf.at[slot, j], self.sems.at[0, slot, j]),
             pltpu.make_async_copy(v_src, self.v_buf.at[slot, j], self.sems.at[1, slot, j]),
@@ -105,10 +107,11 @@ def _kernel(
     # Scalar prefetch (SMEM).
     lengths_ref,  # [B] int32
     page_table_ref,  # [B * pages_per_seq] int32, flattened: 2-D SMEM arrays pad badly.
+    layer_ref,  # [1] int32: the layer of the pools read.
     # Inputs.
     q_ref,  # [G, H] block: this slot's queries for this kv head.
-    k_hbm,  # [K, P, S, H] in HBM.
-    v_hbm,  # [K, P, S, H] in HBM.
+    k_hbm,  # [L, K, P, S, H] in HBM: every layer's pool, read at layer_ref[0] only.
+    v_hbm,  # [L, K, P, S, H] in HBM.
     # Output.
     o_ref,  # [G, H] block.
     # Scratch.
@@ -137,8 +140,8 @@ def _kernel(
         num_blocks = pl.cdiv(num_pages - first_page, pages_per_block)
     tokens_per_block = pages_per_block * page_size
     pages = _PageCopies(
-        page_table_ref, k_hbm, v_hbm, k_buf, v_buf, sems, b, kv_head, num_pages, first_page,
-        pages_per_seq, pages_per_block,
+        page_table_ref, layer_ref[0], k_hbm, v_hbm, k_buf, v_buf, sems, b, kv_head, num_pages,
+        first_page, pages_per_seq, pages_per_block,
     )  # fmt: skip
 
     @pl.when(num_blocks > 0)
@@ -179,6 +182,7 @@ def paged_decode_attention_kernel(
     v_pages,
     lengths,
     page_table,
+    layer,
     *,
     sm_scale,
     block_sizes: BlockSizes,
@@ -190,9 +194,11 @@ def paged_decode_attention_kernel(
 
     Args:
       q: [B, N, H].
-      k_pages, v_pages: [K, P, S, H].
+      k_pages, v_pages: every layer's pools, [L, K, P, S, H]; the DMAs read layer ``layer``
+        in place (no copy of the layer's pool).
       lengths: [B] int32.
       page_table: [B, pages_per_seq] int32.
+      layer: int32 scalar.
       sm_scale: softmax scale.
       block_sizes: BlockSizes, already clamped to pages_per_seq.
       interpret: ``pallas_call``'s interpret argument (False on TPU).
@@ -203,7 +209,7 @@ def paged_decode_attention_kernel(
       [B, N, H] in q's dtype.
     """
     b, n, h = q.shape
-    kv_heads, _, page_size, _ = k_pages.shape
+    _, kv_heads, _, page_size, _ = k_pages.shape
     group = n // kv_heads
     pages_per_seq = page_table.shape[1]
     ppb = block_sizes.pages_per_block
@@ -219,7 +225,7 @@ def paged_decode_attention_kernel(
     )
     qo_spec = pl.BlockSpec((None, None, group, h), lambda bi, ki, *_: (bi, ki, 0, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
+        num_scalar_prefetch=3,
         grid=(b, kv_heads),
         in_specs=[
             qo_spec,
@@ -243,6 +249,7 @@ def paged_decode_attention_kernel(
     )(
         lengths.astype(jnp.int32),
         page_table.astype(jnp.int32).reshape(-1),
+        jnp.asarray(layer, jnp.int32).reshape(1),
         q_bkgh,
         k_pages,
         v_pages,

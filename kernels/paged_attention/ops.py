@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from rljax.kernels import dispatch, validation
 from rljax.kernels.paged_attention import block_sizes as block_sizes_lib
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
@@ -18,11 +19,15 @@ _TABLE = "[B, pages_per_seq]"
 # Tokens per block of the XLA path's online softmax: wide enough that the loop's per-block
 # overhead is small on a CPU, narrow enough that short sequences read few padded pages.
 XLA_BLOCK_TOKENS = 256
+# The dtype of a pool that holds bfloat16 bits (the CPU engine's storage), and theirs.
+BITS, BITS_OF = jnp.dtype(jnp.uint16), jnp.dtype(jnp.bfloat16)
 
 
 def validate(q, k_pages, v_pages, lengths, page_table):
-    """Raises ValueError naming the first misshaped argument."""
+    """Raises ValueError naming the first misshaped argument; the pools are every layer's,
+    [L, K, P, S, H] (:func:`layered`), each layer checked as [K, P, S, H]."""
     b, n, h = validation.check_array("q", q, _Q, 3)
+    k_pages, v_pages = (jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in (k_pages, v_pages))
     kv_heads, _, _, _ = validation.check_array("k_pages", k_pages, _PAGES, 4)
     k_shape = tuple(k_pages.shape)
     validation.check_dim("k_pages", k_shape, _PAGES, 3, h)
@@ -57,6 +62,7 @@ def paged_decode_attention_core(
     v_pages,
     lengths,
     page_table,
+    layer,
     *,
     sm_scale,
     use_pallas,
@@ -65,14 +71,19 @@ def paged_decode_attention_core(
     window=None,
     softcap=None,
 ):
-    """The jitted op with options already resolved by ``resolve_options``."""
+    """The jitted op with options already resolved by ``resolve_options``; the pools are every
+    layer's, [L, K, P, S, H], and ``layer`` an int32 scalar (:func:`layered`)."""
     if use_pallas:
+        if k_pages.dtype == BITS:  # the CPU engine's storage; interpret mode only
+            bits = jax.lax.bitcast_convert_type
+            k_pages, v_pages = bits(k_pages, BITS_OF), bits(v_pages, BITS_OF)
         return paged_decode_attention_kernel(
             q,
             k_pages,
             v_pages,
             lengths,
             page_table,
+            layer,
             sm_scale=sm_scale,
             block_sizes=block_sizes,
             interpret=interpret,
@@ -85,8 +96,9 @@ def paged_decode_attention_core(
         v_pages,
         lengths,
         page_table,
+        layer,
         sm_scale=sm_scale,
-        pages_per_block=max(1, XLA_BLOCK_TOKENS // k_pages.shape[2]),
+        pages_per_block=max(1, XLA_BLOCK_TOKENS // k_pages.shape[3]),
         window=window,
         softcap=softcap,
     )
@@ -104,6 +116,7 @@ def paged_decode_attention(
     block_sizes: block_sizes_lib.BlockSizes | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    layer: int | jax.Array | None = None,
 ):
     """One decode step of (grouped-query) attention over a paged KV cache. Forward only.
 
@@ -133,6 +146,13 @@ def paged_decode_attention(
         included, as Hugging Face's Gemma ``sliding_window``.
       softcap: None or a finite c > 0: scores (q.k * sm_scale) become c * tanh(scores / c)
         before the mask, as Gemma 2's ``attn_logit_softcapping``.
+      layer: None, or an int (or int32 scalar array) l: ``k_pages`` and ``v_pages`` are then
+        every layer's pools, [L, K, P, S, H], and the op reads layer l's pages from them.
+        Slicing the layer out first instead (``k_pages[l]``) copies that layer's whole pool
+        on every call, a cost that grows with the pool rather than with the pages read.
+
+    A ``uint16`` pool holds bfloat16 bits (the engine stores a bfloat16 cache so on the CPU:
+    rljax.models.paged_kv); both paths read it as bfloat16.
 
     Returns:
       [B, N, H] attention outputs in q's dtype.
@@ -142,22 +162,34 @@ def paged_decode_attention(
         below 1 or a softcap that is not a finite positive number; raised before anything is
         traced.
     """
+    k_pages, v_pages, layer = layered(k_pages, v_pages, layer)
     validate(q, k_pages, v_pages, lengths, page_table)
     options = resolve_options(
         q, k_pages, page_table, sm_scale, impl, block_sizes, window=window, softcap=softcap
     )
-    return paged_decode_attention_core(q, k_pages, v_pages, lengths, page_table, **options)
+    return paged_decode_attention_core(q, k_pages, v_pages, lengths, page_table, layer, **options)
+
+
+def layered(k_pages, v_pages, layer):
+    """The pools as every layer's [L, K, P, S, H] and the layer read as an int32 scalar: one
+    layer's [K, P, S, H] pools (``layer`` None) become a stack of one."""
+    if layer is None:
+        return k_pages[None], v_pages[None], jnp.zeros((), jnp.int32)
+    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
+        validation.check_array(name, x, "[L, K, P, S, H] (with layer=)", 5)
+    return k_pages, v_pages, jnp.asarray(layer, jnp.int32).reshape(())
 
 
 def resolve_options(
     q, k_pages, page_table, sm_scale, impl, block_sizes, *, window=None, softcap=None
 ) -> dict:
-    """The op's static options, checked and resolved, as keyword arguments for the core.
+    """The op's static options, checked and resolved, as keyword arguments for the core
+    (``k_pages``: every layer's pool, [L, K, P, S, H]).
 
     ``window`` and ``softcap`` are left out when None, so that the core runs (and caches) the
     same program as a call without them.
     """
-    window = dispatch.resolve_window(window, page_table.shape[1] * k_pages.shape[2])
+    window = dispatch.resolve_window(window, page_table.shape[1] * k_pages.shape[3])
     softcap = dispatch.resolve_softcap(softcap)
     backend = dispatch.resolve_impl(impl)
     block_sizes = dispatch.resolve_block_sizes(

@@ -13,7 +13,7 @@ from rljax.kernels.paged_attention import ops
 
 
 def sharded_paged_decode_attention(
-    mesh, batch_axes, head_axis, q, k_pages, v_pages, lengths, page_table, **kwargs
+    mesh, batch_axes, head_axis, q, k_pages, v_pages, lengths, page_table, layer=None, **kwargs
 ):
     """``paged_decode_attention`` under ``shard_map``: slots over ``batch_axes``, heads over
     ``head_axis``.
@@ -22,19 +22,20 @@ def sharded_paged_decode_attention(
       mesh: the ``jax.sharding.Mesh``.
       batch_axes: mesh axis name (or tuple of names, or None) sharding B.
       head_axis: mesh axis name (or None) sharding N and K; both must divide by its size.
-      q, k_pages, v_pages, lengths, page_table: as in ``paged_decode_attention``.
+      q, k_pages, v_pages, lengths, page_table, layer: as in ``paged_decode_attention``.
       **kwargs: ``sm_scale``, ``impl``, ``block_sizes``, ``window``, ``softcap``.
 
     Returns:
       [B, N, H] outputs, sharded like q.
     """
+    k_pages, v_pages, layer = ops.layered(k_pages, v_pages, layer)
     ops.validate(q, k_pages, v_pages, lengths, page_table)
     sharding.check_axes(mesh, batch_axes=batch_axes, head_axis=head_axis)
     sharding.check_divides("q's B", q.shape[0], mesh, batch_axes, "pad the batch")
     heads = sharding.axis_size(mesh, head_axis)
-    if q.shape[1] % heads or k_pages.shape[0] % heads:
+    if q.shape[1] % heads or k_pages.shape[1] % heads:
         raise ValueError(
-            f"q's N={q.shape[1]} and k_pages' K={k_pages.shape[0]} heads must both divide "
+            f"q's N={q.shape[1]} and k_pages' K={k_pages.shape[1]} heads must both divide "
             f"by mesh axis {head_axis!r} of size {heads}; pick another head_axis."
         )
     options = ops.resolve_options(
@@ -50,13 +51,14 @@ def sharded_paged_decode_attention(
     if kwargs:
         raise ValueError(f"unexpected keyword arguments {sorted(kwargs)}; see the docstring.")
     fn = lambda *args: ops.paged_decode_attention_core(*args, **options)
-    pages_spec = P(head_axis, None, None, None)
+    pages_spec = P(None, head_axis, None, None, None)
     in_specs = (
         P(batch_axes, head_axis, None),
         pages_spec,
         pages_spec,
         P(batch_axes),
         P(batch_axes, None),
+        P(),
     )
-    args = (q, k_pages, v_pages, lengths, page_table)
+    args = (q, k_pages, v_pages, lengths, page_table, layer)
     return sharding.run_sharded(fn, mesh, in_specs, P(batch_axes, head_axis, None), args)

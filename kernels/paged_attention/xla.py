@@ -28,6 +28,16 @@ from rljax.kernels.paged_attention import window as window_lib
 _MASKED = -1e30
 
 
+def _block(pages_lkpsh, layer, pages_bc):
+    """Pages ``pages_bc`` [B, c] of layer ``layer``, [K, B, c, S, H] in float32, gathered from
+    every layer's pool in one gather (uint16 pages hold bfloat16 bits: ops.paged_decode_attention).
+    """
+    x = jnp.moveaxis(pages_lkpsh[layer, :, pages_bc], 2, 0)  # the indexed dims lead: [B, c, K]
+    if x.dtype == jnp.uint16:
+        x = jax.lax.bitcast_convert_type(x, jnp.bfloat16)
+    return x.astype(jnp.float32)
+
+
 def block_walk(lengths, *, page_size, pages_per_block, window):
     """Where each slot's walk starts and how many blocks the loop runs.
 
@@ -55,18 +65,20 @@ def paged_decode_attention_xla(
     v_pages,
     lengths,
     page_table,
+    layer,
     *,
     sm_scale,
     pages_per_block,
     window=None,
     softcap=None,
 ):
-    """One decode step over a paged KV cache; arguments as ``paged_decode_attention``.
+    """One decode step over a paged KV cache; arguments as ``paged_decode_attention``, the
+    pools every layer's [L, K, P, S, H] and ``layer`` the one read (an int32 scalar).
 
     Returns [B, N, H] in q's dtype; zeros where ``lengths == 0``.
     """
     b, n, h = q.shape
-    kv_heads, _, page_size, _ = k_pages.shape
+    _, kv_heads, _, page_size, _ = k_pages.shape
     group = n // kv_heads
     width = page_table.shape[1]
     c = min(pages_per_block, width)
@@ -94,9 +106,9 @@ def paged_decode_attention_xla(
     def step(j, carry):
         m_bkg, l_bkg, acc_bkgh = carry
         pages_bc = block_pages(j)
-        # [K, B, c, S, H] -> [K, B, c * S, H]: only this block's pages are read.
-        k = k_pages[:, pages_bc].reshape(kv_heads, b, block_tokens, h).astype(jnp.float32)
-        v = v_pages[:, pages_bc].reshape(kv_heads, b, block_tokens, h).astype(jnp.float32)
+        # [K, B, c * S, H]: only this block's pages of the layer are read.
+        k = _block(k_pages, layer, pages_bc).reshape(kv_heads, b, block_tokens, h)
+        v = _block(v_pages, layer, pages_bc).reshape(kv_heads, b, block_tokens, h)
         valid_bl = window_lib.attended(block_positions(j), lengths[:, None], window)
         # Stale or freed positions may hold anything, NaN included: zero them, so that a
         # masked score's zero weight cannot meet a NaN value.

@@ -37,7 +37,7 @@ from rljax.engine.decode import (
     generate_steps_step,
 )
 from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
-from rljax.models.paged_kv import set_bits
+from rljax.models.paged_kv import pool_dtype, set_bits
 
 
 def forward_kv(
@@ -387,7 +387,8 @@ def _extend_step(
 def _empty_state(engine: StepsHost) -> DecodeState:
     cfg, b = engine.model_cfg, engine.max_concurrent_decodes
     layout = engine.pool_layout
-    dtype = jnp.dtype(cfg.dtype)
+    cpu = all(d.platform == "cpu" for d in engine.mesh.devices.flat)
+    dtype = pool_dtype(cfg.dtype, cpu)  # a bfloat16 cache's bits as uint16 on the CPU
     s = SlotSampling.from_config(engine.sampling_cfg)
     zeros_i = jnp.zeros(b, jnp.int32)
     # One pool per kind of layer, [L, K, P, Z, H], and its page table [B, M].

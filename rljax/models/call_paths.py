@@ -321,7 +321,7 @@ class CallPaths:
             cache, j = caches[pool], rows(i)
             q, k, v = self._qkv(p, x_btd, positions_b[:, None], window)
             kp, vp = cache.write(kps[pool], j, k[:, 0]), cache.write(vps[pool], j, v[:, 0])
-            attn = cache.attend(q[:, 0], kp[j], vp[j], **self._attention_options(window))
+            attn = cache.attend(q[:, 0], kp, vp, j, **self._attention_options(window))
             x_btd, stats = self._finish_block(p, x_btd, attn[:, None], moe)
             kps, vps = _replaced(kps, pool, kp), _replaced(vps, pool, vp)
             return (x_btd, kps, vps), (None, stats)

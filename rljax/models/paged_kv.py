@@ -30,17 +30,32 @@ def pool_rows(cfg: ModelConfig, num_pools: int):
     return lambda i: table[i] if isinstance(i, int) else rows[i]
 
 
-def set_bits(pool: jax.Array, index, values: jax.Array) -> jax.Array:
-    """``pool.at[index].set(values)`` (values cast to the pool's dtype), as a scatter of bits.
+def pool_dtype(dtype: str, cpu: bool) -> jnp.dtype:
+    """The dtype the engine stores a KV cache of ``dtype`` in: its own, or on CPU devices
+    (``cpu``) a bfloat16 cache's bits as uint16.
 
-    XLA's CPU backend scatters into a 16-bit float array by converting the whole array to
-    float32 and back: every page of a bfloat16 pool, in every layer of every decode step. The
-    same bits scattered as uint16 move only the new rows, on every backend.
+    XLA's CPU backend scatters into a bfloat16 array by converting all of it to float32 and
+    back, and a bitcast of a bfloat16 array is a copy there: either costs every page of the
+    pool in every decode step. A uint16 pool is written in place (:func:`set_bits`) and read
+    through bitcasts of only the pages gathered (rljax.kernels.paged_attention).
     """
+    dt = jnp.dtype(dtype)
+    return jnp.dtype(jnp.uint16) if cpu and dt == jnp.bfloat16 else dt
+
+
+def set_bits(pool: jax.Array, index, values: jax.Array) -> jax.Array:
+    """``pool.at[index].set(values)`` with values cast to the pool's dtype; a uint16 pool holds
+    bfloat16 bits (:func:`pool_dtype`), so values are cast to bfloat16 and their bits stored.
+
+    Any other 16-bit float pool is scattered as uint16 bits too, around whole-pool bitcasts
+    (copies on the CPU, but not the float32 round trip of a 16-bit float scatter there).
+    """
+    bits = jax.lax.bitcast_convert_type
+    if pool.dtype == jnp.uint16:
+        return pool.at[index].set(bits(values.astype(jnp.bfloat16), jnp.uint16))
     values = values.astype(pool.dtype)
     if pool.dtype.itemsize != 2:
         return pool.at[index].set(values)
-    bits = jax.lax.bitcast_convert_type
     return bits(bits(pool, jnp.uint16).at[index].set(bits(values, jnp.uint16)), pool.dtype)
 
 
@@ -84,26 +99,32 @@ class PagedKV:
         )
         return out.reshape(pool.shape)
 
-    def attend(self, q, kp, vp, **options):
-        """Each slot's query [B, N, H] against its pages of one layer's [K, P, Z, H] pools;
-        ``options``: the kernel's ``window``, ``softcap`` and ``sm_scale``."""
+    def attend(self, q, kp, vp, layer, **options):
+        """Each slot's query [B, N, H] against its pages of layer ``layer`` (an int or a traced
+        int) of the [L, K, P, Z, H] pools, read in place (slicing the layer out would copy its
+        whole pool in every step); ``options``: the kernel's ``window``, ``softcap`` and
+        ``sm_scale``."""
         args = (q, kp, vp, self.lengths_b, self.page_table_bm)
         fn = functools.partial(paged_decode_attention, impl=self.impl, **options)
         if self.split is not None:
             mesh, (batch_axes, head_axis) = self.split
             if self.kv_shards == 1:
                 return sharded_paged_decode_attention(
-                    mesh, batch_axes, head_axis, *args, impl=self.impl, **options
+                    mesh, batch_axes, head_axis, *args, layer, impl=self.impl, **options
                 )
             # Each device holds its shard's pages: the pool is split over P by batch_axes.
-            pages = PartitionSpec(head_axis, batch_axes, None, None)
+            pages = PartitionSpec(None, head_axis, batch_axes, None, None)
             slots = PartitionSpec(batch_axes)
             specs = (PartitionSpec(batch_axes, head_axis, None), pages, pages, slots, slots)
             out = PartitionSpec(batch_axes, head_axis, None)
-            return run_sharded(fn, mesh, specs, out, args)
+            layer = jnp.asarray(layer, jnp.int32)
+            return run_sharded(
+                lambda *a: fn(*a[:-1], layer=a[-1]), mesh, (*specs, PartitionSpec()), out,
+                (*args, layer),
+            )  # fmt: skip
         if self.kv_shards == 1:
-            return fn(*args)
-        out = jax.vmap(fn, in_axes=(0, 1, 1, 0, 0))(
+            return fn(*args, layer=layer)
+        out = jax.vmap(functools.partial(fn, layer=layer), in_axes=(0, 2, 2, 0, 0))(
             self.per_shard(q),
             self.by_shard(kp),
             self.by_shard(vp),

@@ -114,7 +114,8 @@ def test_model_attention_runs_under_shard_map_only_on_the_pallas_path(tiny):
     )
     (got,) = _shard_map_specs(jax.make_jaxpr(decode)().jaxpr)
     assert got[0] == P("data", "tensor", None)  # slots over data, heads over tensor
-    assert got[1] == P("tensor", None, None, None)  # the pool: kv heads only, as in the engine
+    # Every layer's pool, the layer read inside: kv heads only, as in the engine.
+    assert got[1] == P(None, "tensor", None, None, None)
 
 
 def _sft_batch(dp):

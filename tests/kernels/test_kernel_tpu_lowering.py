@@ -54,10 +54,11 @@ def test_paged_attention_lowers(generation):
             *a, sm_scale=0.1, block_sizes=sizes.for_pages_per_seq(16), interpret=False
         ),
         _S((8, 32, 128), _BF16),  # q [B, N, H]
-        _S((8, 256, 16, 128), _BF16),  # k_pages [K, P, S, H]
-        _S((8, 256, 16, 128), _BF16),
+        _S((3, 8, 256, 16, 128), _BF16),  # k_pages [L, K, P, S, H]
+        _S((3, 8, 256, 16, 128), _BF16),
         _S((8,), _I32),
         _S((8, 16), _I32),
+        _S((), _I32),  # the layer read, traced
     )
 
 
@@ -347,10 +348,11 @@ def test_paged_attention_sweep_lowers(seq_len, head_dim, page_size, generation):
     assert_lowers_to_mosaic(
         fn,
         _S((4, 8, head_dim), _BF16),  # q [B, N, H]
-        _S((2, 4 * pages_per_seq, page_size, head_dim), _BF16),  # [K, P, S, H]
-        _S((2, 4 * pages_per_seq, page_size, head_dim), _BF16),
+        _S((2, 2, 4 * pages_per_seq, page_size, head_dim), _BF16),  # [L, K, P, S, H]
+        _S((2, 2, 4 * pages_per_seq, page_size, head_dim), _BF16),
         _S((4,), _I32),
         _S((4, pages_per_seq), _I32),
+        _S((), _I32),
     )
 
 
@@ -374,10 +376,11 @@ def test_paged_attention_window_and_softcap_lower(window, softcap, page_size, ge
     assert_lowers_to_mosaic(
         fn,
         _S((4, 8, 256), _BF16),  # q [B, N, H]; Gemma 2 9B's head_dim
-        _S((4, 4 * pages_per_seq, page_size, 256), _BF16),  # [K, P, S, H]
-        _S((4, 4 * pages_per_seq, page_size, 256), _BF16),
+        _S((1, 4, 4 * pages_per_seq, page_size, 256), _BF16),  # [L, K, P, S, H]
+        _S((1, 4, 4 * pages_per_seq, page_size, 256), _BF16),
         _S((4,), _I32),
         _S((4, pages_per_seq), _I32),
+        _S((), _I32),
     )
 
 

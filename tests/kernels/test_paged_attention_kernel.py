@@ -10,6 +10,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import Mesh
 from rljax.kernels.paged_attention import (
     BlockSizes,
+    ops,
     paged_decode_attention,
     paged_decode_attention_reference,
     sharded_paged_decode_attention,
@@ -54,6 +55,12 @@ def make_inputs(n_heads, kv_heads, dtype, seed=0, batch=4):
     return as_dtype(q), as_dtype(k), as_dtype(v), jnp.asarray(lengths), jnp.asarray(table)
 
 
+def layered(q, k, v, lengths, table):
+    """The internal paths' arguments: every layer's pools (here a stack of one) and the layer."""
+    k, v, layer = ops.layered(k, v, None)
+    return q, k, v, lengths, table, layer
+
+
 @fast_jit
 def dense_reference(q, k, v, lengths, table):
     """The reference on a NaN-free copy of the pool (the reference gathers every page)."""
@@ -89,7 +96,7 @@ def test_tpu_interpreter_and_other_block_sizes(pages_per_block):
     q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, seed=1)
     out = fast_jit(
         lambda *a: paged_decode_attention_kernel(
-            *a,
+            *layered(*a),
             sm_scale=1 / np.sqrt(HEAD_DIM),
             block_sizes=BlockSizes(pages_per_block),
             interpret=pltpu.InterpretParams(),
@@ -97,6 +104,34 @@ def test_tpu_interpreter_and_other_block_sizes(pages_per_block):
     )(q, k, v, lengths, table)
     want = dense_reference(q, k, v, lengths, table)
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_a_layer_of_every_layers_pools_is_that_layers_pool_alone(impl):
+    """``layer=l`` over [L, K, P, S, H] pools (l traced) equals the call on pools[l]."""
+    q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, seed=4)
+    rng = np.random.default_rng(4)
+    other = lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype)  # noqa: E731
+    ks, vs = jnp.stack([other(k), k, other(k)]), jnp.stack([other(v), v, other(v)])
+    run = fast_jit(
+        lambda ks, vs, layer: paged_decode_attention(
+            q, ks, vs, lengths, table, impl=impl, layer=layer
+        )
+    )
+    outs = [run(ks, vs, jnp.int32(layer)) for layer in range(3)]
+    for layer, out in enumerate(outs):
+        want = paged_decode_attention(q, ks[layer], vs[layer], lengths, table, impl=impl)
+        np.testing.assert_allclose(out, want, atol=1e-6, rtol=1e-6)
+    assert float(jnp.abs(outs[0] - outs[1]).max()) > 0.1
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_uint16_pools_are_read_as_bfloat16_bits(impl):
+    q, k, v, lengths, table = make_inputs(4, 2, jnp.bfloat16, seed=5)
+    bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)[None]  # noqa: E731
+    out = paged_decode_attention(q, bits(k), bits(v), lengths, table, impl=impl, layer=0)
+    want = paged_decode_attention(q, k, v, lengths, table, impl=impl)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
 
 
 def test_xla_path_and_reference_agree_with_numpy():
@@ -130,7 +165,9 @@ def test_xla_blocks_match_reference_on_a_pool_with_garbage(pages_per_block, leng
     q, k, v, _, table = make_inputs(4, 2, jnp.float32, seed=3)
     lengths = jnp.asarray(lengths, jnp.int32)
     out = paged_decode_attention_xla(
-        q, k, v, lengths, table, sm_scale=1 / np.sqrt(HEAD_DIM), pages_per_block=pages_per_block
+        *layered(q, k, v, lengths, table),
+        sm_scale=1 / np.sqrt(HEAD_DIM),
+        pages_per_block=pages_per_block,
     )
     want = dense_reference(q, k, v, lengths, table)
     np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)

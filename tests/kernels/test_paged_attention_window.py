@@ -73,6 +73,12 @@ def make_inputs(n_heads, kv_heads, dtype, window, *, lengths=LENGTHS, seed=0, fr
     return as_dtype(q), as_dtype(k), as_dtype(v), jnp.asarray(lengths, jnp.int32), table
 
 
+def layered(q, k, v, lengths, table):
+    """The internal paths' arguments: every layer's pools (here a stack of one) and the layer."""
+    k, v, layer = ops.layered(k, v, None)
+    return q, k, v, lengths, table, layer
+
+
 @functools.partial(fast_jit, static_argnames=("window", "softcap"))
 def dense_reference(q, k, v, lengths, table, *, window, softcap):
     """The reference on a NaN-free copy of the pool (the reference gathers every page)."""
@@ -148,7 +154,7 @@ def test_xla_matches_reference(window, pages_per_block, softcap):
     q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, window, seed=2)
     out = jax.jit(
         lambda *a: paged_decode_attention_xla(
-            *a,
+            *layered(*a),
             sm_scale=SM_SCALE,
             pages_per_block=pages_per_block,
             window=window,
@@ -186,7 +192,7 @@ def test_tpu_interpreter_never_copies_a_page_before_the_window():
     table = np.where(table == NULL_PAGE, POOL + 7, table)
     out = fast_jit(
         lambda *a: paged_decode_attention_kernel(
-            *a,
+            *layered(*a),
             sm_scale=SM_SCALE,
             block_sizes=BlockSizes(2),
             interpret=pltpu.InterpretParams(),
@@ -235,7 +241,7 @@ def test_window_covering_every_slot_is_global_attention(impl):
 def test_window_of_the_whole_table_runs_the_global_program():
     q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, None)
     resolve = lambda window: ops.resolve_options(
-        q, k, table, None, "xla", None, window=window, softcap=None
+        q, k[None], table, None, "xla", None, window=window, softcap=None
     )
     assert resolve(PAGES_PER_SEQ * PAGE) == resolve(10**6) == resolve(None)
     assert resolve(PAGES_PER_SEQ * PAGE - 1)["window"] == PAGES_PER_SEQ * PAGE - 1

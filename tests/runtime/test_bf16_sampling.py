@@ -29,7 +29,8 @@ def test_bf16_sampler_runs_on_bf16_weights_and_logs_the_mismatch(tmp_path):
         # What the engine serves after the publishes: bf16 weights, bf16 KV pages and a
         # decoder that computes in bf16; the learner's master copy stays f32.
         assert _dtypes(run.sampler.params) == {jnp.dtype("bfloat16")}
-        assert run.sampler.state.k_pages.dtype == jnp.bfloat16
+        # (bfloat16 KV bits, stored as uint16 on the CPU: rljax.models.paged_kv.pool_dtype)
+        assert run.sampler.state.k_pages.dtype == jnp.uint16
         assert run.parts.engine.model_cfg.dtype == "bfloat16"
         assert _dtypes(run.learner.params) == {jnp.dtype("float32")}
         assert run.weight_sync.history[-1].bytes * 2 == sum(

@@ -165,10 +165,13 @@ def test_per_call_decode_in_bfloat16_reads_half_the_bytes(bench, quick_run):
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):
-        figures = bench.main(["--quick", "--only-per-call", "--per-call-dtype", "bfloat16"])
+        argv = ["--quick", "--only-per-call", "--per-call-dtype", "bfloat16"]
+        figures = bench.main([*argv, "--per-call-slot-tokens", "200"])
     half, full = figures["per_call"], quick_run[1]["per_call"]
     assert (half["dtype"], full["dtype"]) == ("bfloat16", "float32")
+    assert half["slot_tokens"] == 200 > full["slot_tokens"]
     assert 2 * half["param_bytes"] == full["param_bytes"] > 0
+    assert_spread(half["matmul_floor_fraction_of_bound"])
     for n in ("1", "4"):
         assert_spread(half[n]["fraction_of_bound"])
         assert half[n]["tokens_per_s"]["min"] > 0
