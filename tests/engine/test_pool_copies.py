@@ -2,10 +2,10 @@
 not the size of the pools.
 
 Two copies used to hide in every step. Each layer's attention read ``pool[layer]``, a slice
-that XLA's CPU backend materialises, so a step copied every layer's whole pool (at 4 slots of
-SmolLM2 with pools for 4,032 tokens a slot, a step took 97 ms against 47 ms with pools for
-232; docs/benchmarks.md). And a bfloat16 pool was converted to float32 and back to take each
-layer's new keys. The tests read the compiled step (no timing): no buffer the size of one
+that XLA's CPU backend materialises once the pool has a few hundred pages, so a step copied
+every layer's whole pool (4 slots of SmolLM2, f32: 136 ms a step with pools for 4,032 tokens a
+slot against 66 ms with pools for 83; docs/benchmarks.md). And a bfloat16 pool was converted to
+float32 and back to take each layer's new keys. The tests read the compiled step (no timing): no buffer the size of one
 layer's pool, and no floating-point buffer the size of the whole pool.
 """
 
