@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,3 +87,18 @@ def tiny_engine(
     jetstream = Engine(model, cfg, mesh, graphdef, impl=impl)
     engine = jetstream.native
     return TinyEngine(engine, graphdef, engine.load_params(params), params, jetstream)
+
+
+def materialised(hlo: str) -> list[str]:
+    """The instructions of a compiled module's text (``compiled.as_text()``) whose results are
+    buffers: those outside fusion bodies (a convert or slice inside a fusion computes only what
+    the fusion's output needs, so it is no copy)."""
+    fused = set(re.findall(r"fusion\(.*calls=%([\w.-]+)", hlo))
+    out, inside = [], False
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%([\w.-]+) .*\{$", line)
+        if header:
+            inside = header.group(1) in fused
+        elif not inside:
+            out.append(line)
+    return out

@@ -5,8 +5,9 @@ Two copies used to hide in every step. Each layer's attention read ``pool[layer]
 that XLA's CPU backend materialises once the pool has a few hundred pages, so a step copied
 every layer's whole pool (4 slots of SmolLM2, f32: 136 ms a step with pools for 4,032 tokens a
 slot against 66 ms with pools for 83; docs/benchmarks.md). And a bfloat16 pool was converted to
-float32 and back to take each layer's new keys. The tests read the compiled step (no timing): no buffer the size of one
-layer's pool, and no floating-point buffer the size of the whole pool.
+float32 and back to take each layer's new keys. The tests read the compiled step (no timing):
+no buffer the size of one layer's pool, and no floating-point buffer the size of the whole
+pool.
 """
 
 import dataclasses
@@ -17,22 +18,9 @@ import pytest
 
 from rljax.engine.decode import call_inputs
 from rljax.testing.configs import TINY_MODEL
-from rljax.testing.engines import tiny_engine
+from rljax.testing.engines import materialised, tiny_engine
 
 BF16 = dict(dtype="bfloat16", param_dtype="bfloat16")
-
-
-def _materialised(hlo: str) -> list[str]:
-    """Instructions whose results are buffers: those outside fusion bodies."""
-    fused = set(re.findall(r"fusion\(.*calls=%([\w.-]+)", hlo))
-    out, inside = [], False
-    for line in hlo.splitlines():
-        header = re.match(r"^(?:ENTRY )?%([\w.-]+) .*\{$", line)
-        if header:
-            inside = header.group(1) in fused
-        elif not inside:
-            out.append(line)
-    return out
 
 
 def _shapes(lines: list[str]) -> set[tuple[str, tuple[int, ...]]]:
@@ -56,7 +44,7 @@ def test_a_decode_step_copies_no_pool(dtype, steps):
         program = engine.steps.generate_steps(None, steps)
         _, inputs = call_inputs(steps, limits, (), engine.replicated())
     hlo = program.lower(tiny.params, state, *inputs).compile().as_text()
-    shapes = _shapes(_materialised(hlo))
+    shapes = _shapes(materialised(hlo))
     layer = pool.shape[1:]
     assert not {s for s in shapes if s[1] in (layer, (1, *layer))}, "a layer's pool copied"
     floats = {s for s in shapes if s[1] == pool.shape and s[0] in ("f32", "bf16")}

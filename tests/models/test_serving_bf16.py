@@ -23,6 +23,7 @@ from rljax.models.serving import float32_times_bfloat16, serving_converter
 from rljax.models.sharding import SAMPLER_RULES, make_mesh
 from rljax.models.transformer import Decoder
 from rljax.testing.configs import TINY_MODEL
+from rljax.testing.engines import materialised
 
 BF16 = dict(dtype="bfloat16", param_dtype="bfloat16")
 # vocab 96: every weight's [out, in] shape differs from every activation's.
@@ -55,20 +56,6 @@ def _decode(m, pages, tokens_b, positions_b):
     return m.logits(hidden), kp, vp
 
 
-def _materialised(hlo: str) -> list[str]:
-    """The instructions of a compiled module whose results are buffers: those outside fusion
-    bodies (a convert inside a fusion reads only what the fusion's output needs)."""
-    fused = set(re.findall(r"fusion\(.*calls=%([\w.-]+)", hlo))
-    out, inside = [], False
-    for line in hlo.splitlines():
-        header = re.match(r"^(?:ENTRY )?%([\w.-]+) .*\{$", line)
-        if header:
-            inside = header.group(1) in fused
-        elif not inside:
-            out.append(line)
-    return out
-
-
 def _pool(cfg, dtype):
     shape = (cfg.num_layers, cfg.num_kv_heads, *PAGES, cfg.head_dim)
     rng = np.random.default_rng(0)
@@ -82,7 +69,7 @@ def test_a_bfloat16_decode_step_reads_weights_and_pages_as_stored(name):
     pages = _pool(cfg, jnp.bfloat16)
     ids = jnp.asarray([3, 4], jnp.int32)
     hlo = jax.jit(_decode).lower(serving, pages, ids, ids).compile().as_text()
-    f32_shapes = set(re.findall(r"= f32\[([\d,]+)\]", "\n".join(_materialised(hlo))))
+    f32_shapes = set(re.findall(r"= f32\[([\d,]+)\]", "\n".join(materialised(hlo))))
     stored = {",".join(map(str, pages.shape))}
     for x in jax.tree.leaves(serving):
         if x.ndim >= 2:
