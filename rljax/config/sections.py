@@ -67,8 +67,9 @@ class SamplingConfig:
         nothing new until they finish (rljax.engine.sampler).
       dtype: the sampler's precision: its copy of the weights (cast from the learner's master
         copy at every publish), its activations and its KV pages. Logits, sampling and the
-        recorded log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory;
-        the learner logs the mismatch it brings (mismatch/* metrics, docs/runtime.md).
+        recorded log-probs stay float32. 'bfloat16' halves the sampler's weight and KV memory
+        (and on the CPU decodes faster than float32: docs/benchmarks.md); the learner logs the
+        mismatch it brings (mismatch/* metrics, docs/runtime.md).
       weights_layout: how the sampler holds its weights: 'stacked' (the learner's layout,
         layers scanned), 'per_layer' (one array per layer, matrices [out, in]: the layout XLA's
         CPU dots decode from fastest, rebuilt at every swap beside the published copy the
