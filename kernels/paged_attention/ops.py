@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from rljax.kernels import dispatch, validation
 from rljax.kernels.paged_attention import block_sizes as block_sizes_lib
 from rljax.kernels.paged_attention.kernel import paged_decode_attention_kernel
-from rljax.kernels.paged_attention.xla import paged_decode_attention_xla
+from rljax.kernels.paged_attention.xla import as_values, paged_decode_attention_xla
 
 _Q = "[B, N, H]"
 _PAGES = "[K, P, S, H]"
@@ -19,8 +19,6 @@ _TABLE = "[B, pages_per_seq]"
 # Tokens per block of the XLA path's online softmax: wide enough that the loop's per-block
 # overhead is small on a CPU, narrow enough that short sequences read few padded pages.
 XLA_BLOCK_TOKENS = 256
-# The dtype of a pool that holds bfloat16 bits (the CPU engine's storage), and theirs.
-BITS, BITS_OF = jnp.dtype(jnp.uint16), jnp.dtype(jnp.bfloat16)
 
 
 def validate(q, k_pages, v_pages, lengths, page_table):
@@ -74,9 +72,8 @@ def paged_decode_attention_core(
     """The jitted op with options already resolved by ``resolve_options``; the pools are every
     layer's, [L, K, P, S, H], and ``layer`` an int32 scalar (:func:`layered`)."""
     if use_pallas:
-        if k_pages.dtype == BITS:  # the CPU engine's storage; interpret mode only
-            bits = jax.lax.bitcast_convert_type
-            k_pages, v_pages = bits(k_pages, BITS_OF), bits(v_pages, BITS_OF)
+        # A uint16 pool (the CPU engine's storage) is read whole here: interpret mode only.
+        k_pages, v_pages = as_values(k_pages), as_values(v_pages)
         return paged_decode_attention_kernel(
             q,
             k_pages,

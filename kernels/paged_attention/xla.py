@@ -28,14 +28,21 @@ from rljax.kernels.paged_attention import window as window_lib
 _MASKED = -1e30
 
 
+# A pool of dtype BITS holds BITS_OF numbers' bits: the engine's bfloat16 cache on the CPU
+# (rljax.models.paged_kv.pool_dtype), which both paths read through :func:`as_values`.
+BITS, BITS_OF = jnp.dtype(jnp.uint16), jnp.dtype(jnp.bfloat16)
+
+
+def as_values(pages):
+    """``pages``, or the bfloat16 numbers whose bits a uint16 pool holds."""
+    return jax.lax.bitcast_convert_type(pages, BITS_OF) if pages.dtype == BITS else pages
+
+
 def _block(pages_lkpsh, layer, pages_bc):
     """Pages ``pages_bc`` [B, c] of layer ``layer``, [K, B, c, S, H] in float32, gathered from
-    every layer's pool in one gather (uint16 pages hold bfloat16 bits: ops.paged_decode_attention).
-    """
+    every layer's pool in one gather (the bits of a uint16 pool read after the gather)."""
     x = jnp.moveaxis(pages_lkpsh[layer, :, pages_bc], 2, 0)  # the indexed dims lead: [B, c, K]
-    if x.dtype == jnp.uint16:
-        x = jax.lax.bitcast_convert_type(x, jnp.bfloat16)
-    return x.astype(jnp.float32)
+    return as_values(x).astype(jnp.float32)
 
 
 def block_walk(lengths, *, page_size, pages_per_block, window):

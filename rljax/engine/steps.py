@@ -37,6 +37,7 @@ from rljax.engine.decode import (
     generate_steps_step,
 )
 from rljax.engine.state import DecodeState, Prefix, SlotSampling, pack_result
+from rljax.engine.weights import on_cpu
 from rljax.models.paged_kv import pool_dtype, set_bits
 
 
@@ -387,8 +388,7 @@ def _extend_step(
 def _empty_state(engine: StepsHost) -> DecodeState:
     cfg, b = engine.model_cfg, engine.max_concurrent_decodes
     layout = engine.pool_layout
-    cpu = all(d.platform == "cpu" for d in engine.mesh.devices.flat)
-    dtype = pool_dtype(cfg.dtype, cpu)  # a bfloat16 cache's bits as uint16 on the CPU
+    dtype = pool_dtype(cfg.dtype, on_cpu(engine.mesh))  # a bfloat16 cache's bits as uint16
     s = SlotSampling.from_config(engine.sampling_cfg)
     zeros_i = jnp.zeros(b, jnp.int32)
     # One pool per kind of layer, [L, K, P, Z, H], and its page table [B, M].

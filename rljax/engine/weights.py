@@ -154,7 +154,8 @@ SERVING_LAYOUTS: dict[str, Callable[..., ServingLayout]] = {
 }
 
 
-def _on_cpu(mesh: Mesh) -> bool:
+def on_cpu(mesh: Mesh) -> bool:
+    """Whether every device of ``mesh`` is a CPU."""
     return all(d.platform == "cpu" for d in mesh.devices.flat)
 
 
@@ -171,7 +172,7 @@ def lora_merged(lora_cfg: LoRAConfig | None, mesh: Mesh) -> bool:
     if lora_cfg is None or not lora_cfg.enabled:
         return False
     if lora_cfg.serving == "auto":
-        return _on_cpu(mesh)
+        return on_cpu(mesh)
     return lora_cfg.serving == "merged"
 
 
@@ -193,7 +194,7 @@ def serving_layout(
     says.
     """
     if name == "auto":
-        per_layer = _on_cpu(mesh) and not model_cfg.num_experts
+        per_layer = on_cpu(mesh) and not model_cfg.num_experts
         name = PerLayerServing.name if per_layer else StackedServing.name
     if name == PerLayerServing.name and model_cfg.num_experts:
         raise ValueError(

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec
 
 from rljax.config import ModelConfig
 from rljax.kernels.paged_attention import paged_decode_attention, sharded_paged_decode_attention
+from rljax.kernels.paged_attention.xla import BITS, BITS_OF
 from rljax.kernels.sharding import run_sharded
 from rljax.models.layer_runs import layer_window
 
@@ -40,23 +41,15 @@ def pool_dtype(dtype: str, cpu: bool) -> jnp.dtype:
     through bitcasts of only the pages gathered (rljax.kernels.paged_attention).
     """
     dt = jnp.dtype(dtype)
-    return jnp.dtype(jnp.uint16) if cpu and dt == jnp.bfloat16 else dt
+    return BITS if cpu and dt == BITS_OF else dt
 
 
 def set_bits(pool: jax.Array, index, values: jax.Array) -> jax.Array:
-    """``pool.at[index].set(values)`` with values cast to the pool's dtype; a uint16 pool holds
-    bfloat16 bits (:func:`pool_dtype`), so values are cast to bfloat16 and their bits stored.
-
-    Any other 16-bit float pool is scattered as uint16 bits too, around whole-pool bitcasts
-    (copies on the CPU, but not the float32 round trip of a 16-bit float scatter there).
-    """
-    bits = jax.lax.bitcast_convert_type
-    if pool.dtype == jnp.uint16:
-        return pool.at[index].set(bits(values.astype(jnp.bfloat16), jnp.uint16))
-    values = values.astype(pool.dtype)
-    if pool.dtype.itemsize != 2:
-        return pool.at[index].set(values)
-    return bits(bits(pool, jnp.uint16).at[index].set(bits(values, jnp.uint16)), pool.dtype)
+    """``pool.at[index].set(values)``, values cast to the pool's dtype; a uint16 pool holds
+    bfloat16 bits (:func:`pool_dtype`), so the values' bfloat16 bits are stored there."""
+    if pool.dtype == BITS:
+        values = jax.lax.bitcast_convert_type(values.astype(BITS_OF), BITS)
+    return pool.at[index].set(values.astype(pool.dtype))
 
 
 class PagedKV:
