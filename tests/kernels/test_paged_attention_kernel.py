@@ -125,6 +125,15 @@ def test_a_layer_of_every_layers_pools_is_that_layers_pool_alone(impl):
     assert float(jnp.abs(outs[0] - outs[1]).max()) > 0.1
 
 
+def test_one_layers_pools_with_layer_is_a_one_line_error_naming_the_shape():
+    q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, seed=4)
+    with pytest.raises(ValueError) as exc:
+        paged_decode_attention(q, k, v, lengths, table, layer=0)
+    message = str(exc.value)
+    assert message.startswith("k_pages must have shape [L, K, P, S, H] (with layer=), got shape")
+    assert "\n" not in message
+
+
 @pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_uint16_pools_are_read_as_bfloat16_bits(impl):
     q, k, v, lengths, table = make_inputs(4, 2, jnp.bfloat16, seed=5)
