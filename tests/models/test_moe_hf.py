@@ -98,9 +98,11 @@ def _mesh(ep):
     return build_topology(MeshConfig(learner_tensor=2, expert_parallel=ep)).learner
 
 
-def _ours(graphdef, params, tokens=TOKENS):
+def _ours(graphdef, params, mesh, tokens=TOKENS):
     """(logits [B, T, V], the experts each token used [B*T, Lm, k] sorted, the tokens each
-    expert got [Lm, E])."""
+    expert got [Lm, E]), the forward run as the learner runs it on ``mesh``: with
+    ``sharding=``, so an 'expert' axis over 1 takes the expert-parallel path (each device its
+    experts' tokens, then a psum), not GSPMD's partitioning of the unsharded one."""
     model = nnx.merge(graphdef, params)
     positions = np.tile(np.arange(tokens.shape[1]), (tokens.shape[0], 1))
     hidden, stats = model(
@@ -108,6 +110,7 @@ def _ours(graphdef, params, tokens=TOKENS):
         jnp.asarray(positions),
         jnp.ones(tokens.shape, jnp.int32),
         moe_stats=True,
+        sharding=(mesh, LEARNER_RULES),
     )
     routes = np.sort(np.asarray(stats.routes), -1)
     return np.asarray(model.logits(hidden)), routes.reshape(-1, *routes.shape[2:]), stats.load
@@ -176,7 +179,7 @@ def test_logits_match_transformers(saved, ep):
         assert pure["w_gate"].shape == (n_dense, d, SMALL["intermediate_size"])
     # Each device holds its expert shard's experts only.
     assert pure["we_up"].addressable_shards[0].data.shape[1] == e // ep
-    logits, routes, load = _ours(graphdef, params)
+    logits, routes, load = _ours(graphdef, params, mesh)
     # The same experts for every token, and every expert of every layer has tokens (so the
     # logits check every expert's weights).
     np.testing.assert_array_equal(routes, theirs[1])
@@ -215,17 +218,19 @@ def test_a_mis_mapped_expert_shows(saved):
     pure = nnx.to_pure_dict(params)
     nnx.replace_by_pure_dict(params, {**pure, "we_down": jnp.roll(pure["we_down"], 1, axis=1)})
     with pytest.raises(AssertionError):
-        assert_logits_close(_ours(graphdef, params)[0], theirs[0])
+        assert_logits_close(_ours(graphdef, params, _mesh(1))[0], theirs[0])
 
 
 def _grads(path, ep, batch):
     tokens, targets = (jnp.asarray(a) for a in batch)
-    cfg, graphdef, params = load_hf(path, mesh=_mesh(ep), rules=LEARNER_RULES)
+    mesh = _mesh(ep)
+    cfg, graphdef, params = load_hf(path, mesh=mesh, rules=LEARNER_RULES)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    segments = jnp.ones(tokens.shape, jnp.int32)
 
     def loss(p):
         model = nnx.merge(graphdef, p)
-        logits = model.logits(model(tokens, positions, jnp.ones(tokens.shape, jnp.int32)))
+        logits = model.logits(model(tokens, positions, segments, sharding=(mesh, LEARNER_RULES)))
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
         return jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
 
