@@ -78,6 +78,7 @@ from decode_bound import (  # noqa: E402
     decode_step_vs_bound,
     layouts_ab,
     matmul_floor_s,
+    read_floor_s,
 )
 
 SMOLLM2_PROMPTS = (
@@ -521,7 +522,7 @@ def bench_per_call(args, figures, model) -> None:
     engine = greedy_engine(cfg, graphdef, args.per_call_slots, args.max_prompt, new_tokens)
     params = engine.load_params(state)
     rows = {n: [] for n in args.per_call}
-    bandwidths, floors = [], []
+    bandwidths, floors, reads = [], [], []
     param_bytes = int(sum(x.nbytes for x in jax.tree.leaves(params)))
     for _ in range(args.repeats):
         bandwidths.append(copy_bandwidth_gbs(args.copy_mib * 2**20, repeats=5))
@@ -529,6 +530,10 @@ def bench_per_call(args, figures, model) -> None:
         floor = matmul_floor_s(engine, params, args.per_call_slots, repeats=5)
         floors.append(round(param_bytes / (bandwidths[-1] * 1e9) / floor, 4))
         log(f"(e) the weight matmuls alone: {floor * 1e3:.2f} ms, {floors[-1]:.3f} of the bound")
+        # The weights read once by a plain XLA reduction: no step that multiplies them is faster.
+        read = read_floor_s(engine, params, repeats=5)
+        reads.append(round(param_bytes / (bandwidths[-1] * 1e9) / read, 4))
+        log(f"(e) the weights summed alone: {read * 1e3:.2f} ms, {reads[-1]:.3f} of the bound")
         for n in args.per_call:
             rows[n].append(
                 decode_calls_vs_bound(
@@ -547,6 +552,7 @@ def bench_per_call(args, figures, model) -> None:
         "slot_tokens": engine.sampling_cfg.max_seq_len,
         "param_bytes": param_bytes,
         "matmul_floor_fraction_of_bound": spread(floors),
+        "read_floor_fraction_of_bound": spread(reads),
         "weights_layout": engine.weights_layout,
         **{
             str(n): {

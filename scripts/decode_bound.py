@@ -100,11 +100,32 @@ def matmul_floor_s(engine: PagedEngine, params, batch: int, repeats: int) -> flo
         products = (jnp.dot(w, xs[w.shape[1]], preferred_element_type=jnp.float32) for w in ws)
         return sum(jax.lax.optimization_barrier(p).sum() for p in products)
 
-    dots(mats, inputs).block_until_ready()
+    return _median_s(dots, (mats, inputs), repeats)
+
+
+def read_floor_s(engine: PagedEngine, params, repeats: int) -> float:
+    """Median time of one jit that sums every weight matrix along its rows (accumulating in
+    float32), each its own buffer as in :func:`matmul_floor_s`: the weights' bytes read once
+    by XLA's own reduction, with no multiply. No decode step, which must also multiply them,
+    runs faster than this on the same backend; its fraction of the bound is how much of the
+    copy bandwidth a plain XLA read of these matrices gets."""
+    mats = weight_matrices(engine, params)
+
+    @jax.jit
+    def sums(ws):
+        rows = (w.sum(axis=1, dtype=jnp.float32) for w in ws)
+        return sum(jax.lax.optimization_barrier(r).sum() for r in rows)
+
+    return _median_s(sums, (mats,), repeats)
+
+
+def _median_s(fn, args, repeats: int) -> float:
+    """Median seconds of ``fn(*args)`` over ``max(repeats, 3)`` calls after one untimed."""
+    fn(*args).block_until_ready()
     times = []
     for _ in range(max(repeats, 3)):
         start = time.perf_counter()
-        dots(mats, inputs).block_until_ready()
+        fn(*args).block_until_ready()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -172,6 +172,7 @@ def test_per_call_decode_in_bfloat16_reads_half_the_bytes(bench, quick_run):
     assert half["slot_tokens"] == 200 > full["slot_tokens"]
     assert 2 * half["param_bytes"] == full["param_bytes"] > 0
     assert_spread(half["matmul_floor_fraction_of_bound"])
+    assert_spread(half["read_floor_fraction_of_bound"])
     for n in ("1", "4"):
         assert_spread(half[n]["fraction_of_bound"])
         assert half[n]["tokens_per_s"]["min"] > 0
