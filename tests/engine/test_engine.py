@@ -108,6 +108,8 @@ def test_other_swap_modes_keep_greedy_output(tiny, mode):
             sampler.set_params(tiny.params, version=7)
     for t in out:
         assert t.response_tokens == tiny.greedy_reference(t.prompt_tokens, len(t.response_tokens))
+    if mode == "recompute":  # the running sequences were prefilled again, not kept
+        assert sampler.stats["prefills"] > 6
     if mode == "drain":  # nothing sampled at version 7 until the old sequences drained
         for t in out:
             assert len(set(t.versions)) == 1
