@@ -9,6 +9,11 @@ compares its rate with limits computed here from the cost model alone, never fro
   most eta versions old), even one that knows every response length in advance;
 - :meth:`Workload.staleness_reachable`: what one constructed schedule of that same clairvoyant
   relaxation reaches. The best schedule lies between the two (at eta <= 1 they meet).
+
+``staleness_bound(eta, in_order=True)`` is the same floor with the groups put together in the
+order they were drawn instead of longest first: where that relaxation leaves a schedule that
+cannot tell one group's lengths from another's. It is a reference, not a ceiling on such
+schedules: one that lets a step take the groups that finished first still sorts some.
 """
 
 from __future__ import annotations
@@ -94,8 +99,11 @@ class Workload:
         learner = 1.0 / (self.learn_fixed_s + self.learn_per_token_s * batch_tokens + self.sync_s)
         return sampler, learner
 
-    def _sorted_steps(self, groups: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """(D, L) per learner step of ``groups`` drawn groups put together longest first.
+    def _sorted_steps(
+        self, groups: int, seed: int, in_order: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(D, L) per learner step of ``groups`` drawn groups put together longest first (with
+        ``in_order``, B at a time in the order drawn).
 
         D is a step's longest group at the fastest a decode step ever runs (one live slot), L
         the learner's cost on that step's batch. Taking the groups B at a time in order of
@@ -106,23 +114,26 @@ class Workload:
         lengths = np.array([[draw(rng) for _ in range(self.group_size)] for _ in range(groups)])
         durations = lengths.max(axis=1) * (self.decode_s + self.decode_per_slot_s)
         tokens = (lengths + self.prompt_len).sum(axis=1)
-        order = np.argsort(-durations, kind="stable")
+        order = np.arange(groups) if in_order else np.argsort(-durations, kind="stable")
         usable = len(order) - len(order) % self.batch_groups
         by_step = order[:usable].reshape(-1, self.batch_groups)
         longest = durations[by_step].max(axis=1)
         costs = self.learn_fixed_s + self.learn_per_token_s * tokens[by_step].sum(axis=1)
         return longest, costs
 
-    def staleness_bound(self, eta: int, groups: int = 100_000, seed: int = 12345) -> float:
+    def staleness_bound(
+        self, eta: int, groups: int = 100_000, seed: int = 12345, *, in_order: bool = False
+    ) -> float:
         """The most of the ideal (:meth:`limits`) any schedule reaches under staleness bound eta.
 
         A rigorous ceiling on the clairvoyant relaxation (:func:`makespan_floor`): a schedule
         that knows every length, decodes each group at the fastest a decode step ever runs and
         may put any groups together. At eta = 0 it is the sync limit (sample, learn, publish
         in turn). :meth:`staleness_reachable` is a schedule of that relaxation; the most any
-        schedule reaches lies between the two.
+        schedule reaches lies between the two. ``in_order``: the steps take the groups in the
+        order drawn, not longest first (the module doc says what that figure is and is not).
         """
-        longest, costs = self._sorted_steps(groups, seed)
+        longest, costs = self._sorted_steps(groups, seed, in_order)
         step_s = 1.0 / min(self.limits())
         floor = makespan_floor(longest, costs, self.sync_s, eta)
         return float(min(1.0, len(longest) * step_s / floor))
