@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from rljax.config import LearnerConfig, LoRAConfig, ModelConfig
+from rljax.learner import losses
 from rljax.learner.batch import TrainSequence, pack_batch
 from rljax.learner.learner import Learner
 from rljax.models import lora
@@ -108,6 +109,11 @@ def test_kl_reference_is_the_base():
     np.testing.assert_allclose(ref, plain.gradients.token_stats(plain.params, mb)[0], atol=1e-6)
     adapted = learner.gradients.token_stats(learner.params, mb)[0]
     assert not np.allclose(adapted, ref, atol=1e-4)
+    # The step's KL term reads that reference: k3 of the adapted policy against the base.
+    mask = mb["mask"] > 0
+    kl = np.asarray(losses.kl_k3(adapted, ref))[mask].mean()
+    assert kl > 1e-4
+    np.testing.assert_allclose(learner.step(batch)["kl"], kl, rtol=1e-4)
 
 
 def test_dropout_draws_masks_per_step_and_none_at_evaluation():
