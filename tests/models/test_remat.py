@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,6 +28,18 @@ def test_every_config_choice_has_a_policy():
 MODELS = {"dense": TINY_MODEL, "moe": arith_moe.MODEL}
 
 
+def _checkpoint_policies(jaxpr) -> list:
+    """The policy of every ``jax.checkpoint`` in ``jaxpr``, searching nested jaxprs (the layer
+    scan's body)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("checkpoint", "remat2"):
+            found.append(eqn.params["policy"])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_checkpoint_policies(sub))
+    return found
+
+
 @functools.cache
 def _loss_and_grads(remat: str, model_name: str = "dense"):
     model = Decoder(MODELS[model_name], rngs=nnx.Rngs(0))
@@ -42,14 +55,17 @@ def _loss_and_grads(remat: str, model_name: str = "dense"):
         logits = nnx.merge(graphdef, p).logits(hidden)
         return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 3])
 
-    return jax.jit(jax.value_and_grad(loss))(params)
+    policies = _checkpoint_policies(jax.make_jaxpr(loss)(params).jaxpr)
+    return (*jax.jit(jax.value_and_grad(loss))(params), policies)
 
 
 @pytest.mark.parametrize("model_name", sorted(MODELS))
 @pytest.mark.parametrize("remat", sorted(REMAT_POLICIES))
 def test_decoder_loss_and_grads_match_without_remat(remat, model_name):
-    want_loss, want_grads = _loss_and_grads("none", model_name)
-    got_loss, got_grads = _loss_and_grads(remat, model_name)
+    want_loss, want_grads, none = _loss_and_grads("none", model_name)
+    got_loss, got_grads, policies = _loss_and_grads(remat, model_name)
+    # The blocks really ran under jax.checkpoint with this policy: else the match is vacuous.
+    assert not none and policies and set(policies) == {REMAT_POLICIES[remat]}, policies
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     flat_want = jax.tree.leaves(want_grads)
     flat_got = jax.tree.leaves(got_grads)
@@ -75,6 +91,10 @@ def test_learner_step_with_full_remat_matches_none():
         # Cross-entropy: never clipped, so both steps have gradients whatever the init.
         learner = Learner(cfg, graphdef, params, mesh, loss="sft")
         batch = pack_batch(seqs, row_len=8, micro_batches=2, row_multiple=learner.dp)
+        # The learner's forward (the step's too) passes its remat to the model.
+        jaxpr = jax.make_jaxpr(learner.gradients.batch_logprobs)(learner.params, batch.arrays)
+        policies = _checkpoint_policies(jaxpr.jaxpr)
+        assert (policies == []) if remat == "none" else (set(policies) == {REMAT_POLICIES[remat]})
         metrics = [learner.step(batch) for _ in range(2)]
         out[remat] = metrics, jax.device_get(learner.params)
     (m_none, p_none), (m_full, p_full) = out["none"], out["full"]
