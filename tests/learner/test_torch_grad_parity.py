@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from rljax.kernels.flash_attention.block_sizes import for_device
 from rljax.kernels.fused_logprobs import token_logprobs_and_entropy
 
 from rljax.config import ModelConfig
@@ -28,7 +29,9 @@ from rljax.models.transformer import init_sharded
 torch = pytest.importorskip("torch", reason="the reference is transformers on torch")
 transformers = pytest.importorskip("transformers")
 
-ROWS, ROW_LEN, SPLIT = 2, 96, 40  # each row: a sequence of 40 tokens, then one of 56
+# Each row: a sequence of 72 tokens, then one of 88 that crosses the attention's query-block
+# boundary at 128 (a row no longer than a block would run one block, never the later ones).
+ROWS, ROW_LEN, SPLIT = 2, 160, 72
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,7 @@ def reference(model):
 def test_every_gradient_matches_torch(model, reference, unroll):
     cfg, graphdef, params = model
     batch, theirs = reference
+    assert SPLIT < for_device().block_q < ROW_LEN
     ours = rljax_grads(cfg, graphdef, params, batch, unroll)
     assert set(ours) == set(theirs)
     for name, want in theirs.items():
