@@ -146,7 +146,10 @@ def test_uint16_pools_are_read_as_bfloat16_bits(impl):
 def test_xla_path_and_reference_agree_with_numpy():
     q, k, v, lengths, table = make_inputs(4, 2, jnp.float32, seed=2)
     k, v = jnp.nan_to_num(k), jnp.nan_to_num(v)
-    out = paged_decode_attention(q, k, v, lengths, table, impl="xla")
+    outs = (
+        paged_decode_attention(q, k, v, lengths, table, impl="xla"),
+        paged_decode_attention_reference(q, k, v, lengths, table, sm_scale=1 / np.sqrt(HEAD_DIM)),
+    )
     # Independent numpy computation, slot by slot.
     qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
     for b, length in enumerate(np.asarray(lengths)):
@@ -154,12 +157,13 @@ def test_xla_path_and_reference_agree_with_numpy():
             pos = np.arange(length)
             pages, offs = np.asarray(table)[b, pos // PAGE], pos % PAGE
             keys, vals = kn[n // 2, pages, offs], vn[n // 2, pages, offs]
-            if length == 0:
-                np.testing.assert_array_equal(out[b, n], 0.0)
-                continue
-            s = keys @ qn[b, n] / np.sqrt(HEAD_DIM)
-            p = np.exp(s - s.max())
-            np.testing.assert_allclose(out[b, n], (p / p.sum()) @ vals, atol=1e-5)
+            for out in outs:
+                if length == 0:
+                    np.testing.assert_array_equal(out[b, n], 0.0)
+                    continue
+                s = keys @ qn[b, n] / np.sqrt(HEAD_DIM)
+                p = np.exp(s - s.max())
+                np.testing.assert_allclose(out[b, n], (p / p.sum()) @ vals, atol=1e-5)
 
 
 @pytest.mark.parametrize("pages_per_block", [1, 2, PAGES_PER_SEQ])
