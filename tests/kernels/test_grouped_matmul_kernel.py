@@ -5,6 +5,7 @@ gradients."""
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -157,14 +158,29 @@ def test_tpu_interpreter():
         close(got, expected, 2e-5)
 
 
+def _dot_precisions(jaxpr) -> list:
+    """The precision of every dot_general in ``jaxpr``, searching nested jaxprs (kernels)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_dot_precisions(sub))
+    return found
+
+
 def test_precision_highest():
+    """Values match, and every kernel matmul, forward and backward, runs at HIGHEST: on the
+    CPU a dropped precision gives the same float32 numbers, so only the program shows it."""
     lhs, rhs, sizes = make_inputs(jnp.float32)
-    run = fast_jit(
-        lambda a, b: grouped_matmul(
-            a, b, sizes, impl="pallas", block_sizes=BLOCKS, precision="highest"
-        )
+    op = lambda a, b: grouped_matmul(  # noqa: E731
+        a, b, sizes, impl="pallas", block_sizes=BLOCKS, precision="highest"
     )
-    close(run(lhs, rhs), grouped_matmul_reference(lhs, rhs, sizes), TOL[jnp.float32])
+    close(fast_jit(op)(lhs, rhs), grouped_matmul_reference(lhs, rhs, sizes), TOL[jnp.float32])
+    grads = jax.grad(lambda a, b: op(a, b).sum(), argnums=(0, 1))
+    precisions = _dot_precisions(jax.make_jaxpr(grads)(lhs, rhs).jaxpr)
+    highest = (jax.lax.Precision.HIGHEST,) * 2
+    assert len(precisions) >= 3 and set(precisions) == {highest}, precisions
 
 
 def test_schedules_visit_each_row_once_with_its_group():
