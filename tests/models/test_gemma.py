@@ -82,6 +82,11 @@ def _hf_model(kind, seed=0):
     # Random norms, so a mis-mapped or un-offset norm shows in the logits (Gemma 4's scale by
     # w, so about 1), and layer scalars away from 1 (transformers starts them at 1).
     randomise_norms(model, 1.0 if kind == "gemma4" else 0.0)
+    if kind == "gemma2":  # no q/k norms: at the init's scale the scores are far below the cap
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(4.0)
+                layer.self_attn.k_proj.weight.mul_(4.0)
     return model
 
 
@@ -123,6 +128,9 @@ def test_logits_match_transformers(kind, mesh, tmp_path):
     # The window matters at this length: the same weights with every layer global differ.
     all_global = dataclasses.replace(cfg, layer_types=())
     _assert_moves(nnx.split(abstract_decoder(all_global))[0], params, want, "window")
+    if kind == "gemma2":  # and so does the attention soft-cap
+        uncapped = dataclasses.replace(cfg, attn_logit_softcapping=None)
+        _assert_moves(nnx.split(abstract_decoder(uncapped))[0], params, want, "attention cap")
     if four:  # and so does each Gemma 4 feature, on the same weights
         for change in (dict(v_norm=False), dict(partial_rotary_factor=1.0)):
             other = nnx.split(abstract_decoder(dataclasses.replace(cfg, **change)))[0]
