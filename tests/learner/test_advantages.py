@@ -48,6 +48,7 @@ def test_group_advantages_divide_by_the_population_std_plus_eps():
         ("dr_grpo", True, True),  # unless the config asks for it
         ("grpo", None, True),
         ("decoupled_ppo", None, True),
+        ("gspo", None, True),  # GSPO's A_i is the group-normalised (r_i - mean) / std
         ("grpo", False, False),
     ],
 )

@@ -3,12 +3,15 @@ moved with the learner; with LoRA, adapters on the policy's base), opd's teacher
 reinforce_plus_plus's KL in the reward (scored at learn time)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from rljax.checkpoint import Checkpointer
 from rljax.config import CheckpointConfig, CriticConfig, LearnerConfig, LoRAConfig, ModelConfig
 from rljax.learner.batch import TrainSequence, pack_batch
+from rljax.learner.critic import Critic
 from rljax.learner.learner import GradLoan, Learner
 from rljax.mesh.resize import MeshCache, move_learner
 from rljax.models import lora
@@ -234,3 +237,90 @@ def test_a_lent_step_trains_the_critic_on_the_learner():
         _leaves(lent.opt_state["critic"]), _leaves(plain.opt_state["critic"]), strict=True
     ):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+class _GivenValues(Critic):
+    """A critic whose values are its trainable array: the clipped value loss, its gradient and
+    its metrics without a decoder in the way (``micro_loss`` and ``update`` are the real ones)."""
+
+    def values(self, trainable, policy_params, mb):
+        del policy_params, mb
+        return trainable["values"]
+
+
+# PPO's clipped value loss with c = 0.5 on two rows, each token chosen for one branch.
+# Columns: V (the critic's value now), V_old (the batch was scored with), R (the return).
+_VALUE_CASES = [
+    # row 0
+    (1.3, 1.0, 0.2),  # inside the band: both terms equal, the plain squared error
+    (1.0, 0.0, 2.0),  # above the band, R above V: the clipped value 0.5 is further, it wins
+    (1.0, 0.0, 0.0),  # above the band, R below: the unclipped error is larger
+    (1.0, 2.0, 0.0),  # below the band, R below V: the clipped value 1.5 is further, it wins
+    (5.0, 0.0, 9.0),  # padding (mask 0): it would be clipped, and must count nowhere
+    # row 1
+    (-2.0, -1.0, -1.0),  # below the band, R above: the unclipped error is larger
+    (0.5, 0.5, -0.5),  # V = V_old
+    (0.7, 0.0, 0.65),  # above the band, R between V_old + c and V: the clipped value loses less
+    (3.0, 0.0, 0.0),  # padding
+    (-4.0, 0.0, 1.0),  # padding
+]
+_VALUE_MASK = [1, 1, 1, 1, 0, 1, 1, 1, 0, 0]
+_VALUE_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+def _value_batch():
+    v, old, ret = (np.asarray(col, np.float32).reshape(2, 5) for col in zip(*_VALUE_CASES))
+    mb = {
+        "values": old,
+        "returns": ret,
+        "mask": np.asarray(_VALUE_MASK, np.float32).reshape(2, 5),
+        "weights": np.asarray(_VALUE_WEIGHTS, np.float32).reshape(2, 5),
+    }
+    return v, mb
+
+
+def _value_loss_by_hand(v, old, ret, c):
+    """PPO (Schulman et al. 2017; baselines ppo2) per token: 1/2 max((V - R)^2,
+    (V_old + clip(V - V_old, -c, c) - R)^2), whether the clipped term is the larger, and
+    d/dV, which is 0 where the clipped term wins (V_old +- c does not move with V)."""
+    v, old, ret = (np.asarray(a, np.float64) for a in (v, old, ret))
+    v_clip = np.minimum(np.maximum(v, old - c), old + c)
+    plain, clipped = (v - ret) ** 2, (v_clip - ret) ** 2
+    clip_wins = clipped > plain
+    return 0.5 * np.maximum(plain, clipped), clip_wins, np.where(clip_wins, 0.0, v - ret)
+
+
+def test_the_clipped_value_loss_and_its_gradient_by_hand():
+    critic = _GivenValues(CriticConfig(enabled=True, value_clip=0.5), None, None, 0)
+    v, mb = _value_batch()
+    per_token, clip_wins, dloss_dv = _value_loss_by_hand(v, mb["values"], mb["returns"], 0.5)
+    mask, weights = mb["mask"], mb["weights"]
+    # the cases hit every branch: both sides of the band, each term winning, and padding
+    assert clip_wins[mask > 0].tolist() == [False, True, False, True, False, False, True]
+    assert np.abs(v - mb["values"])[clip_wins].min() > 0.5
+    (loss, sums), grads = jax.value_and_grad(critic.micro_loss, has_aux=True)(
+        {"values": v}, None, mb
+    )
+    assert float(loss) == pytest.approx(np.sum(per_token * weights * mask), rel=1e-6)
+    assert float(sums["critic/value_loss"]) == pytest.approx(np.sum(per_token * mask), rel=1e-6)
+    assert float(sums["critic/clip_frac"]) == 3.0
+    np.testing.assert_allclose(grads["values"], dloss_dv * weights * mask, rtol=1e-6, atol=1e-7)
+
+
+def test_the_critic_update_logs_value_loss_and_clip_frac_per_trained_token():
+    """``update`` divides the metric sums by the trained tokens (7 of 10): clip_frac is the
+    share of trained tokens whose clipped term won; a padded token never counts."""
+    tx = optax.sgd(1.0)
+    critic = _GivenValues(CriticConfig(enabled=True, value_clip=0.5), None, tx, 0)
+    v, mb = _value_batch()
+    state = {"trainable": {"values": jnp.asarray(v)}, "opt": tx.init({"values": v})}
+    batch = {k: x[None] for k, x in mb.items()}  # one micro-batch
+    new, metrics = critic.update(state, None, batch)
+    per_token, _, dloss_dv = _value_loss_by_hand(v, mb["values"], mb["returns"], 0.5)
+    on = mb["mask"] > 0
+    assert float(metrics["critic/clip_frac"]) == pytest.approx(3 / 7)
+    assert float(metrics["critic/value_loss"]) == pytest.approx(per_token[on].mean(), rel=1e-6)
+    assert float(metrics["critic/values"]) == pytest.approx(v[on].mean(), rel=1e-6)
+    # plain SGD at rate 1: V moves by minus the weighted gradient, not at all where clipped
+    step = dloss_dv * mb["weights"] * mb["mask"]
+    np.testing.assert_allclose(new["trainable"]["values"], v - step, rtol=1e-6, atol=1e-7)

@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -127,3 +128,112 @@ def test_losses_declare_when_they_read_the_proximal_policy():
 def test_unknown_loss_lists_registered_ones():
     with pytest.raises(ValueError, match="registered: .*grpo"):
         losses.get_loss("ppo2")
+
+
+# GSPO's cases, eps_low 0.2 / eps_high 0.28 (log 0.8 = -0.223, log 1.28 = 0.247). Each
+# sequence: its row, its segment, the positions of its trained tokens, their log-ratios
+# log pi/pi_old, and its advantage.
+_GSPO_SEQS = [
+    # mean 0.267: s = 1.306 > 1.28 with A > 0, the whole sequence is clipped; per token only
+    # the first (e^0.4 = 1.49) would be
+    (0, 1, [2, 3, 4], [0.4, 0.2, 0.2], 1.0),
+    # mean -0.2: s = 0.819 inside the band; per token the first (e^-0.6 = 0.55, A < 0) would
+    # be clipped
+    (0, 2, [6, 7], [-0.6, 0.2], -0.5),
+    # an env token at position 3 (mask 0) inside the response; mean -0.25: s = 0.779 < 0.8
+    # with A < 0, clipped
+    (1, 1, [1, 2, 4, 5], [-0.5, -0.3, -0.2, 0.0], -1.5),
+    # mean -0.3: s = 0.741 < 0.8 with A > 0, outside the band on the side the min keeps
+    (1, 2, [7, 8], [-0.3, -0.3], 2.0),
+    # mean 0.3: s = 1.350 > 1.28 with A < 0, outside the band on the side the min keeps
+    (2, 1, [1, 2, 3], [0.3, 0.5, 0.1], -1.0),
+]
+# The segment of every position (0: padding); positions not listed above are prompt, env or
+# padding tokens, whose log-ratio is set to 3.0 (garbage the sequence ratio must not see).
+_GSPO_SEGMENTS = [
+    [1, 1, 1, 1, 1, 2, 2, 2, 0, 0],
+    [1, 1, 1, 1, 1, 1, 2, 2, 2, 0],
+    [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+]
+
+
+def _gspo_inputs():
+    segments = np.asarray(_GSPO_SEGMENTS, np.int32)
+    old = -1.0 - 0.1 * np.arange(segments.size, dtype=np.float32).reshape(segments.shape)
+    log_ratio = np.full(segments.shape, 3.0, np.float32)
+    mask, adv, weights = (np.zeros(segments.shape, np.float32) for _ in range(3))
+    for row, seg, at, lr, a in _GSPO_SEQS:
+        assert (segments[row, at] == seg).all()
+        log_ratio[row, at], mask[row, at], adv[row, segments[row] == seg] = lr, 1.0, a
+        # rljax's seq_mean_token_mean weights (rljax.learner.batch): 1 / (G |y_i|)
+        weights[row, at] = 1.0 / (len(_GSPO_SEQS) * len(at))
+    x = losses.LossInputs(
+        logprobs=jnp.asarray(old + log_ratio),
+        old_logprobs=jnp.asarray(old),
+        advantages=jnp.asarray(adv),
+        mask=jnp.asarray(mask),
+        entropy=jnp.zeros(segments.shape),
+        segment_ids=jnp.asarray(segments),
+        versions=jnp.zeros(segments.shape, jnp.int32),
+        learner_version=jnp.int32(0),
+    )
+    return x, weights
+
+
+def _gspo_by_hand(eps_low, eps_high):
+    """GSPO (Zheng et al. 2025, eq. 5-7) per sequence: s_i = exp(mean_t log pi/pi_old) over its
+    response tokens, the objective min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i),
+    whether the clip binds, and d objective / d log pi_t = s_i A_i / |y_i| for each of its
+    tokens, 0 when the clip binds."""
+    out = []
+    for _, _, _, lr, a in _GSPO_SEQS:
+        s = math.exp(sum(lr) / len(lr))
+        clipped = (a > 0 and s > 1 + eps_high) or (a < 0 and s < 1 - eps_low)
+        objective = (min(max(s, 1 - eps_low), 1 + eps_high) if clipped else s) * a
+        out.append((s, objective, clipped, 0.0 if clipped else s * a / len(lr)))
+    return out
+
+
+def test_gspo_clips_one_length_normalised_ratio_per_sequence_by_hand():
+    """Five sequences of 2 to 4 tokens, packed two to a row beside prompts, an env token and
+    padding: the per-token loss is -min(s_i A_i, clip(s_i) A_i) on every token of sequence i,
+    and with rljax's seq_mean_token_mean weights the loss is GSPO's -1/G sum_i of it."""
+    cfg = LearnerConfig(loss="gspo", epsilon_low=0.2, epsilon_high=0.28)
+    x, weights = _gspo_inputs()
+    per_token, metrics = losses.gspo(x, cfg)
+    by_hand = _gspo_by_hand(0.2, 0.28)
+    assert [c for _, _, c, _ in by_hand] == [True, False, True, False, False]
+    for (row, _, at, _, _), (s, objective, clipped, _) in zip(_GSPO_SEQS, by_hand, strict=True):
+        np.testing.assert_allclose(metrics["ratio"][row, at], s, rtol=1e-5)
+        np.testing.assert_allclose(per_token[row, at], -objective, rtol=1e-5)
+        np.testing.assert_array_equal(metrics["clip_frac"][row, at], float(clipped))
+    # the per-token PPO ratio clips other tokens: GRPO on the same inputs
+    _, token_level = losses.grpo(x, cfg)
+    assert token_level["clip_frac"][0, 2] == 1.0 and token_level["clip_frac"][0, 3] == 0.0
+    assert token_level["clip_frac"][0, 6] == 1.0
+    want = -sum(objective for _, objective, _, _ in by_hand) / len(_GSPO_SEQS)
+    got = jnp.sum(per_token * weights * x.mask)
+    assert float(got) == pytest.approx(want, rel=1e-5)
+
+
+def test_gspo_gradient_is_the_sequence_ratio_spread_over_its_tokens():
+    """d loss / d log pi_t = -s_i A_i / (G |y_i|) on each token of an unclipped sequence and 0
+    on a clipped one, against the hand formula and a central finite difference; prompt, env
+    and padding tokens get no gradient."""
+    cfg = LearnerConfig(loss="gspo", epsilon_low=0.2, epsilon_high=0.28)
+    x, weights = _gspo_inputs()
+
+    def loss(logprobs):
+        per_token, _ = losses.gspo(x.replace(logprobs=logprobs), cfg)
+        return jnp.sum(per_token * weights * x.mask)
+
+    grad = np.asarray(jax.grad(loss)(x.logprobs))
+    want = np.zeros_like(grad)
+    for (row, _, at, _, _), (_, _, _, d) in zip(_GSPO_SEQS, _gspo_by_hand(0.2, 0.28), strict=True):
+        want[row, at] = -d / len(_GSPO_SEQS)
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)
+    h = 1e-2  # float32: a larger step; the loss is smooth within 0.01 of every case here
+    for row, _, at, _, _ in _GSPO_SEQS:
+        bump = jnp.zeros_like(x.logprobs).at[row, at[0]].set(h)
+        fd = (loss(x.logprobs + bump) - loss(x.logprobs - bump)) / (2 * h)
+        assert float(fd) == pytest.approx(want[row, at[0]], rel=2e-2, abs=1e-5)
