@@ -31,10 +31,10 @@ CFG = ModelConfig(
 B, T = 4, 9
 
 
-def _inputs():
-    tokens = jax.random.randint(jax.random.key(1), (B, T), 0, CFG.vocab_size)
-    positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-    segments = jnp.ones((B, T), jnp.int32).at[-1, -3:].set(0)  # three padding tokens
+def _inputs(b=B, t=T):
+    tokens = jax.random.randint(jax.random.key(1), (b, t), 0, CFG.vocab_size)
+    positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+    segments = jnp.ones((b, t), jnp.int32).at[-1, -3:].set(0)  # three padding tokens
     return tokens, positions, segments
 
 
@@ -155,8 +155,8 @@ def test_statistics_count_valid_tokens_and_match_the_definitions():
     assert float(stats.aux_loss) > 0 and float(stats.z_loss) > 0
 
 
-def _forward_and_grads(params, graphdef, mesh, rules):
-    tokens, positions, segments = _inputs()
+def _forward_and_grads(params, graphdef, mesh, rules, shape=(B, T)):
+    tokens, positions, segments = _inputs(*shape)
     params = jax.device_put(params, state_shardings(params, mesh, rules))
 
     def loss(p):
@@ -171,16 +171,28 @@ def _forward_and_grads(params, graphdef, mesh, rules):
 
 
 @pytest.mark.parametrize("ep", [2, 4])
-@pytest.mark.parametrize("role", ["learner", "sampler"])
-def test_expert_parallel_matches_one_device(ep, role):
+@pytest.mark.parametrize(
+    "role, shape",
+    [
+        ("learner", (B, T)),
+        ("sampler", (B, T)),
+        # A decode-sized batch: 8 tokens x top 2 = 16 (token, expert) pairs, so each expert
+        # shard gathers its pairs' weights (experts_gathered) instead of sorting them.
+        ("sampler", (2, 4)),
+    ],
+)
+def test_expert_parallel_matches_one_device(ep, role, shape):
     graphdef, params = nnx.split(Decoder(CFG, rngs=nnx.Rngs(0)))
     one = make_mesh(jax.devices()[:1], {"fsdp": 1, "tensor": 1})
-    want = _forward_and_grads(params, graphdef, one, LEARNER_RULES)
+    want = _forward_and_grads(params, graphdef, one, LEARNER_RULES, shape)
     data = "fsdp" if role == "learner" else "data"
     rules = LEARNER_RULES if role == "learner" else SAMPLER_RULES
     mesh = make_mesh(jax.devices()[:8], {"expert": ep, data: 8 // ep // 2, "tensor": 2})
-    assert moe._expert_axes((mesh, rules), 8, B * T) is not None  # the shard_map path
-    logits, routes, grads = _forward_and_grads(params, graphdef, mesh, rules)
+    tokens = shape[0] * shape[1]
+    assert moe._expert_axes((mesh, rules), 8, tokens) is not None  # the shard_map path
+    gathered = tokens * CFG.num_experts_per_tok <= moe.GATHER_MAX_PAIRS
+    assert gathered == (shape != (B, T))  # each shape takes the path its comment names
+    logits, routes, grads = _forward_and_grads(params, graphdef, mesh, rules, shape)
     np.testing.assert_allclose(logits, want[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(routes, want[1])
     for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want[2]), strict=True):
