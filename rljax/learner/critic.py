@@ -118,7 +118,7 @@ class Critic:
         v = self.values(trainable, policy_params, mb)
         old, returns, mask = mb["values"], mb["returns"], mb["mask"]
         c = self.cfg.value_clip
-        clipped = old + jnp.clip(v - old, -c, c)
+        clipped = jnp.clip(v, old - c, old + c)  # exactly v inside the band
         unclipped_sq, clipped_sq = (v - returns) ** 2, (clipped - returns) ** 2
         per_token = 0.5 * jnp.maximum(unclipped_sq, clipped_sq)
         loss = jnp.sum(per_token * mb["weights"] * mask)

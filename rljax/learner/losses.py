@@ -184,14 +184,23 @@ def decoupled_ppo(x: LossInputs, cfg: LearnerConfig) -> tuple[jax.Array, dict[st
 
 
 def gspo(x: LossInputs, cfg: LearnerConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """GSPO: one length-normalised ratio per sequence, clipped at the sequence level."""
+    """GSPO: one length-normalised ratio per sequence, clipped at the sequence level.
+
+    In GSPO-token's form (Zheng et al. 2025, eq. 13): token t's ratio is sg[s_i] pi_t /
+    sg[pi_t], whose value is the sequence's s_i (so the clip is decided per sequence) and whose
+    gradient is s_i grad log pi_t times the token's own advantage. With one advantage per
+    sequence this is GSPO exactly; with per-token advantages (gae, opd, reinforce_plus_plus)
+    each token keeps its own, where differentiating s_i itself would give every token the
+    sequence's mean advantage.
+    """
     r, t = x.mask.shape
     ids = (jnp.arange(r)[:, None] * (t + 1) + x.segment_ids).reshape(-1)
     log_ratio = ((x.logprobs - x.old_logprobs) * x.mask).reshape(-1)
     sums = jax.ops.segment_sum(log_ratio, ids, num_segments=r * (t + 1))
     counts = jax.ops.segment_sum(x.mask.reshape(-1), ids, num_segments=r * (t + 1))
     seq_log_ratio = (sums / jnp.maximum(counts, 1.0))[ids].reshape(r, t)
-    ratio = jnp.exp(seq_log_ratio)
+    token = x.logprobs - jax.lax.stop_gradient(x.logprobs)  # 0, with grad log pi_t
+    ratio = jnp.exp(jax.lax.stop_gradient(seq_log_ratio) + token)
     loss, clip_metrics = _clipped_surrogate(ratio, x.advantages, cfg)
     return _with_kl(loss, {"ratio": ratio, **clip_metrics}, x, cfg)
 

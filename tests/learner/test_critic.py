@@ -307,6 +307,23 @@ def test_the_clipped_value_loss_and_its_gradient_by_hand():
     np.testing.assert_allclose(grads["values"], dloss_dv * weights * mask, rtol=1e-6, atol=1e-7)
 
 
+def test_no_value_inside_the_band_counts_as_clipped():
+    """clip_frac counts the tokens whose clipped term wins; inside the band the clipped value is
+    V itself, so none of 20,000 random in-band tokens may count. Written V_old + clip(V - V_old),
+    float32 rounding left it an ulp from V and counted about 1 % of them (e.g. V = -0.030041875,
+    V_old = 0.36159506, R = -1.2891856 at c = 0.5)."""
+    critic = _GivenValues(CriticConfig(enabled=True, value_clip=0.5), None, None, 0)
+    rng = np.random.default_rng(0)
+    old = rng.normal(0.0, 1.0, (100, 200)).astype(np.float32)
+    v = (old + rng.uniform(-0.49, 0.49, old.shape)).astype(np.float32)
+    ret = rng.normal(0.0, 2.0, old.shape).astype(np.float32)
+    v[0, 0], old[0, 0], ret[0, 0] = -0.030041875, 0.36159506, -1.2891856
+    ones = np.ones(old.shape, np.float32)
+    mb = {"values": old, "returns": ret, "mask": ones, "weights": ones}
+    _, sums = critic.micro_loss({"values": v}, None, mb)
+    assert float(sums["critic/clip_frac"]) == 0.0
+
+
 def test_the_critic_update_logs_value_loss_and_clip_frac_per_trained_token():
     """``update`` divides the metric sums by the trained tokens (7 of 10): clip_frac is the
     share of trained tokens whose clipped term won; a padded token never counts."""

@@ -237,3 +237,28 @@ def test_gspo_gradient_is_the_sequence_ratio_spread_over_its_tokens():
         bump = jnp.zeros_like(x.logprobs).at[row, at[0]].set(h)
         fd = (loss(x.logprobs + bump) - loss(x.logprobs - bump)) / (2 * h)
         assert float(fd) == pytest.approx(want[row, at[0]], rel=2e-2, abs=1e-5)
+
+
+def test_gspo_keeps_each_tokens_own_advantage():
+    """With per-token advantages (gae, opd, reinforce_plus_plus), GSPO-token (Zheng et al.
+    2025, eq. 13): d loss / d log pi_t = -s_i A_t w_t on an unclipped sequence, each token its
+    own A_t. Differentiating s_i itself gives every token the sequence's mean advantage."""
+    cfg = LearnerConfig(loss="gspo", epsilon_low=0.2, epsilon_high=0.28)
+    x, weights = _gspo_inputs()
+    adv = np.asarray(x.advantages).copy()
+    for row, _, at, _, _ in _GSPO_SEQS:
+        adv[row, at] = np.linspace(-1.0, 2.0, len(at))
+    x = x.replace(advantages=jnp.asarray(adv))
+
+    def loss(logprobs):
+        per_token, _ = losses.gspo(x.replace(logprobs=logprobs), cfg)
+        return jnp.sum(per_token * weights * x.mask)
+
+    grad = np.asarray(jax.grad(loss)(x.logprobs))
+    for row, _, at, lr, _ in _GSPO_SEQS:
+        s = math.exp(sum(lr) / len(lr))
+        # a token's objective is min(s A_t, clip(s) A_t): the clip binds per token's sign
+        kept = [(a > 0 and s <= 1.28) or (a < 0 and s >= 0.8) or a == 0 for a in adv[row, at]]
+        want = np.where(kept, -s * adv[row, at] * weights[row, at], 0.0)
+        np.testing.assert_allclose(grad[row, at], want, rtol=1e-5, atol=1e-7)
+    assert np.ptp(grad[0, [6, 7]]) > 0.1  # an unclipped sequence's tokens differ
