@@ -59,7 +59,9 @@ class LearnerConfig:
         instead of through the scan's dynamic slices and stacked residuals: faster on the CPU
         (docs/benchmarks.md, Learner), at a compile time that grows with depth. 1 compiles one
         block however deep.
-      epsilon_low: the ratio is clipped below at 1 - epsilon_low.
+      epsilon_low: the ratio is clipped below at 1 - epsilon_low. loss='gspo' clips one
+        length-normalised ratio per sequence, which moves far less than a token's: its paper
+        (Zheng et al. 2025) uses 3e-4 and 4e-4, which these defaults do not follow; set both.
       epsilon_high: the ratio is clipped above at 1 + epsilon_high (DAPO clip-higher).
       clip_ratio_c: c, the dual clip (verl; Ye et al. 2020): for A < 0 the loss is at most
         -c * A, so a huge ratio on a bad token cannot dominate; > 1 when on (verl uses 3.0); 0
