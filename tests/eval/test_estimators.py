@@ -32,6 +32,16 @@ def enumerated(n: int, c: int, k: int) -> Fraction:
     return Fraction(sum(any(samples[i] for i in s) for s in subsets), len(subsets))
 
 
+def binomial_quantile(n: int, p: float, q: float) -> int:
+    """The smallest x with P(Binomial(n, p) <= x) >= q."""
+    cdf = 0.0
+    for x in range(n + 1):
+        cdf += math.comb(n, x) * p**x * (1 - p) ** (n - x)
+        if cdf >= q:
+            return x
+    return n
+
+
 @pytest.mark.parametrize("n", range(1, 9))
 def test_pass_at_k_equals_the_enumerated_reference_on_every_small_case(n):
     for c in range(n + 1):
@@ -95,12 +105,30 @@ def test_a_paired_bootstrap_sees_a_consistent_small_gain_that_independent_errors
     d = paired_bootstrap(a, b, resamples=4000, seed=1)
     assert d.mean == pytest.approx(12 / 200)
     assert 0 < d.low <= d.mean <= d.high
+    # A resample's gain is Binomial(200, 12/200) / 200: the 95% interval runs between its
+    # 2.5% and 97.5% quantiles (6 and 19; a 90% interval would give 7 and 18).
+    assert (d.low, d.high) == (
+        binomial_quantile(200, 0.06, 0.025) / 200,
+        binomial_quantile(200, 0.06, 0.975) / 200,
+    )
     assert d.p_value < 0.01
     # Two independent binomial intervals of ~0.5 accuracy on 200 problems overlap widely.
     independent_se = math.sqrt(2 * 0.5 * 0.5 / 200)
     assert d.mean < 2 * independent_se
     same = paired_bootstrap(a, a)
     assert same.mean == 0.0 and same.p_value == 1.0
+    # 3 gains and 1 loss: the p-value is two-sided, twice the resamples' share at or below 0.
+    c = a.copy()
+    c[np.flatnonzero(a == 0)[:3]] = 1.0
+    c[np.flatnonzero(a == 1)[:1]] = 0.0
+    at_most_zero = sum(
+        math.comb(200, i) * math.comb(200 - i, j) * 0.015**i * 0.005**j * 0.98 ** (200 - i - j)
+        for i in range(201)
+        for j in range(i, 201 - i)
+    )  # P(gains <= losses) with gains, losses ~ Multinomial(200; 3/200, 1/200): 0.224
+    assert paired_bootstrap(a, c, resamples=4000).p_value == pytest.approx(
+        2 * at_most_zero, abs=0.05
+    )
 
 
 def test_mcnemar_exact_counts_only_the_discordant_problems():
