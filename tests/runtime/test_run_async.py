@@ -32,7 +32,7 @@ def _train_records(workdir):
     return [r for r in map(json.loads, lines) if r["phase"] == "train"]
 
 
-def test_async_run_respects_eta_and_resumes(tmp_path):
+def test_async_run_respects_eta_and_resumes(tmp_path, monkeypatch):
     run = Run(_cfg(3), str(tmp_path))
     try:
         summary = run.train()
@@ -48,11 +48,29 @@ def test_async_run_respects_eta_and_resumes(tmp_path):
         assert r["sync_bytes"] > 0
     assert (tmp_path / "trace.json").exists()
 
-    # A longer run on the same workdir resumes at step 3 with the buffered groups intact.
+    # A longer run on the same workdir resumes at step 3 with the buffered groups intact, and
+    # the prompts in flight at the checkpoint (there always are some: held groups or pending
+    # prompts) queued again.
     run = Run(_cfg(5), str(tmp_path))
+    saved = run.resumed_meta["driver"]
+    held = [(b["version"], g) for b in saved["buffer"]["buffers"] for g in b["groups"]]
+    assert held or saved["pending"]
+    started = []
+    make_driver = run._make_driver
+
+    def recording_driver():
+        driver = make_driver()
+        started.append(json.loads(json.dumps(driver.checkpoint_state())))  # as saved
+        return driver
+
+    monkeypatch.setattr(run, "_make_driver", recording_driver)
     try:
         run.train()
     finally:
         run.close()
+    first = started[0]
+    assert [(b["version"], g) for b in first["buffer"]["buffers"] for g in b["groups"]] == held
+    assert first["pending"] == saved["pending"]
+    assert first["next_request_id"] == saved["next_request_id"]
     assert [r["step"] for r in _train_records(tmp_path)] == [0, 1, 2, 3, 4]
     assert all(r["staleness_max"] <= 1 for r in _train_records(tmp_path))
