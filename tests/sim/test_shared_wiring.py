@@ -7,12 +7,21 @@ the simulator; both take admission's one ``max_concurrent`` rule and the same se
 import dataclasses
 
 import pytest
+from rljax.configs import arith_tiny
 
-from rljax.config import ConfigError, MeshConfig, RunConfig, from_config_dict, to_config_dict
+from rljax.config import (
+    ConfigError,
+    MeshConfig,
+    RunConfig,
+    from_config_dict,
+    replace,
+    to_config_dict,
+)
 from rljax.mesh.resize import Reallocation
 from rljax.policy import meter as phase_meter
 from rljax.policy.admission import max_concurrent_groups
 from rljax.policy.reallocation import ReallocatorConfig, reallocator_settings
+from rljax.runtime import Run
 from rljax.sim import simulator
 from rljax.sim.simulator import SimConfig, Simulator
 from tests.sim.test_simulator import COST, LENGTHS, small
@@ -104,8 +113,24 @@ def test_the_simulator_fits_the_weight_read_as_the_fixed_decode_part(monkeypatch
         assert stats.decode_fixed_s == pytest.approx(fixed, rel=1e-3)
 
 
+@pytest.fixture(scope="module")
+def runtime_admission(tmp_path_factory):
+    """(config, sampler slots, admission controller) of a real Run's driver (not started)."""
+    cfg = replace(
+        arith_tiny.recipe("small"),
+        **{"mode": "async", "buffer.max_staleness": 1, "buffer.overprovision": 2},
+    )
+    run = Run(cfg, str(tmp_path_factory.mktemp("run")))
+    try:
+        return cfg, run.sampler.num_slots, run._make_driver().controller
+    finally:
+        run.close()
+
+
 @pytest.mark.parametrize("sampler_chips, max_slots", [(8, 32), (1, 4)])
-def test_simulator_and_runtime_share_admission_and_settings(sampler_chips, max_slots):
+def test_simulator_and_runtime_share_admission_and_settings(
+    sampler_chips, max_slots, runtime_admission
+):
     # (1, 4): one replica of 4 slots, fewer than a batch of 8 + 2 groups; the one rule still
     # lets a whole batch be in flight (the simulator alone used to cap it at the 4 slots).
     config = small("async", overprovision=2, sampler_chips=sampler_chips, max_slots=max_slots)
@@ -117,6 +142,15 @@ def test_simulator_and_runtime_share_admission_and_settings(sampler_chips, max_s
     )
     assert sim.controller.max_concurrent == expected == max(10, slots)
     assert result.steps == config.steps
+    # The runtime's driver takes the same rule over its own sampler's slots.
+    cfg, run_slots, runtime = runtime_admission
+    assert runtime.max_concurrent == max_concurrent_groups(
+        slots=run_slots,
+        group_size=cfg.learner.group_size,
+        batch_groups=cfg.learner.batch_groups,
+        overprovision=2,
+    )
+    assert (runtime.max_staleness, runtime.overprovision) == (1, 2)
 
 
 def test_the_simulators_lending_reads_the_reallocators_held_threshold():
