@@ -87,11 +87,11 @@ def test_full_buffer_vetoes_move_to_sampler():
 
 
 def test_minimum_chips_respected():
-    cfg = ReallocatorConfig(patience=1, min_sampler_chips=24, min_learner_chips=16)
+    cfg = ReallocatorConfig(patience=1, min_sampler_chips=24, min_learner_chips=24)
     target = Reallocator(cfg).decide(stats(10.0, 90.0, 100.0, 0.0))
     assert target == Split(24, 40)  # unbounded, it would go to Split(8, 56)
     target = Reallocator(cfg).decide(SAMPLER_BOUND)
-    assert target.learner_chips >= 16
+    assert target == Split(40, 24)  # unbounded, it would go to Split(48, 16) (a quarter's move)
 
 
 @settings(max_examples=200, deadline=None)
