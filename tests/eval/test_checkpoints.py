@@ -147,9 +147,10 @@ def test_export_refusals_are_one_line(runs, tmp_path):
 
 
 def _parity(completion: str, example: dict) -> float:
-    # Right on about half the problems (by their answer's parity) and, where the samples'
-    # lengths differ, on some of a problem's samples.
-    return float((len(completion) + int(example["answer"])) % 2 == 0)
+    # Right on about half of all samples, by the parity of their characters' codes: a
+    # problem's samples differ in their digits (not in their length, all cut at the limit), so
+    # most problems are partly solved and pass@j differs from pass@1.
+    return float((sum(map(ord, completion)) + int(example["answer"])) % 2 == 0)
 
 
 def test_eval_samples_k_per_problem_scores_them_and_pairs_two_checkpoints(runs, tmp_path):
@@ -171,7 +172,9 @@ def test_eval_samples_k_per_problem_scores_them_and_pairs_two_checkpoints(runs, 
             assert s["correct"] == bool(_parity(s["text"], {"answer": row["reference"]}))
             assert s["answer"] == answer_key(s["text"])
         counts.append(sum(s["correct"] for s in row["samples"]))
-    assert 0 < sum(counts) < 24, counts  # the figures below are not all 0 or all 1
+    # Some problem partly solved: otherwise pass@j = c / k for every j and a pass@j computed
+    # as pass@1 would pass.
+    assert any(0 < c < 4 for c in counts), counts
     assert figures["avg@k"]["mean"] == pytest.approx(np.mean(counts) / 4)
     for j in (1, 2, 4):
         want = np.mean([pass_at_k(4, c, j) for c in counts])
