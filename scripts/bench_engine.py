@@ -530,7 +530,7 @@ def bench_per_call(args, figures, model) -> None:
         floor = matmul_floor_s(engine, params, args.per_call_slots, repeats=5)
         floors.append(round(param_bytes / (bandwidths[-1] * 1e9) / floor, 4))
         log(f"(e) the weight matmuls alone: {floor * 1e3:.2f} ms, {floors[-1]:.3f} of the bound")
-        # The weights read once by a plain XLA reduction: no step that multiplies them is faster.
+        # The weights read once by a plain XLA reduction (dots that fast, nothing else).
         read = read_floor_s(engine, params, repeats=5)
         reads.append(round(param_bytes / (bandwidths[-1] * 1e9) / read, 4))
         log(f"(e) the weights summed alone: {read * 1e3:.2f} ms, {reads[-1]:.3f} of the bound")

@@ -106,9 +106,10 @@ def matmul_floor_s(engine: PagedEngine, params, batch: int, repeats: int) -> flo
 def read_floor_s(engine: PagedEngine, params, repeats: int) -> float:
     """Median time of one jit that sums every weight matrix along its rows (accumulating in
     float32), each its own buffer as in :func:`matmul_floor_s`: the weights' bytes read once
-    by XLA's own reduction, with no multiply. No decode step, which must also multiply them,
-    runs faster than this on the same backend; its fraction of the bound is how much of the
-    copy bandwidth a plain XLA read of these matrices gets."""
+    by XLA's own reduction, with no multiply. Its fraction of the bound is how much of the
+    copy bandwidth a plain XLA read of these matrices gets: what a decode step would reach if
+    its dots read the weights as fast and everything else cost nothing. An empirical limit of
+    this backend's kernels, not a physical one."""
     mats = weight_matrices(engine, params)
 
     @jax.jit
