@@ -24,6 +24,16 @@ def _bench():
     return bench
 
 
+H = 0.5e-4  # the figures are rounded to 4 decimals
+
+
+def _is_ratio(got, num, den, num_h=H):
+    """``got`` is ``num / den``, each of the three rounded to 4 decimals (``den`` > ``H``)."""
+    low = (num - num_h) / (den + H) - H
+    high = (num + num_h) / (den - H) + H
+    assert low <= got <= high, (got, num, den)
+
+
 def test_figures_and_exact_sizes():
     bench = _bench()
     buf = io.StringIO()
@@ -37,9 +47,19 @@ def test_figures_and_exact_sizes():
     for key in ("fraction", "speedup", "sorted_s", "dense_s", "sgemm_flops"):
         assert layer[key]["min"] <= layer[key]["median"] <= layer[key]["max"], key
         assert layer[key]["median"] > 0
+    # One repeat: each ratio is of the times measured beside it in the same run.
+    med = {key: v["median"] for key, v in layer.items() if isinstance(v, dict) and "median" in v}
+    _is_ratio(med["speedup"], med["dense_s"], med["sorted_s"])
+    _is_ratio(med["over_ragged_dot"], med["ragged_dot_s"], med["sorted_s"])
+    active_over_peak = layer["active_flops"] / med["sgemm_flops"]  # the peak rounded to 1 FLOP/s
+    _is_ratio(med["fraction"], active_over_peak, med["sorted_s"], num_h=1e-9 * active_over_peak)
     decode = figures["decode"]
     assert decode["layouts"]["moe"] == "stacked" and decode["layouts"]["dense_stacked"] == "stacked"
     assert decode["moe"]["median"] > 0 and decode["moe_over_dense"]["median"] > 0
+    for base in ("dense", "dense_stacked"):
+        _is_ratio(
+            decode[f"moe_over_{base}"]["median"], decode["moe"]["median"], decode[base]["median"]
+        )
     crossover = figures["crossover"]
     assert [row["pairs"] for row in crossover["table"]] == list(bench.QUICK_PAIRS)
     assert crossover["gather_max_pairs"] == moe.GATHER_MAX_PAIRS
