@@ -80,6 +80,10 @@ def test_figures_are_consistent(quick_run, bench):
         assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
         assert row["simulator_range"][0] <= row["simulator_ratio"] <= row["simulator_range"][1]
         assert row["off_samples_per_s"] > 0 and row["on_samples_per_s"] > 0
+        # One seed: each ratio is lending on over off, both measured in this run.
+        assert math.isclose(row["ratio"], row["on_samples_per_s"] / row["off_samples_per_s"])
+        sim_on, sim_off = row["simulator_on_samples_per_s"], row["simulator_off_samples_per_s"]
+        assert math.isclose(row["simulator_ratio"], sim_on / sim_off)
         assert len(row["lent_steps"]) == 1  # one record per seed
 
 
