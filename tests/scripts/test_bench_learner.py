@@ -60,6 +60,27 @@ def test_same_weights_same_losses(quick_run, unroll):
         assert low <= row[side]["median_step_s"] <= high
 
 
+def _within(got, low, high, half):
+    """``got``, rounded to ``half`` either way, lies between two extreme quotients."""
+    assert low - half <= got <= high + half, (got, low, high)
+
+
+@pytest.mark.parametrize("unroll", [0, 1])
+def test_ratios_are_of_the_figures_beside_them(quick_run, unroll):
+    figures = quick_run[1]
+    peaks = figures["sgemm_gflops"]["peak"], figures["sgemm_gflops_end"]["peak"]
+    best = figures["sgemm_gflops_peak_used"]
+    assert best == max(peaks)  # the higher of the two peaks measured in this run
+    row = figures["tiny"][f"layer_unroll_{unroll}"]
+    for side in ("rljax", "torch"):
+        v = row[side]  # gflops to 2 decimals, the peak to 1, the fraction to 4
+        g = v["gflops"]
+        _within(v["fraction_of_sgemm_peak"], g / (best + 0.05), g / (best - 0.05), 0.5e-4)
+    # rljax's tokens/s over torch's, each to 2 decimals, the ratio to 3.
+    r, t = row["rljax"]["tokens_per_s"], row["torch"]["tokens_per_s"]
+    _within(row["rljax_over_torch"], (r - 0.005) / (t + 0.005), (r + 0.005) / (t - 0.005), 5e-4)
+
+
 def test_the_headline_variant_has_a_per_op_profile(quick_run):
     """The headline (the first --layer-unroll) is profiled; each op is named by the JAX
     operation it came from, and the shares are of the traced op time."""
