@@ -32,7 +32,14 @@ def test_figures_and_exact_sizes():
     assert sync["bytes_adapters"] == 4 * adapters  # f32
     assert sync["bytes_full"] == sync["params_total_bytes"] > 100 * sync["bytes_adapters"]
     assert sync["bytes_ratio"] == sync["bytes_adapters"] / sync["bytes_full"]
+    # One repeat: each time ratio is LoRA's median over full's, both measured in this run.
+    seconds = sync["seconds_adapters"]["median"] / sync["seconds_full"]["median"]
+    assert sync["seconds_ratio"] == pytest.approx(seconds)
     learner = figures["learner"]
     assert learner["lora"]["trainable_params"] == adapters
     assert learner["lora"]["opt_state_bytes"] < 3 * 4 * adapters  # two Adam moments + counts
     assert learner["full"]["trainable_params"] > 100 * adapters
+    lo, full = learner["lora"], learner["full"]
+    assert learner["step_ratio"] == pytest.approx(lo["step_s"]["median"] / full["step_s"]["median"])
+    rss = lo["train_peak_rss_mib"] / full["train_peak_rss_mib"]
+    assert learner["train_peak_rss_ratio"] == pytest.approx(rss)
