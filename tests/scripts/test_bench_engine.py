@@ -115,6 +115,12 @@ def test_batching_is_a_distribution_over_seeds_and_shapes(quick_run):
         assert cont["generate_steps"] <= static["generate_steps"]
         assert 0 < static["slot_occupancy"] <= cont["slot_occupancy"] <= 1
         assert run["step_ratio"] >= 1 and run["tokens_per_s_ratio"] > 0
+        # Static over continuous, both drivers timed on these requests in this run.
+        steps = static["generate_steps"] / cont["generate_steps"]
+        assert run["step_ratio"] == pytest.approx(steps, abs=0.5e-4 + 1e-12)
+        static_s, cont_s = static["seconds"], cont["seconds"]
+        tolerance = rounded_ratio_tolerance(static_s, cont_s, 4, 4)
+        assert run["tokens_per_s_ratio"] == pytest.approx(static_s / cont_s, abs=tolerance)
     assert sorted(b["shapes"]) == [f"sigma_{s}" for s in sorted(work["sigmas"])]
     for shape in b["shapes"].values():
         assert shape["seeds"] == len(work["seeds"])
@@ -135,6 +141,10 @@ def test_hf_rows(quick_run):
     for key in ("rljax_tokens_per_s", "hf_tokens_per_s", "rljax_over_hf"):
         assert_spread(tiny[key])
         assert tiny[key]["min"] > 0
+    # One repeat: the ratio is of the two rates measured beside it.
+    a, b = tiny["rljax_tokens_per_s"]["median"], tiny["hf_tokens_per_s"]["median"]
+    tolerance = rounded_ratio_tolerance(a, b, 4, 4)
+    assert tiny["rljax_over_hf"]["median"] == pytest.approx(a / b, abs=tolerance)
     assert quick_run[1]["hf_smollm2"] == {"skipped": "--no-smollm2 (or --quick)"}
 
 
@@ -211,6 +221,10 @@ def test_weight_sync_publishes_every_byte_to_the_sampler(quick_run):
         assert_spread(row["publish_s"])
         for key in ("publish_over_device_put", "publish_over_device_put_written"):
             assert row[key] > 0, key
+        # device_put's median time over the publish's, both timed in this run.
+        a, b = row["device_put_s"]["median"], row["publish_s"]["median"]
+        tolerance = rounded_ratio_tolerance(a, b, 5, 4)
+        assert row["publish_over_device_put"] == pytest.approx(a / b, abs=tolerance)
         assert row["publish_over_numpy_copy"] > 0
 
 
