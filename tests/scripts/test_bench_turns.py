@@ -29,3 +29,6 @@ def test_quick_counts_are_the_prompts_and_the_new_turns_only():
     assert saved > n * len(bench.PROMPT)  # every second turn saved at least its prompt
     assert row["re_prefill_prefill_tokens"] == row["kept_prefill_tokens"] + saved
     assert row["prefill_ratio"] > 1
+    # Both ratios are re-prefilling over keeping, each measured in this run.
+    assert row["prefill_ratio"] == row["re_prefill_prefill_tokens"] / row["kept_prefill_tokens"]
+    assert row["wall_ratio"] == row["re_prefill_wall_s"] / row["kept_wall_s"]
