@@ -38,10 +38,42 @@ def test_every_part_runs_at_tiny_shapes(check, tmp_path):
         for row in rows.values():
             assert row["slots"] == slots and row["tokens_per_s"] > 0
             assert row["fraction_of_bound"] > 0 and 0 <= row["host_share"] <= 1
-    assert figures["learner"]["tiny"]["mfu"] > 0
-    assert figures["attention"]["rljax_speed_over_jax_nn"] > 0
+            # The copy bound over the step, both as printed (3 decimals), the ratio to 4.
+            bound, step = row["bound_ms"], row["step_ms"]
+            _within(row["fraction_of_bound"], bound, step, 0.5e-3, 0.5e-4)
+    learner = figures["learner"]["tiny"]
+    assert learner["mfu"] > 0
+    # The tiny model's FLOPs a step over the median step and the GEMM peak measured in the run
+    # (printed in TFLOP/s to 3 decimals; the figure to 4).
+    flops = check.model_flops(check.TINY, learner["rows"], learner["row_len"])
+    step = learner["step_s"]["median"]
+    _within(
+        learner["mfu"],
+        flops / step,
+        figures["learner"]["bf16_gemm_peak_tflops"] * 1e12,
+        0.5e9,
+        0.5e-4,
+        exact_numerator=True,
+    )
+    assert learner["tokens_per_s"] == pytest.approx(
+        learner["rows"] * learner["row_len"] / step, abs=0.05 + 1e-9
+    )
+    attention = figures["attention"]
+    assert attention["rljax_speed_over_jax_nn"] > 0
+    # jax.nn's median time over rljax's, both timed in the run.
+    speed = attention["jax_nn_ms"]["median"] / attention["rljax_xla_ms"]["median"]
+    assert attention["rljax_speed_over_jax_nn"] == pytest.approx(speed, abs=0.5e-4 + 1e-9)
     for key in ("sync_eta0", "async_eta2"):
         assert figures["grpo"][key]["steps"] >= 1
+
+
+def _within(got, num, den, half, ratio_half, exact_numerator=False):
+    """``got`` (rounded by ``ratio_half``) is ``num / den``, each rounded by ``half``."""
+    assert den > half, f"the denominator {den} is below its rounding"
+    num_half = 0.0 if exact_numerator else half
+    low = (num - num_half) / (den + half) - ratio_half
+    high = (num + num_half) / (den - half) + ratio_half
+    assert low - 1e-12 <= got <= high + 1e-12, (got, num, den)
 
 
 def test_an_unknown_part_is_refused(check, tmp_path):
