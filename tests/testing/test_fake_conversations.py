@@ -3,6 +3,7 @@
 import time
 
 from rljax.engine.sampler import Request
+from rljax.testing import fake_sampler
 from rljax.testing.fake_sampler import FakeSampler, lognormal_lengths
 
 
@@ -41,7 +42,9 @@ def test_the_budget_cuts_a_conversation():
     assert t.finish_reason == "length" and t.loss_mask == [1, 1, 1, 0, 0]
 
 
-def test_a_waiting_conversation_holds_its_slot_and_decodes_nothing():
+def test_a_waiting_conversation_holds_its_slot_and_decodes_nothing(monkeypatch):
+    slept = []  # the step's sleeps, recorded instead of slept
+    monkeypatch.setattr(fake_sampler, "sleep_cost", slept.append)
     sampler = _sampler([(1, 3600.0), (1, 0.0)], slots=2)  # an env step that never returns here
     sampler.submit([Request([1], num_samples=1, request_id=0)])
     sampler.submit([Request([1], num_samples=1, request_id=1)])
@@ -50,3 +53,7 @@ def test_a_waiting_conversation_holds_its_slot_and_decodes_nothing():
     # Both hold their slot (live), and neither decodes while it waits.
     assert sampler._load(0) == 2 and sampler._load(0, now=time.perf_counter()) == 0
     assert sampler.stats["tokens"] == 2
+    # A step while both wait waits for the first env to answer and advances neither.
+    assert sampler.step() == []
+    assert sampler.stats["tokens"] == 2 and sampler.stats["env_wait_steps"] == 1
+    assert sampler.busy_slots == 2 and slept[-1] > 3500.0
