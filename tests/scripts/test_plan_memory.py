@@ -168,12 +168,22 @@ def test_an_unknown_override_is_a_clear_error(planner, config_file):
         planner.main([f"--config={config_file}:cpu8", "--config.lora.bogus=1"])
 
 
-def test_a_budget_too_small_exits_1_naming_the_role(planner, config_file):
+def test_a_budget_too_small_exits_1_naming_the_role(planner, config_file, fitting):
     code, lines, err = _run(planner, [f"--config={config_file}:cpu8", "--hbm_gib=0.0001"])
     assert code == 1
     result = json.loads(lines[-1])
     assert result["fits"] is False and not result["learner"]["fits"]
     assert "the learner needs" in err and "learner.micro_batches" in err
+    # A budget the sampler fits and the learner does not: one role short is a misfit, and
+    # only that role is named.
+    lrn, smp = (json.loads(fitting[1][-1])[role]["total"] for role in ("learner", "sampler"))
+    assert smp < lrn
+    budget = f"--hbm_gib={(smp + lrn) / 2 / GIB}"
+    code, lines, err = _run(planner, [f"--config={config_file}:cpu8", budget])
+    result = json.loads(lines[-1])
+    assert code == 1 and result["fits"] is False
+    assert result["sampler"]["fits"] and not result["learner"]["fits"]
+    assert "the learner needs" in err and "the sampler needs" not in err
 
 
 def test_unknown_variant_is_a_clear_error(planner, config_file):
@@ -251,11 +261,18 @@ def test_colocated_roles_add_up_on_the_same_chips(moe_plan):
     assert both["headroom"] == result["hbm"] - both["total"]
 
 
-def test_colocated_misfit_names_both_roles(planner, tmp_path):
+def test_colocated_misfit_names_both_roles(planner, tmp_path, moe_plan):
+    # A budget either role fits alone but not both together: colocated, that is a misfit.
+    planned = json.loads(moe_plan[1][-1])
+    alone = max(planned["learner"]["total"], planned["sampler"]["total"])
+    budget = f"--hbm_gib={(alone + planned['together']['total']) / 2 / GIB}"
     path = tmp_path / "tiny_moe.py"
     path.write_text(MOE_CONFIG)
-    code, lines, err = _run(planner, [f"--config={path}:cpu8", "--hbm_gib=0.0001"])
-    assert code == 1 and json.loads(lines[-1])["together"]["fits"] is False
+    argv = [f"--config={path}:cpu8", "--kernel_impl=pallas", "--no_sampler_hoist", budget]
+    code, lines, err = _run(planner, argv)
+    result = json.loads(lines[-1])
+    assert code == 1 and result["together"]["fits"] is False and result["fits"] is False
+    assert result["learner"]["fits"] and result["sampler"]["fits"]
     assert "both roles on the same chips (colocated) need" in err
     assert "mesh.mode='split'" in err and len(err.strip().splitlines()) == 1
 
