@@ -3,6 +3,8 @@
 import dataclasses
 import json
 
+import jax
+import numpy as np
 import pytest
 from rljax.configs import arith_tiny
 
@@ -35,6 +37,15 @@ def test_warm_start_schedule_and_teachers(tmp_path, monkeypatch):
         },
     )
     run = Run(cfg, str(tmp_path))
+    warm_start_learner, moved = run.warm_start_learner, []
+
+    def watched(learner):  # which of the learner's params the warm start left trained
+        before = jax.tree.leaves(jax.device_get(learner.params))
+        warm_start_learner(learner)
+        after = jax.tree.leaves(jax.device_get(learner.params))
+        moved.extend(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+    run.warm_start_learner = watched
     try:
         run.train()  # the warm start, then one RL step
     finally:
@@ -43,6 +54,8 @@ def test_warm_start_schedule_and_teachers(tmp_path, monkeypatch):
     sft = [r["learning_rate"] for r in rows if r["phase"] == "sft"]
     # Linear warmup from 0 over two updates, then a cosine to 0 over the remaining four.
     assert sft == pytest.approx([0.0, 0.005, 0.01, 0.008536, 0.005, 0.001464], abs=1e-6)
+    # The warm start's weights are the learner's: RL starts from them, not from the init.
+    assert moved and all(moved)
     # RL gets the learner's own rate from its first update: no warmup, no decay.
     rl = [r["learning_rate"] for r in rows if r["phase"] == "train"]
     assert rl == pytest.approx([1e-3])
