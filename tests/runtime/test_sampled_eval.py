@@ -60,6 +60,8 @@ def test_a_run_evaluates_k_samples_per_problem_and_never_trains_on_them(tmp_path
             assert r[f"eval/pass@{j}"] == pytest.approx(want)
         assert {"eval/maj@k", "eval/tokens", "eval/truncated", "eval/pass@4_se"} <= set(r)
     assert 0 < sum(np.mean(r["heldout_rewards"]) for r in evals) < len(evals)
+    # Sampled at eval.temperature, not greedily: some problem's k samples are not all alike.
+    assert any(0 < c < 1 for r in evals for c in r["heldout_rewards"])
     # The held-out split is never trained on: no prompt of a trained group is held out.
     heldout = {ex["prompt"] for ex in load_task(cfg.data, cfg.seed)[1]}
     assert trained and not set(trained) & heldout
