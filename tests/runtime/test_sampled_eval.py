@@ -33,7 +33,13 @@ def test_a_run_evaluates_k_samples_per_problem_and_never_trains_on_them(tmp_path
             "eval.temperature": 1.0,
         },
     )
-    run = Run(cfg, str(tmp_path), reward_fn=_parity)
+    scored: list[str] = []  # every prompt whose completion was scored, trained or evaluated
+
+    def parity(completion: str, example: dict) -> float:
+        scored.append(example["prompt"])
+        return _parity(completion, example)
+
+    run = Run(cfg, str(tmp_path), reward_fn=parity)
     trained: list[str] = []
     make_batch = run.make_batch
 
@@ -63,8 +69,10 @@ def test_a_run_evaluates_k_samples_per_problem_and_never_trains_on_them(tmp_path
     # Sampled at eval.temperature, not greedily: some problem's k samples are not all alike.
     assert any(0 < c < 1 for r in evals for c in r["heldout_rewards"])
     # The held-out split is never trained on: no prompt of a trained group is held out.
-    heldout = {ex["prompt"] for ex in load_task(cfg.data, cfg.seed)[1]}
-    assert trained and not set(trained) & heldout
+    heldout = [ex["prompt"] for ex in load_task(cfg.data, cfg.seed)[1]]
+    assert trained and not set(trained) & set(heldout)
+    # The evaluated problems are the held-out ones (never trained: scored by the evaluation).
+    assert set(heldout[: cfg.eval_examples]) <= set(scored)
 
 
 def test_greedy_with_k_above_one_is_refused_in_one_line():
