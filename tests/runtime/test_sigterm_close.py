@@ -14,8 +14,11 @@ run_module = importlib.import_module("rljax.runtime.run")
 class _FinishedRun:
     """A run whose training is over; SIGTERM arrives while it closes."""
 
+    made: list[_FinishedRun] = []
+
     def __init__(self, *_: Any, **__: Any) -> None:
         self.closed = False
+        _FinishedRun.made.append(self)
 
     def train(self) -> dict[str, Any]:
         return {"final_accuracy": 1.0}
@@ -30,8 +33,11 @@ def test_a_sigterm_while_closing_lets_the_run_close_and_return(monkeypatch):
     outer = signal.signal(signal.SIGTERM, lambda signum, _: received.append(signum))
     try:
         monkeypatch.setattr(run_module, "Run", _FinishedRun)
+        monkeypatch.setattr(_FinishedRun, "made", [])
         summary = run_module.run(None, "/unused")  # type: ignore[arg-type]
         assert summary == {"final_accuracy": 1.0}
+        [made] = _FinishedRun.made
+        assert made.closed, "the run was not closed (its close, with its SIGTERM, never ran)"
         assert received == [], "the SIGTERM during close reached the handler outside the run"
         # The handler outside the run is back once it returns.
         signal.raise_signal(signal.SIGTERM)
