@@ -42,13 +42,20 @@ def _records(workdir, phase="train"):
 
 
 def test_env_factory_rewards_and_metrics(tmp_path):
-    seen = []
+    seen, trained = [], []
     run = Run(SMALL, str(tmp_path), env=HalfPerTurn)
     make_batch = run.make_batch
 
     def spy(groups):
-        seen.extend(t for g in groups for t in g.trajectories)
-        return make_batch(groups)
+        trajs = [t for g in groups for t in g.trajectories]
+        seen.extend(trajs)
+        batch = make_batch(groups)
+        # The batch trains each response's model tokens and none of its env tokens.
+        model_tokens = sum(
+            sum(t.loss_mask) if t.loss_mask else len(t.response_tokens) for t in trajs
+        )
+        trained.append((int(batch.arrays["mask"].sum()), model_tokens))
+        return batch
 
     run.make_batch = spy
     try:
@@ -56,6 +63,7 @@ def test_env_factory_rewards_and_metrics(tmp_path):
     finally:
         run.close()
     assert summary["steps"] == 2 and seen
+    assert trained and all(got == want for got, want in trained), trained
     for t in seen:
         mask = np.array(t.loss_mask)
         env = np.flatnonzero(mask == 0)
