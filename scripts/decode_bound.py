@@ -79,8 +79,9 @@ def weight_matrices(engine: PagedEngine, params) -> list[jax.Array]:
     return [jnp.array(m) for m in mats]  # each its own contiguous buffer
 
 
-def matmul_floor_s(engine: PagedEngine, params, batch: int, repeats: int) -> float:
-    """Median time of one jit that multiplies every weight matrix once by a [in, batch] input.
+def matmul_floor_s(mats: list[jax.Array], batch: int, repeats: int) -> float:
+    """Median time of one jit that multiplies every weight matrix (:func:`weight_matrices`)
+    once by a [in, batch] input.
 
     Each matrix is its own contiguous [out, in] array and the left operand of its product,
     the form XLA's CPU dots stream fastest (rljax.models.serving), and the products are
@@ -88,7 +89,6 @@ def matmul_floor_s(engine: PagedEngine, params, batch: int, repeats: int) -> flo
     with nothing else. Its fraction of the bound is a limit of those kernels for this model
     and batch, measured on its own.
     """
-    mats = weight_matrices(engine, params)
     rng = np.random.default_rng(0)
     inputs = {
         n: jnp.asarray(rng.standard_normal((n, batch)), mats[0].dtype)
@@ -103,14 +103,13 @@ def matmul_floor_s(engine: PagedEngine, params, batch: int, repeats: int) -> flo
     return _median_s(dots, (mats, inputs), repeats)
 
 
-def read_floor_s(engine: PagedEngine, params, repeats: int) -> float:
+def read_floor_s(mats: list[jax.Array], repeats: int) -> float:
     """Median time of one jit that sums every weight matrix along its rows (accumulating in
     float32), each its own buffer as in :func:`matmul_floor_s`: the weights' bytes read once
     by XLA's own reduction, with no multiply. Its fraction of the bound is how much of the
     copy bandwidth a plain XLA read of these matrices gets: what a decode step would reach if
     its dots read the weights as fast and everything else cost nothing. An empirical limit of
     this backend's kernels, not a physical one."""
-    mats = weight_matrices(engine, params)
 
     @jax.jit
     def sums(ws):
@@ -220,7 +219,7 @@ def decode_step_vs_bound(
         f"{read_bound * 1e3:.2f} ms, {read_bound / step:.3f} of the read bound",
         flush=True,
     )
-    floor = matmul_floor_s(engine, params, b, steps)
+    floor = matmul_floor_s(weight_matrices(engine, params), b, steps)
     print(
         f"(c) {label}: the weight matmuls alone, batch {b}: {floor * 1e3:.2f} ms, "
         f"{bound / floor:.3f} of the bound (a limit of this CPU's dot kernels for this model)",
