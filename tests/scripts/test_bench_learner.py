@@ -13,6 +13,8 @@ import pathlib
 
 import pytest
 
+from tests.scripts.quotients import assert_quotient
+
 pytest.importorskip("torch", reason="the baseline is a PyTorch train step")
 pytest.importorskip("transformers", reason="the baseline is transformers' Llama")
 
@@ -60,11 +62,6 @@ def test_same_weights_same_losses(quick_run, unroll):
         assert low <= row[side]["median_step_s"] <= high
 
 
-def _within(got, low, high, half):
-    """``got``, rounded to ``half`` either way, lies between two extreme quotients."""
-    assert low - half <= got <= high + half, (got, low, high)
-
-
 @pytest.mark.parametrize("unroll", [0, 1])
 def test_ratios_are_of_the_figures_beside_them(quick_run, unroll):
     figures = quick_run[1]
@@ -75,10 +72,11 @@ def test_ratios_are_of_the_figures_beside_them(quick_run, unroll):
     for side in ("rljax", "torch"):
         v = row[side]  # gflops to 2 decimals, the peak to 1, the fraction to 4
         g = v["gflops"]
-        _within(v["fraction_of_sgemm_peak"], g / (best + 0.05), g / (best - 0.05), 0.5e-4)
+        f = v["fraction_of_sgemm_peak"]  # computed from the printed gflops: exact numerator
+        assert_quotient(f, g, best, num_half=0.0, den_half=0.05, ratio_half=0.5e-4)
     # rljax's tokens/s over torch's, each to 2 decimals, the ratio to 3.
     r, t = row["rljax"]["tokens_per_s"], row["torch"]["tokens_per_s"]
-    _within(row["rljax_over_torch"], (r - 0.005) / (t + 0.005), (r + 0.005) / (t - 0.005), 5e-4)
+    assert_quotient(row["rljax_over_torch"], r, t, num_half=0.005, den_half=0.005, ratio_half=5e-4)
 
 
 def test_the_headline_variant_has_a_per_op_profile(quick_run):

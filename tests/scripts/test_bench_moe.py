@@ -13,6 +13,7 @@ import numpy as np
 
 from rljax.models import moe, presets
 from rljax.sim.measured import tiny_preset
+from tests.scripts.quotients import assert_quotient
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -29,9 +30,7 @@ H = 0.5e-4  # the figures are rounded to 4 decimals
 
 def _is_ratio(got, num, den, num_h=H):
     """``got`` is ``num / den``, each of the three rounded to 4 decimals (``den`` > ``H``)."""
-    low = (num - num_h) / (den + H) - H
-    high = (num + num_h) / (den - H) + H
-    assert low <= got <= high, (got, num, den)
+    assert_quotient(got, num, den, num_half=num_h, den_half=H, ratio_half=H)
 
 
 def test_figures_and_exact_sizes():

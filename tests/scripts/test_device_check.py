@@ -9,7 +9,11 @@ import pathlib
 
 import pytest
 
+from tests.scripts.quotients import assert_quotient
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# A ratio printed to 4 decimals, and the floats' own rounding.
+R = 0.5e-4 + 1e-12
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +44,23 @@ def test_every_part_runs_at_tiny_shapes(check, tmp_path):
             assert row["fraction_of_bound"] > 0 and 0 <= row["host_share"] <= 1
             # The copy bound over the step, both as printed (3 decimals), the ratio to 4.
             bound, step = row["bound_ms"], row["step_ms"]
-            _within(row["fraction_of_bound"], bound, step, 0.5e-3, 0.5e-4)
+            h = 0.5e-3
+            assert_quotient(
+                row["fraction_of_bound"], bound, step, num_half=h, den_half=h, ratio_half=R
+            )
     learner = figures["learner"]["tiny"]
     assert learner["mfu"] > 0
     # The tiny model's FLOPs a step over the median step and the GEMM peak measured in the run
     # (printed in TFLOP/s to 3 decimals; the figure to 4).
     flops = check.model_flops(check.TINY, learner["rows"], learner["row_len"])
     step = learner["step_s"]["median"]
-    _within(
+    assert_quotient(
         learner["mfu"],
         flops / step,
         figures["learner"]["bf16_gemm_peak_tflops"] * 1e12,
-        0.5e9,
-        0.5e-4,
-        exact_numerator=True,
+        num_half=0.0,
+        den_half=0.5e9,
+        ratio_half=R,
     )
     assert learner["tokens_per_s"] == pytest.approx(
         learner["rows"] * learner["row_len"] / step, abs=0.05 + 1e-9
@@ -65,15 +72,6 @@ def test_every_part_runs_at_tiny_shapes(check, tmp_path):
     assert attention["rljax_speed_over_jax_nn"] == pytest.approx(speed, abs=0.5e-4 + 1e-9)
     for key in ("sync_eta0", "async_eta2"):
         assert figures["grpo"][key]["steps"] >= 1
-
-
-def _within(got, num, den, half, ratio_half, exact_numerator=False):
-    """``got`` (rounded by ``ratio_half``) is ``num / den``, each rounded by ``half``."""
-    assert den > half, f"the denominator {den} is below its rounding"
-    num_half = 0.0 if exact_numerator else half
-    low = (num - num_half) / (den + half) - ratio_half
-    high = (num + num_half) / (den - half) + ratio_half
-    assert low - 1e-12 <= got <= high + 1e-12, (got, num, den)
 
 
 def test_an_unknown_part_is_refused(check, tmp_path):
