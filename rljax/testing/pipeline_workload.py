@@ -109,9 +109,9 @@ class Workload:
         the learner's cost on that step's batch. Taking the groups B at a time in order of
         their longest response gives the least sum of D over any split into steps.
         """
-        draw = lognormal_lengths(self.median_len, self.sigma, self.max_len)
-        rng = np.random.default_rng(seed)
-        lengths = np.array([[draw(rng) for _ in range(self.group_size)] for _ in range(groups)])
+        lengths = _group_lengths(
+            self.median_len, self.sigma, self.max_len, self.group_size, groups, seed
+        )
         durations = lengths.max(axis=1) * (self.decode_s + self.decode_per_slot_s)
         tokens = (lengths + self.prompt_len).sum(axis=1)
         order = np.arange(groups) if in_order else np.argsort(-durations, kind="stable")
@@ -193,6 +193,19 @@ def makespan_floor(longest, costs, sync_s: float, eta: int) -> float:
     """
     work = float(np.sum(costs)) + sync_s * len(costs)
     return max(work, (float(np.sum(longest)) + work) / (eta + 1))
+
+
+@functools.cache
+def _group_lengths(
+    median: float, sigma: float, max_len: int, group_size: int, groups: int, seed: int
+) -> np.ndarray:
+    # Cached: both bounds and the reachable schedule of every eta draw the same groups, each
+    # draw a Python call (about a second for 100,000 groups). Read-only, as it is shared.
+    draw = lognormal_lengths(median, sigma, max_len)
+    rng = np.random.default_rng(seed)
+    lengths = np.array([[draw(rng) for _ in range(group_size)] for _ in range(groups)])
+    lengths.setflags(write=False)
+    return lengths
 
 
 @functools.cache
